@@ -1,0 +1,72 @@
+"""A loader whose contents are rebuilt from the pools at the start of every epoch.
+
+The solvable set changes between epochs, so the RL loader cannot be a fixed list: each epoch
+takes a fresh snapshot, shuffles it with ``seed + epoch`` (reproducible, resumable), shards it
+across ranks with equal batch counts (DDP needs every rank to step together) and can skip the
+batches already consumed before a crash.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
+
+Item = dict[str, Any]
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def shard_batches(items: list[Item], batch_size: int, seed: int, epoch: int) -> list[list[Item]]:
+    """Shuffles ``items`` for ``epoch`` and returns this rank's batches.
+
+    Every rank gets the same number of batches: when the batch count does not divide by the
+    world size, the first batches are repeated to fill the last round.
+    """
+    order = list(items)
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    rank, world = _rank_world()
+    if not batches:
+        return []
+    real = len(batches)
+    while len(batches) % world:
+        batches.append(batches[(len(batches) - real) % real])
+    return batches[rank::world]
+
+
+class EpochBatches(IterableDataset):
+    """Yields lists of items (one list = one batch) from a snapshot taken at construction."""
+
+    def __init__(
+        self, items: list[Item], batch_size: int, seed: int, epoch: int, skip: int = 0
+    ) -> None:
+        super().__init__()
+        self.batches = shard_batches(items, batch_size, seed, epoch)
+        self.skip = skip
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[list[Item]]:
+        start, self.skip = self.skip, 0
+        yield from self.batches[start:]
+
+
+def epoch_loader(
+    build: Callable[[], list[Item]], batch_size: int, seed: int, epoch: int, skip: int = 0
+) -> DataLoader:
+    """A ``DataLoader`` over :class:`EpochBatches`; ``num_workers=0`` so it reads live pools."""
+    dataset = EpochBatches(build(), batch_size, seed, epoch, skip)
+    return DataLoader(dataset, batch_size=None, num_workers=0, collate_fn=_identity)
+
+
+def _identity(batch: list[Item]) -> list[Item]:
+    return batch

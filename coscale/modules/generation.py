@@ -1,0 +1,104 @@
+"""What both LightningModules share: the policy, its prompts, sampling, scoring and export.
+
+Evaluation (pass@k on held-out problems, pass-rate measurement for the pools) samples through
+the same rollout backend and reward as RL, so the numbers are comparable across stages.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from coscale.metrics import PassAtK
+from coscale.policy import export_policy, load_policy
+from coscale.prompting import PromptFormat
+from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
+from coscale.rollout.hf import HFGenerateBackend
+
+
+class PolicyMixin:
+    """Mixed into :class:`~coscale.modules.SFTModule` and :class:`~coscale.modules.GRPOModule`.
+
+    The host sets ``model_source``, ``prompt``, ``reward``, ``val_samples``, ``val_sampling`` and
+    calls :meth:`_init_policy`.
+    """
+
+    policy: Any
+    tokenizer: Any
+    prompt: PromptFormat
+    reward: Any
+    val_sampling: SamplingParams
+    val_samples: int
+
+    def _init_policy(
+        self, model, tokenizer, dtype, trust_remote_code, gradient_checkpointing
+    ) -> None:
+        self.model_source = model if isinstance(model, (str, os.PathLike)) else None
+        self._load_kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+        self.policy, self.tokenizer = load_policy(
+            model, tokenizer, dtype, trust_remote_code, gradient_checkpointing
+        )
+        self._backend: RolloutBackend | None = None
+        self.val_pass = PassAtK(k=_pass_ks(self.val_samples))
+
+    @property
+    def backend(self) -> RolloutBackend:
+        """The rollout backend (HF ``generate`` on the module's own policy by default)."""
+        if self._backend is None:
+            self._backend = HFGenerateBackend(self.policy, self.tokenizer)
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: RolloutBackend) -> None:
+        self._backend = value
+
+    def prompts_for(self, questions: list[str]) -> list[str]:
+        return [self.prompt(q, self.tokenizer) for q in questions]
+
+    def sample(
+        self, problems: list[dict], n: int | list[int], sampling: SamplingParams
+    ) -> tuple[Rollouts, torch.Tensor]:
+        """Rollouts for ``problems`` (dicts with question and answer) and their rewards [R]."""
+        rollouts = self.backend.generate(
+            self.prompts_for([p["question"] for p in problems]), n, sampling
+        )
+        answers = [problems[i]["answer"] for i in rollouts.prompt_index.tolist()]
+        rewards = torch.tensor(self.reward(rollouts.texts, answers), dtype=torch.float32)  # [R]
+        return rollouts, rewards
+
+    def count_correct(self, problems: list[dict], n: int, sampling: SamplingParams) -> list[int]:
+        """Number of correct samples out of ``n`` per problem."""
+        rollouts, rewards = self.sample(problems, n, sampling)
+        correct = torch.zeros(len(problems), dtype=torch.long)
+        correct.index_add_(0, rollouts.prompt_index, (rewards >= 1.0).long())
+        return correct.tolist()
+
+    # ----------------------------------------------------------- validation
+    def validation_step(self, batch: list[dict], batch_idx: int) -> None:
+        correct = self.count_correct(batch, self.val_samples, self.val_sampling)
+        self.val_pass.update([self.val_samples] * len(batch), correct)
+
+    def on_validation_epoch_end(self) -> None:
+        for name, value in self.val_pass.compute().items():
+            self.log(f"val/{name}", value, prog_bar=name == "pass@1", sync_dist=False)
+        self.val_pass.reset()
+
+    # ---------------------------------------------------------------- export
+    def export(self, path: str | os.PathLike) -> str:
+        """Saves the policy in HF format (safetensors, tokenizer, generation config)."""
+        return export_policy(self.policy, self.tokenizer, path)
+
+    def reset_to_initial(self) -> None:
+        """Loads the initial weights (from ``model``) back into the policy, in place."""
+        if self.model_source is None:
+            raise ValueError(
+                "reset_to_initial needs the module to be built from a model path or name"
+            )
+        fresh, _ = load_policy(self.model_source, self.tokenizer, **self._load_kwargs)
+        self.policy.load_state_dict(fresh.state_dict())
+
+
+def _pass_ks(samples: int) -> tuple[int, ...]:
+    return tuple(k for k in (1, 4, 8, 16, 32, 64) if k <= samples) or (1,)

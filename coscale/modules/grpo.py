@@ -1,0 +1,300 @@
+"""GRPOModule: one RL step of CoScale-RL, with each problem's own Rollout N.
+
+A step: the batch's problems -> rollouts (problem b gets N_b of them) -> rewards -> group
+advantages (groups of different sizes in one batch) -> outcomes into the pools' tally and the
+replay buffer -> an explicit inner update loop over micro-batches. Groups whose rewards are all
+equal carry no signal: they are dropped from the update and counted; a batch without any signal
+is skipped (no optimiser step), never a crash.
+
+Manual optimisation: Lightning never calls ``optimizer_step`` here, so ``num_iterations`` and the
+micro-batches are a plain loop in :meth:`update`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from typing_extensions import override
+
+from coscale.advantages import group_advantages
+from coscale.losses import GRPOLoss, PolicyLoss
+from coscale.modules.distributed import all_gather_objects, global_max, global_sum
+from coscale.modules.generation import PolicyMixin
+from coscale.modules.optim import adamw_with_warmup
+from coscale.prompting import PromptFormat
+from coscale.rollout.base import Rollouts, SamplingParams
+from coscale.logprobs import sequence_logprobs
+
+
+class GRPOModule(PolicyMixin, L.LightningModule):
+    """Group-relative policy optimisation with per-problem Rollout N.
+
+    Args:
+        model: HF hub name or local folder of the policy (or a built model, in Python).
+        tokenizer: Tokenizer name or folder; defaults to the model's.
+        prompt: How a question becomes the prompt.
+        reward: ``f(completions, answers) -> list[float]`` (``class_path`` in YAML); MathReward.
+        loss: Policy loss object: GRPOLoss, DrGRPOLoss or DAPOLoss (``class_path`` in YAML).
+        scale_rewards: Advantage scaling: ``group`` (std of the group), ``batch`` or ``none``.
+        lr: AdamW learning rate.
+        betas: AdamW betas (the authors' verl runs used beta1 = 0.5).
+        weight_decay: AdamW weight decay.
+        warmup_steps: Linear warm-up steps.
+        max_grad_norm: Gradient clipping norm (0 disables).
+        num_iterations: Optimiser steps on each batch of rollouts.
+        micro_batch_size: Rollouts per forward/backward pass in the update.
+        max_new_tokens: Token limit of one rollout.
+        temperature: Sampling temperature of rollouts.
+        top_p: Nucleus sampling of rollouts.
+        mask_truncated: Exclude rollouts cut by ``max_new_tokens`` from the loss.
+        dtype: Weights' dtype name.
+        gradient_checkpointing: Recompute activations in the backward pass.
+        trust_remote_code: Allow custom model code shipped with the model.
+        seed: Base seed of rollout sampling (each step samples with ``seed + step``).
+        val_samples: Samples per held-out problem in validation.
+        val_temperature: Sampling temperature in validation.
+        log_completions_every: Log a table of sampled completions every this many steps (0: never).
+    """
+
+    def __init__(
+        self,
+        model: str | Any,
+        tokenizer: str | None = None,
+        prompt: PromptFormat = PromptFormat(),
+        reward: Any = None,
+        loss: PolicyLoss | None = None,
+        scale_rewards: str = "group",
+        lr: float = 1e-6,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        max_grad_norm: float = 1.0,
+        num_iterations: int = 1,
+        micro_batch_size: int = 32,
+        max_new_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        mask_truncated: bool = False,
+        dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+        seed: int = 0,
+        val_samples: int = 8,
+        val_temperature: float = 1.0,
+        log_completions_every: int = 0,
+    ) -> None:
+        super().__init__()
+        _check(scale_rewards, lr, num_iterations, micro_batch_size, temperature, val_samples)
+        self.save_hyperparameters(
+            ignore=["model", "reward", "loss"]
+            if not isinstance(model, (str, os.PathLike))
+            else ["reward", "loss"]
+        )
+        self.automatic_optimization = False
+        self.prompt, self.scale_rewards = prompt, scale_rewards
+        self.reward = reward if reward is not None else _default_reward()
+        self.loss_fn = loss if loss is not None else GRPOLoss()
+        self.lr, self.betas, self.weight_decay, self.warmup_steps = (
+            lr,
+            betas,
+            weight_decay,
+            warmup_steps,
+        )
+        self.max_grad_norm, self.num_iterations, self.micro_batch_size = (
+            max_grad_norm,
+            num_iterations,
+            micro_batch_size,
+        )
+        self.sampling = SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
+        )
+        self.mask_truncated, self.seed = mask_truncated, seed
+        self.val_samples = val_samples
+        self.val_sampling = SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=val_temperature
+        )
+        self.log_completions_every = log_completions_every
+        self._init_policy(model, tokenizer, dtype, trust_remote_code, gradient_checkpointing)
+        self.ref_policy = _frozen_copy(self.policy) if self.loss_fn.beta > 0 else None
+
+    @override
+    def training_step(self, batch: list[dict], batch_idx: int) -> None:
+        start = time.perf_counter()
+        sampling = SamplingParams(**{**self.sampling.__dict__, "seed": self._step_seed()})
+        rollouts, rewards = self.sample(batch, [p["n"] for p in batch], sampling)  # R rollouts
+        rollouts = rollouts.to(self.device)
+        adv = group_advantages(rewards, rollouts.prompt_index.cpu(), self.scale_rewards)
+        self.record_outcomes(batch, rollouts, rewards)
+        keep = ~adv.zero_std[rollouts.prompt_index.cpu()]  # [R] rows of groups with signal
+        if self.mask_truncated:
+            keep &= torch.tensor([r != "length" for r in rollouts.finish_reasons])
+        gen_s = time.perf_counter() - start
+        stats = self.update(rollouts, adv.advantages.to(self.device), keep.to(self.device))
+        self.log_step(batch, rollouts, rewards, adv, stats, gen_s, time.perf_counter() - start)
+
+    def update(
+        self, rollouts: Rollouts, advantages: torch.Tensor, keep: torch.Tensor
+    ) -> dict[str, float]:
+        """``num_iterations`` optimiser steps over the kept rollouts, in micro-batches."""
+        rows = keep.nonzero().squeeze(1)  # [K] indices of rollouts with signal
+        if global_sum(len(rows)) == 0:
+            return {"skipped": 1.0}
+        mask = rollouts.completion_mask.float()  # [R, T]
+        # Normalisers are totals over all ranks, so the loss is that of the whole global batch.
+        n_seq = int(global_sum(len(rows)))
+        n_tok = int(global_sum(float(mask[rows].sum())))
+        ref = self._ref_logprobs(rollouts, rows)
+        chunks = list(rows.split(self.micro_batch_size))
+        n_chunks = global_max(len(chunks))  # every rank runs as many backward passes
+        opt = self.optimizers()
+        stats: dict[str, float] = {}
+        for _ in range(self.num_iterations):
+            opt.zero_grad()
+            for i in range(n_chunks):
+                idx = chunks[i] if i < len(chunks) else rows[:0]
+                stats = self._micro_step(rollouts, advantages, mask, ref, idx, n_seq, n_tok)
+            stats["grad_norm"] = self._clip()
+            opt.step()
+            if (sched := self.lr_schedulers()) is not None:
+                sched.step()
+        return stats
+
+    def _micro_step(self, ro: Rollouts, adv, mask, ref, idx, n_seq, n_tok) -> dict[str, float]:
+        if len(idx) == 0:  # padding pass so DDP sees the same number of backward calls
+            idx = torch.zeros(1, dtype=torch.long, device=adv.device)
+            adv = torch.zeros_like(adv)
+        logp = sequence_logprobs(
+            self.policy,
+            ro.input_ids[idx],
+            ro.attention_mask[idx],
+            ro.prompt_length,
+            self.sampling.temperature,
+        )  # [m, T]
+        out = self.loss_fn(
+            logp,
+            ro.logprobs[idx],
+            adv[idx],
+            mask[idx],
+            None if ref is None else ref[idx],
+            num_sequences=n_seq,
+            num_tokens=n_tok,
+        )
+        world = self.trainer.world_size if self._trainer is not None else 1
+        self.manual_backward(out.loss * world)  # DDP averages gradients over ranks; undo it
+        return {"loss": float(out.loss.detach()), **out.metrics}
+
+    def _ref_logprobs(self, ro: Rollouts, rows: torch.Tensor) -> torch.Tensor | None:
+        if self.ref_policy is None:
+            return None
+        with torch.no_grad():
+            return sequence_logprobs(
+                self.ref_policy,
+                ro.input_ids,
+                ro.attention_mask,
+                ro.prompt_length,
+                self.sampling.temperature,
+            )  # [R, T]
+
+    def _clip(self) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm or float("inf"))
+        return float(norm)
+
+    def record_outcomes(self, batch: list[dict], rollouts: Rollouts, rewards: torch.Tensor) -> None:
+        """Writes each group's (N, correct) to the pools' tally and correct rollouts to the replay
+        buffer, identically on every rank (outcomes are gathered first)."""
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is None or not hasattr(dm, "tally_rl"):
+            return
+        index = rollouts.prompt_index.tolist()
+        mine = [
+            (batch[i]["id"], text, bool(r >= 1.0))
+            for i, text, r in zip(index, rollouts.texts, rewards.tolist())
+        ]
+        for pid, text, correct in all_gather_objects(mine):
+            dm.tally_rl(pid, 1, int(correct))
+            if correct:
+                dm.bank.record_rollout(pid, text, True, self.global_step)
+
+    def _step_seed(self) -> int:
+        rank = self.global_rank if self._trainer is not None else 0
+        return self.seed * 1_000_003 + self.global_step * 1_009 + rank
+
+    def log_step(self, batch, rollouts, rewards, adv, stats, gen_s, step_s) -> None:
+        n = len(batch)
+        self.log("train/reward", rewards.mean(), prog_bar=True, batch_size=n)
+        self.log("train/frac_zero_std", adv.zero_std_fraction, batch_size=n)
+        self.log("train/skipped", stats.pop("skipped", 0.0), batch_size=n)
+        self.log("train/completion_len", rollouts.lengths.float().mean(), batch_size=n)
+        self.log(
+            "train/truncated",
+            sum(r == "length" for r in rollouts.finish_reasons) / len(rewards),
+            batch_size=n,
+        )
+        self.log("train/rollouts", float(len(rewards)), batch_size=n, reduce_fx="sum")
+        for key, value in stats.items():
+            self.log(f"train/{key}", value, batch_size=n)
+        self.log("perf/step_s", step_s, batch_size=n)
+        self.log("perf/generation_frac", gen_s / max(step_s, 1e-9), batch_size=n)
+        if self.log_completions_every and self.global_step % self.log_completions_every == 0:
+            from coscale.modules.tables import log_completions
+
+            log_completions(self, batch, rollouts, rewards, adv.advantages)
+
+    @override
+    def on_train_epoch_start(self) -> None:
+        self._close_epoch()  # a tally left open by a crash before the last epoch's end
+
+    @override
+    def on_train_epoch_end(self) -> None:
+        self._close_epoch()
+
+    def _close_epoch(self) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is not None and hasattr(dm, "close_rl_epoch"):
+            dm.close_rl_epoch()
+            for pool, count in dm.pools.counts().items():
+                self.log(f"pool/{pool}", float(count), rank_zero_only=True)
+
+    @override
+    def configure_optimizers(self) -> Any:
+        return adamw_with_warmup(
+            self.policy, self.lr, self.betas, self.weight_decay, self.warmup_steps
+        )
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def _check(scale_rewards, lr, num_iterations, micro_batch_size, temperature, val_samples) -> None:
+    errors = []
+    if scale_rewards not in ("group", "batch", "none"):
+        errors.append(f"scale_rewards must be one of group, batch, none; got {scale_rewards!r}")
+    for name, value, ok in [
+        ("lr", lr, lr > 0),
+        ("num_iterations", num_iterations, num_iterations >= 1),
+        ("micro_batch_size", micro_batch_size, micro_batch_size >= 1),
+        ("temperature", temperature, temperature >= 0),
+        ("val_samples", val_samples, val_samples >= 1),
+    ]:
+        if not ok:
+            errors.append(f"{name} out of range: {value}")
+    if errors:
+        raise ValueError("GRPOModule: " + "; ".join(errors))
+
+
+def _default_reward() -> Any:
+    from coscale.rewards import MathReward
+
+    return MathReward()

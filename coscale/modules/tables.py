@@ -1,0 +1,38 @@
+"""A sampled completions table per step, logged under its own key so tables never overwrite.
+
+Only a handful of rows are logged (PEERS.md: full tables slowed peers' training), and only to a
+logger that can take a table (W&B); others get nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+MAX_ROWS = 16
+
+
+def log_completions(
+    module: Any, batch: list[dict], rollouts: Any, rewards: torch.Tensor, advantages: torch.Tensor
+) -> None:
+    """Logs up to ``MAX_ROWS`` (step, problem, prompt, completion, reward, advantage) rows."""
+    if module.global_rank != 0:
+        return
+    loggers = [lg for lg in module.loggers if hasattr(lg, "log_table")]
+    if not loggers:
+        return
+    columns = ["step", "problem", "completion", "reward", "advantage"]
+    rows = []
+    for r, i in enumerate(rollouts.prompt_index.tolist()[:MAX_ROWS]):
+        rows.append(
+            [
+                module.global_step,
+                batch[i]["id"],
+                rollouts.texts[r],
+                float(rewards[r]),
+                float(advantages[r]),
+            ]
+        )
+    for lg in loggers:
+        lg.log_table(key=f"completions/step_{module.global_step}", columns=columns, data=rows)

@@ -1,0 +1,215 @@
+"""The whole CoScale-RL loop, top-down. Every stage is a Lightning fit of the library's modules.
+
+    warm-up SFT (format switch) -> measure every problem
+    for each iteration:
+        data scaling: more solutions for unsolvable problems (data set first, then a teacher)
+        SFT from the initial model on the bank (+ the re-distilled set) -> measure, relabel pools
+        RL (GRPO, Rollout N per difficulty group, N raised on plateaus) on solvable problems
+        re-distillation into the initial model (a callback of the RL fit)
+    final retrain from the initial model on everything collected, pass@k before / after
+
+Progress survives a crash: after every stage the pools, bank, replay buffer and N per problem
+are written to ``<run_dir>/pipeline_state.json`` next to the stage's exported model, and a stage
+interrupted mid-fit resumes from its own ``last.ckpt``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from coscale.callbacks import FinalRetrain, PassRateEvaluation, ReDistillation, RolloutNSchedule
+from coscale.datamodules import ProblemDataModule
+from coscale.logging_setup import LoggerKind, make_logger
+from coscale.modules import GRPOModule, SFTModule
+from coscale.pools import Pool
+
+
+@dataclass
+class PipelineConfig:
+    """Settings of ``coscale run``.
+
+    Attributes:
+        model: The initial model pi0 (hub name or local folder); every SFT starts from it.
+        run_dir: Where stage checkpoints, exported models, logs and the state file go.
+        iterations: Outer CoScale-RL iterations.
+        warmup_problems: Problems whose first solution forms the warm-up (format) SFT set.
+        eval_k: Samples per problem when measuring accuracy for the pools.
+        eval_max_problems: Measure at most this many problems per evaluation (None: all).
+        sft_epochs: Epochs of every SFT stage.
+        rl_epochs: Epochs of every RL stage (the solvable set is rebuilt each epoch).
+        final_retrain: Retrain from the initial model at the end.
+        logger: ``wandb`` (offline without an API key), ``csv`` or ``none``.
+        project: W&B project name.
+        seed: Global seed.
+        trainer: Extra ``lightning.Trainer`` arguments for every stage (accelerator, devices,
+            strategy, precision, ...).
+        sft: ``SFTModule`` arguments (the model is the pipeline's).
+        grpo: ``GRPOModule`` arguments (the model is the previous stage's).
+        schedule: ``RolloutNSchedule`` arguments.
+    """
+
+    model: str
+    run_dir: str = "runs/coscale"
+    iterations: int = 2
+    warmup_problems: int = 16
+    eval_k: int = 16
+    eval_max_problems: int | None = None
+    sft_epochs: int = 2
+    rl_epochs: int = 2
+    final_retrain: bool = True
+    logger: LoggerKind = "wandb"
+    project: str = "coscale"
+    seed: int = 0
+    trainer: dict[str, Any] = field(default_factory=dict)
+    sft: dict[str, Any] = field(default_factory=dict)
+    grpo: dict[str, Any] = field(default_factory=dict)
+    schedule: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        errors = [f"{k} must be >= {lo}, got {v}" for k, v, lo in
+                  [("iterations", self.iterations, 1), ("warmup_problems", self.warmup_problems, 0),
+                   ("eval_k", self.eval_k, 1), ("sft_epochs", self.sft_epochs, 1),
+                   ("rl_epochs", self.rl_epochs, 1)] if v < lo]
+        if errors:
+            raise ValueError("pipeline: " + "; ".join(errors))
+
+
+class Pipeline:
+    """Runs (or resumes) the stages of :class:`PipelineConfig` on one DataModule."""
+
+    def __init__(self, config: PipelineConfig, data: ProblemDataModule) -> None:
+        self.cfg, self.dm = config, data
+        self.state_path = os.path.join(config.run_dir, "pipeline_state.json")
+        self.done: list[str] = []
+        self.current = config.model  # folder of the latest stage's model
+        self.logger = make_logger(config.logger, os.path.join(config.run_dir, "logs"), config.project)
+        self.results: dict[str, Any] = {}
+
+    def run(self) -> dict[str, Any]:
+        L.seed_everything(self.cfg.seed, workers=True)
+        self.dm.load()
+        self._restore()
+        self.stage("warmup", self.warmup)
+        for it in range(1, self.cfg.iterations + 1):
+            self.stage(f"it{it}/scale", self.scale_data)
+            self.stage(f"it{it}/sft", lambda name: self.sft(name))
+            self.stage(f"it{it}/eval", self.measure)
+            self.stage(f"it{it}/rl", lambda name, it=it: self.rl(name, redistill=True))
+        if self.cfg.final_retrain:
+            self.stage("final", self.final)
+        self.results["pools"] = self.dm.pools.counts()
+        self._save()
+        return self.results
+
+    # ------------------------------------------------------------------ stages
+    def warmup(self, name: str) -> None:
+        """SFT pi0 on the first solution of a few problems (output format), then measure all."""
+        firsts = list(self.dm.problems)[: self.cfg.warmup_problems]
+        if self.dm.add_solutions(firsts, 1):
+            self.sft(name)
+        self.measure(name + "/eval")
+
+    def scale_data(self, name: str) -> None:
+        added = self.dm.scale_solutions()
+        self.results[name] = {"solutions_added": added, "bank_total": self.dm.bank.total()}
+
+    def sft(self, name: str) -> None:
+        """SFT from the initial model on the bank of non-RL problems plus the re-distilled set."""
+        self.dm.mode, self.dm.sft_source = "sft", "all"
+        if not self.dm.sft_items():
+            return
+        module = SFTModule(model=self.cfg.model, **self.cfg.sft)
+        self.fit(name, module, [], self.cfg.sft_epochs)
+        self.current = module.export(os.path.join(self.cfg.run_dir, name, "model"))
+
+    def measure(self, name: str) -> None:
+        """K samples of every non-failed problem with the latest model -> relabel the pools."""
+        module = SFTModule(model=self.current, **self.cfg.sft)
+        evaluator = self._evaluator()
+        trainer = self._trainer(name, [], max_epochs=1)
+        trainer.strategy.connect(module)
+        self.dm.trainer = trainer
+        evaluator.evaluate(trainer, module)
+        self.results[name] = self.dm.pools.counts()
+
+    def rl(self, name: str, redistill: bool) -> None:
+        """GRPO on the solvable problems with per-group N; re-distils into pi0 at the end."""
+        if not self.dm.pools.members(Pool.SOLVABLE):
+            print(f"[coscale] {name}: no solvable problems, RL skipped")
+            return
+        self.dm.mode = "rl"
+        module = GRPOModule(model=self.current, **self.cfg.grpo)
+        callbacks = [RolloutNSchedule(**self.cfg.schedule), self._evaluator()]
+        if redistill:
+            sft = dict(self.cfg.sft)
+            callbacks.append(ReDistillation(sft=sft, trainer=self._sft_trainer_args(),
+                                            initial_model=self.cfg.model))
+        self.fit(name, module, callbacks, self.cfg.rl_epochs)
+        self.current = module.export(os.path.join(self.cfg.run_dir, name, "model"))
+
+    def final(self, name: str) -> None:
+        """Retrain from pi0 on everything collected; pass@k before and after."""
+        module = SFTModule(model=self.current, **self.cfg.sft)
+        retrain = FinalRetrain(sft=dict(self.cfg.sft), trainer=self._sft_trainer_args(),
+                               initial_model=self.cfg.model, eval_k=min(8, self.cfg.eval_k))
+        trainer = self._trainer(name, [retrain], max_epochs=1)
+        trainer.strategy.connect(module)
+        self.dm.trainer = trainer
+        retrain.on_fit_end(trainer, module)
+        self.results["final"] = dict(retrain.results)
+        self.current = module.export(os.path.join(self.cfg.run_dir, "final", "model"))
+
+    # --------------------------------------------------------------- plumbing
+    def stage(self, name: str, fn) -> None:
+        if name in self.done:
+            return
+        counts = " ".join(f"{k}={v}" for k, v in self.dm.pools.counts().items())
+        print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {self.dm.bank.total()} ==", flush=True)
+        fn(name)
+        self.done.append(name)
+        self._save()
+
+    def fit(self, name: str, module: L.LightningModule, callbacks: list, epochs: int) -> None:
+        ckpt_dir = os.path.join(self.cfg.run_dir, name, "ckpt")
+        ckpt = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=1, save_top_k=0)
+        trainer = self._trainer(name, [*callbacks, ckpt], max_epochs=epochs)
+        last = os.path.join(ckpt_dir, "last.ckpt")
+        trainer.fit(module, datamodule=self.dm, ckpt_path=last if os.path.exists(last) else None)
+
+    def _trainer(self, name: str, callbacks: list, max_epochs: int) -> L.Trainer:
+        args = {"accelerator": "auto", "devices": 1, "log_every_n_steps": 1,
+                "enable_model_summary": False, "num_sanity_val_steps": 0,
+                "limit_val_batches": 0, **self.cfg.trainer}
+        return L.Trainer(default_root_dir=os.path.join(self.cfg.run_dir, name), logger=self.logger,
+                         callbacks=callbacks, max_epochs=max_epochs, **args)
+
+    def _sft_trainer_args(self) -> dict[str, Any]:
+        return {"max_epochs": self.cfg.sft_epochs, **{k: v for k, v in self.cfg.trainer.items()
+                                                       if k in ("accelerator", "precision")}}
+
+    def _evaluator(self) -> PassRateEvaluation:
+        return PassRateEvaluation(k=self.cfg.eval_k, max_problems=self.cfg.eval_max_problems)
+
+    def _save(self) -> None:
+        os.makedirs(self.cfg.run_dir, exist_ok=True)
+        state = {"done": self.done, "current": self.current, "data": self.dm.state_dict(),
+                 "results": self.results, "config": asdict(self.cfg)}
+        tmp = self.state_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f, indent=1, default=str)
+        os.replace(tmp, self.state_path)  # atomic: a crash never leaves half a state file
+
+    def _restore(self) -> None:
+        if not os.path.exists(self.state_path):
+            return
+        with open(self.state_path) as f:
+            state = json.load(f)
+        self.done, self.current, self.results = state["done"], state["current"], state["results"]
+        self.dm.load_state_dict(state["data"])
+        print(f"[coscale] resuming after stages: {', '.join(self.done) or 'none'}")

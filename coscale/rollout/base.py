@@ -1,0 +1,205 @@
+"""The rollout interface: sampling settings, the rollout batch, and the backend contract.
+
+Every generation engine (HF `generate`, vLLM, ...) implements `RolloutBackend.generate`
+and returns a `Rollouts` batch with the same layout, so the GRPO update never knows which
+engine sampled. Shapes: B prompts, R rollouts (R = sum of the per-prompt N),
+P prompt tokens (left-padded), T completion tokens (right-padded).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+
+FINISH_REASONS: tuple[str, ...] = ("stop", "length")
+"""`"stop"`: EOS or a stop string ended the completion; `"length"`: max_new_tokens did."""
+
+_TENSOR_FIELDS = ("prompt_index", "input_ids", "attention_mask", "completion_mask", "logprobs")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are sampled.
+
+    Attributes:
+        max_new_tokens: Most tokens generated per completion (>= 1).
+        temperature: Softmax temperature (>= 0); 0 means greedy decoding.
+        top_p: Nucleus sampling mass in (0, 1]; 1 disables it.
+        top_k: Keep the k most likely tokens (>= 0); 0 disables it.
+        seed: Makes sampling reproducible for the same call (same prompts, N and backend
+            settings); None uses the ambient RNG.
+        stop: Extra stop strings; the completion ends with the token that completes the
+            first one found (that token is kept). A list is turned into a tuple.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        problems = []
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            problems.append(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            problems.append(f"stop must hold non-empty strings, got {self.stop!r}")
+        if problems:
+            raise ValueError("SamplingParams: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        """Whether decoding is greedy (temperature 0)."""
+        return self.temperature == 0
+
+
+def normalize_n_per_prompt(n_per_prompt: int | Sequence[int], num_prompts: int) -> list[int]:
+    """Turns `n_per_prompt` into one rollout count per prompt.
+
+    Args:
+        n_per_prompt: One count for every prompt, or a count per prompt.
+        num_prompts: B, the number of prompts.
+
+    Returns:
+        B counts, each >= 1.
+
+    Raises:
+        ValueError: If a count is below 1 or not an int, or the list length is not B.
+    """
+    if isinstance(n_per_prompt, int):
+        counts = [n_per_prompt] * num_prompts
+    else:
+        counts = list(n_per_prompt)
+        if len(counts) != num_prompts:
+            raise ValueError(
+                f"n_per_prompt must have one entry per prompt ({num_prompts}), got {len(counts)}"
+            )
+    bad = [n for n in counts if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    if bad:
+        raise ValueError(f"n_per_prompt entries must be ints >= 1, got {bad}")
+    return counts
+
+
+@dataclass
+class Rollouts:
+    """A batch of completions, R = sum of the per-prompt N; checked on construction.
+
+    Attributes:
+        prompt_index: [R] long, the prompt (0..B-1) each rollout answers; rollouts of one
+            prompt form one group.
+        input_ids: [R, P+T] long, left-padded prompt then completion right-padded with pad.
+        attention_mask: [R, P+T] long, 1 on prompt tokens and kept completion tokens.
+        completion_mask: [R, T] float, 1 on kept generated tokens (incl. EOS), 0 after.
+        logprobs: [R, T] float32, log-prob of each sampled token under the sampling
+            policy (logits / temperature, full vocab, before top-k/top-p); 0 where masked.
+        texts: R decoded completions (kept tokens only, no special tokens).
+        finish_reasons: R of "stop" (EOS or stop string) | "length".
+        prompt_length: P.
+    """
+
+    prompt_index: Tensor
+    input_ids: Tensor
+    attention_mask: Tensor
+    completion_mask: Tensor
+    logprobs: Tensor
+    texts: list[str]
+    finish_reasons: list[str]
+    prompt_length: int
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def num_rollouts(self) -> int:
+        """R."""
+        return int(self.prompt_index.shape[0])
+
+    @property
+    def completion_ids(self) -> Tensor:
+        """[R, T] generated token ids (pad after the end)."""
+        return self.input_ids[:, self.prompt_length :]
+
+    @property
+    def prompt_ids(self) -> Tensor:
+        """[R, P] left-padded prompt ids."""
+        return self.input_ids[:, : self.prompt_length]
+
+    @property
+    def lengths(self) -> Tensor:
+        """[R] long, number of kept completion tokens."""
+        return self.completion_mask.sum(-1).long()
+
+    def to(self, device: torch.device | str) -> Rollouts:
+        """Returns a copy with every tensor on `device`."""
+        moved = {name: getattr(self, name).to(device) for name in _TENSOR_FIELDS}
+        return replace(self, **moved)
+
+    def validate(self) -> None:
+        """Checks shapes and lengths agree.
+
+        Raises:
+            ValueError: Listing every mismatch found.
+        """
+        r, p = self.num_rollouts, self.prompt_length
+        problems = []
+        if self.prompt_index.dim() != 1:
+            problems.append(f"prompt_index must be [R], got {tuple(self.prompt_index.shape)}")
+        if self.input_ids.dim() != 2 or self.input_ids.shape[0] != r:
+            problems.append(f"input_ids must be [R={r}, P+T], got {tuple(self.input_ids.shape)}")
+        full = tuple(self.input_ids.shape)
+        if tuple(self.attention_mask.shape) != full:
+            problems.append(
+                f"attention_mask must be {full}, got {tuple(self.attention_mask.shape)}"
+            )
+        if not 0 <= p <= full[-1]:
+            problems.append(f"prompt_length must be in [0, {full[-1]}], got {p}")
+        comp = (r, full[-1] - p)
+        for name in ("completion_mask", "logprobs"):
+            if tuple(getattr(self, name).shape) != comp:
+                problems.append(f"{name} must be {comp}, got {tuple(getattr(self, name).shape)}")
+        for name in ("texts", "finish_reasons"):
+            if len(getattr(self, name)) != r:
+                problems.append(f"{name} must have R={r} entries, got {len(getattr(self, name))}")
+        odd = sorted(set(self.finish_reasons) - set(FINISH_REASONS))
+        if odd:
+            problems.append(f"finish_reasons must be in {FINISH_REASONS}, got {odd}")
+        if problems:
+            raise ValueError("Rollouts: " + "; ".join(problems))
+
+
+class RolloutBackend(ABC):
+    """A generation engine that turns prompts into `Rollouts`."""
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: list[str],
+        n_per_prompt: list[int] | int,
+        sampling: SamplingParams,
+    ) -> Rollouts:
+        """Samples `n_per_prompt` completions for each prompt.
+
+        Args:
+            prompts: B prompt texts (already chat-formatted if the model needs it).
+            n_per_prompt: N for every prompt, or one N (>= 1) per prompt.
+            sampling: How to sample.
+
+        Returns:
+            R = sum(N) rollouts, grouped by prompt in prompt order.
+        """
+
+    @abstractmethod
+    def update_weights(self, model: nn.Module) -> None:
+        """Makes the engine sample from `model`'s current weights."""

@@ -1,0 +1,57 @@
+"""Tokenising (prompt, solution) pairs for SFT with the loss on the solution tokens only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+IGNORE = -100
+
+
+def tokenize_pairs(
+    tokenizer: Any, prompts: list[str], solutions: list[str], max_length: int, add_eos: bool = True
+) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` ([B, L]).
+
+    Prompts are encoded exactly as the rollout backends encode them (``tokenizer(prompt)``), so a
+    model is trained on the token sequence it will later be sampled from. Labels are ``-100`` on
+    the prompt and padding; a pair longer than ``max_length`` is cut on the right.
+    """
+    if len(prompts) != len(solutions):
+        raise ValueError(f"got {len(prompts)} prompts but {len(solutions)} solutions")
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2, got {max_length}")
+    eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
+    rows = []
+    for prompt, solution in zip(prompts, solutions):
+        p = tokenizer(prompt)["input_ids"]
+        s = tokenizer(solution, add_special_tokens=False)["input_ids"] + eos
+        rows.append(((p + s)[:max_length], ([IGNORE] * len(p) + s)[:max_length]))
+    return _pad_right(rows, tokenizer.pad_token_id)
+
+
+def _pad_right(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, L]
+    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)  # [B, L]
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, L]
+    for i, (row_ids, row_labels) in enumerate(rows):
+        ids[i, : len(row_ids)] = torch.tensor(row_ids)
+        labels[i, : len(row_labels)] = torch.tensor(row_labels)
+        mask[i, : len(row_ids)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def token_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Cross-entropy averaged over the labelled tokens of the batch; also returns their count."""
+    shift_logits = logits[:, :-1].float()  # [B, L-1, V]
+    shift_labels = labels[:, 1:]  # [B, L-1]
+    n = int((shift_labels != IGNORE).sum())
+    loss = torch.nn.functional.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.size(-1)),
+        shift_labels.reshape(-1),
+        ignore_index=IGNORE,
+        reduction="sum",
+    )
+    return loss / max(n, 1), n

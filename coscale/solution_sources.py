@@ -1,0 +1,134 @@
+"""Where new solutions for unsolvable problems come from (the data-scaling half of CoScale-RL).
+
+The data set's own solutions are used first; a :class:`SolutionSource` supplies the rest. A
+teacher model's solutions are verified by the reward before they may enter the bank: a wrong
+solution in SFT data teaches the wrong answer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from coscale.prompting import PromptFormat
+from coscale.rollout.base import SamplingParams
+from coscale.tasks.problem import Problem
+
+Request = tuple[Problem, int]  # (problem, how many new solutions it needs)
+
+
+class SolutionSource(ABC):
+    """Proposes new, correct solutions for problems."""
+
+    @abstractmethod
+    def propose(
+        self, requests: Sequence[Request], known: Callable[[str], list[str]]
+    ) -> dict[str, list[str]]:
+        """Returns up to ``k`` new solutions per requested problem.
+
+        Args:
+            requests: ``(problem, k)`` pairs.
+            known: ``known(problem_id)`` lists the solutions already in the bank, so that a source
+                never proposes a duplicate.
+        """
+
+
+class DatasetSolutions(SolutionSource):
+    """The problem's own ``solutions`` column, in file order."""
+
+    def propose(
+        self, requests: Sequence[Request], known: Callable[[str], list[str]]
+    ) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for problem, k in requests:
+            have = set(known(problem.id))
+            fresh = [s for s in problem.solutions if s not in have]
+            out[problem.id] = fresh[:k]
+        return out
+
+
+class TeacherSolutions(SolutionSource):
+    """Samples a teacher model (any HF causal LM) and keeps the verified-correct, new solutions.
+
+    Args:
+        model: Hub name or local path of the teacher.
+        prompt: How a question becomes the teacher's prompt.
+        samples_per_problem: Rollouts drawn per problem per round.
+        rounds: Rounds of sampling before giving up on a problem for this call.
+        max_new_tokens: Token limit of one teacher solution.
+        temperature: Sampling temperature (diverse solutions need > 0).
+        dtype: Teacher weights' dtype (``float32``, ``bfloat16``, ``float16``).
+        trust_remote_code: Allow custom model code from the model's folder (off by default).
+        reward: Verifier; defaults to :class:`coscale.rewards.MathReward`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        prompt: PromptFormat | None = None,
+        samples_per_problem: int = 16,
+        rounds: int = 1,
+        max_new_tokens: int = 1024,
+        temperature: float = 0.8,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+        reward: Callable[[list[str], list[str]], list[float]] | None = None,
+    ) -> None:
+        if samples_per_problem < 1 or rounds < 1:
+            raise ValueError(
+                f"teacher samples_per_problem and rounds must be >= 1, got "
+                f"{samples_per_problem} and {rounds}"
+            )
+        self.model_name = model
+        self.prompt = prompt or PromptFormat()
+        self.samples_per_problem = samples_per_problem
+        self.rounds = rounds
+        self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        self.dtype = dtype
+        self.trust_remote_code = trust_remote_code
+        self._reward = reward
+        self._backend: Any = None
+
+    def propose(
+        self, requests: Sequence[Request], known: Callable[[str], list[str]]
+    ) -> dict[str, list[str]]:
+        out = {p.id: [] for p, _ in requests}
+        todo = [(p, k) for p, k in requests if k > 0]
+        for _ in range(self.rounds):
+            if not todo:
+                break
+            self._sample_round(todo, known, out)
+            todo = [(p, k) for p, k in todo if len(out[p.id]) < k]
+        return out
+
+    def _sample_round(self, todo: Sequence[Request], known, out: dict[str, list[str]]) -> None:
+        backend = self._load()
+        prompts = [self.prompt(p.question, backend.tokenizer) for p, _ in todo]
+        rollouts = backend.generate(prompts, self.samples_per_problem, self.sampling)
+        answers = [todo[i][0].answer for i in rollouts.prompt_index.tolist()]
+        scores = self.reward(rollouts.texts, answers)
+        for i, text, score in zip(rollouts.prompt_index.tolist(), rollouts.texts, scores):
+            problem, k = todo[i]
+            taken, text = out[problem.id], text.strip()
+            if score >= 1.0 and len(taken) < k and text not in taken + known(problem.id):
+                taken.append(text)
+
+    @property
+    def reward(self) -> Callable[[list[str], list[str]], list[float]]:
+        if self._reward is None:
+            from coscale.rewards import MathReward
+
+            self._reward = MathReward()
+        return self._reward
+
+    def _load(self):
+        if self._backend is None:
+            from coscale.policy import load_policy
+            from coscale.rollout.hf import HFGenerateBackend
+
+            model, tokenizer = load_policy(
+                self.model_name, dtype=self.dtype, trust_remote_code=self.trust_remote_code
+            )
+            self._backend = HFGenerateBackend(model, tokenizer)
+        return self._backend

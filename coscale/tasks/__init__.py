@@ -1,0 +1,8 @@
+"""Problem sources: the ``Problem`` record and loaders for JSONL, Parquet and HF datasets."""
+
+from __future__ import annotations
+
+from coscale.tasks.loaders import BAD_ROW_CHOICES, BadRow, FieldMap, LoadResult, load_problems
+from coscale.tasks.problem import Problem
+
+__all__ = ["BAD_ROW_CHOICES", "BadRow", "FieldMap", "LoadResult", "Problem", "load_problems"]

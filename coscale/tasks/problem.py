@@ -1,0 +1,68 @@
+"""The ``Problem`` record: one training or evaluation problem, as every loader returns it.
+
+A problem is identified by ``id`` (the key of the pools and the solution bank), asks
+``question``, is checked against the reference ``answer`` and may come with worked
+``solutions`` from the data set (the first solutions given to an unsolvable problem).
+Anything else the source row held travels in ``meta`` (e.g. a difficulty level).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+_REQUIRED = ("id", "question", "answer")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem with its reference answer.
+
+    ``meta`` is left out of the hash (it is usually a ``dict``), so problems can still be put
+    in sets; equality compares every field.
+    """
+
+    id: str
+    """Unique key of the problem (pools, solution bank, logs)."""
+    question: str
+    """The problem statement shown to the model."""
+    answer: str
+    """Reference answer the reward checks completions against."""
+    solutions: tuple[str, ...] = ()
+    """Worked solutions that come with the data set (may be empty)."""
+    meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """Other fields of the source row, kept as they were."""
+
+    def __post_init__(self) -> None:
+        # A list is the natural input (JSON, datasets); a tuple keeps the record immutable.
+        if not isinstance(self.solutions, tuple):
+            object.__setattr__(self, "solutions", tuple(self.solutions))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict that :meth:`from_dict` turns back into an equal problem."""
+        return {
+            "id": self.id,
+            "question": self.question,
+            "answer": self.answer,
+            "solutions": list(self.solutions),
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Problem:
+        """Build a problem from a :meth:`to_dict` dict (``solutions``/``meta`` optional).
+
+        Raises:
+            ValueError: Naming the keys that are missing.
+        """
+        missing = [key for key in _REQUIRED if key not in data]
+        if missing:
+            raise ValueError(f"Problem.from_dict: missing keys {missing}, got {sorted(data)}")
+        return cls(
+            id=data["id"],
+            question=data["question"],
+            answer=data["answer"],
+            solutions=tuple(data.get("solutions", ())),
+            meta=dict(data.get("meta", {})),
+        )

@@ -1,0 +1,150 @@
+"""CoScale-RL theory: effective Rollout N, lr/N efficiency, and choosing N per group.
+
+- A group of N rollouts of a problem with success rate p carries gradient signal only when it
+  is neither all-correct nor all-wrong, so its expected number of useful rollouts is
+  ``N_eff(p, N) = N * (1 - p**N - (1 - p)**N)``.
+- Per-step efficiency is quadratic in ``x = lr / N``: ``E(x) = x * mu_p - x**2 * mu_n``, best at
+  ``x* = mu_p / (2 mu_n)`` and negative (unstable) beyond ``mu_p / mu_n``. For hard problems
+  the effective x is ``lr / N_eff(p, N)``, which is why they need a larger N.
+
+``N_eff(p, N)`` strictly increases with N for ``0 < p < 1``, so "the smallest N that reaches a
+target" is well defined; for ``p`` of 0 or 1 it is 0 for every N and the cap ``n_max`` is
+returned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from numbers import Integral, Real
+
+
+def effective_rollouts(p: float, n: int) -> float:
+    """Expected number of rollouts in groups with signal, ``n * (1 - p**n - (1-p)**n)``.
+
+    Args:
+        p: Success rate of the problem, in ``[0, 1]``.
+        n: Rollout N, int ``>= 1``.
+
+    Returns:
+        ``N_eff`` in ``[0, n)``; e.g. ``p=0.5, n=2 -> 1.0``.
+    """
+    p = _real("p", p, low=0.0, high=1.0)
+    n = _int("n", n, low=1)
+    return n * (1.0 - p**n - (1.0 - p) ** n)
+
+
+def efficiency(lr_over_n: float, mu_p: float, mu_n: float) -> float:
+    """Computational efficiency ``E(x) = x * mu_p - x**2 * mu_n`` at ``x = lr / N``.
+
+    Args:
+        lr_over_n: ``x = lr / N`` (or ``lr / N_eff``), ``>= 0``.
+        mu_p: Signal coefficient, ``>= 0``.
+        mu_n: Noise coefficient, ``>= 0``.
+    """
+    x = _real("lr_over_n", lr_over_n, low=0.0)
+    mu_p, mu_n = _real("mu_p", mu_p, low=0.0), _real("mu_n", mu_n, low=0.0)
+    return x * mu_p - x**2 * mu_n
+
+
+def optimal_lr_over_n(mu_p: float, mu_n: float) -> float:
+    """The maximiser ``x* = mu_p / (2 mu_n)`` of :func:`efficiency`.
+
+    Args:
+        mu_p: Signal coefficient, ``>= 0``.
+        mu_n: Noise coefficient, ``> 0``.
+    """
+    mu_p = _real("mu_p", mu_p, low=0.0)
+    mu_n = _real("mu_n", mu_n, low=0.0, open_low=True)
+    return mu_p / (2.0 * mu_n)
+
+
+def instability_threshold(mu_p: float, mu_n: float) -> float:
+    """The ``x = mu_p / mu_n`` beyond which :func:`efficiency` is negative (unstable).
+
+    Args:
+        mu_p: Signal coefficient, ``>= 0``.
+        mu_n: Noise coefficient, ``> 0``.
+    """
+    mu_p = _real("mu_p", mu_p, low=0.0)
+    mu_n = _real("mu_n", mu_n, low=0.0, open_low=True)
+    return mu_p / mu_n
+
+
+def rollouts_for(p: float, min_effective: float, n_max: int, n_min: int = 1) -> int:
+    """Smallest N in ``[n_min, n_max]`` with ``effective_rollouts(p, N) >= min_effective``.
+
+    Args:
+        p: Success rate of the problem (group), in ``[0, 1]``.
+        min_effective: Wanted effective rollouts, ``> 0``.
+        n_max: Cap on N, ``>= n_min``.
+        n_min: Floor on N, ``>= 1``.
+
+    Returns:
+        That N, or ``n_max`` when no N in range reaches the target (always so for p of 0 or 1).
+    """
+    p = _real("p", p, low=0.0, high=1.0)
+    target = _real("min_effective", min_effective, low=0.0, open_low=True)
+    n_min, n_max = _bounds(n_min, n_max)
+    return _smallest(lambda n: effective_rollouts(p, n) >= target, n_min, n_max)
+
+
+def n_for_lr_ratio(
+    lr: float, p: float, target_lr_over_n_eff: float, n_max: int, n_min: int = 1
+) -> int:
+    """Smallest N in ``[n_min, n_max]`` with ``lr / effective_rollouts(p, N) <= target``.
+
+    Keeps the effective ``x = lr / N_eff`` of a group at (or below) a target such as
+    :func:`optimal_lr_over_n`, so hard groups (p near 0) get a larger N.
+
+    Args:
+        lr: Learning rate, ``> 0``.
+        p: Success rate of the group, in ``[0, 1]``.
+        target_lr_over_n_eff: Target for ``lr / N_eff``, ``> 0``.
+        n_max: Cap on N, ``>= n_min``.
+        n_min: Floor on N, ``>= 1``.
+
+    Returns:
+        That N, or ``n_max`` when no N in range reaches the target (always so for p of 0 or 1).
+    """
+    lr = _real("lr", lr, low=0.0, open_low=True)
+    p = _real("p", p, low=0.0, high=1.0)
+    target = _real("target_lr_over_n_eff", target_lr_over_n_eff, low=0.0, open_low=True)
+    n_min, n_max = _bounds(n_min, n_max)
+
+    def reached(n: int) -> bool:
+        n_eff = effective_rollouts(p, n)
+        return n_eff > 0 and lr / n_eff <= target
+
+    return _smallest(reached, n_min, n_max)
+
+
+def _smallest(reached: Callable[[int], bool], n_min: int, n_max: int) -> int:
+    """First N in ``[n_min, n_max]`` where ``reached(N)``, else ``n_max``."""
+    return next((n for n in range(n_min, n_max + 1) if reached(n)), n_max)
+
+
+def _bounds(n_min: int, n_max: int) -> tuple[int, int]:
+    """Validates ``1 <= n_min <= n_max``."""
+    n_min = _int("n_min", n_min, low=1)
+    return n_min, _int("n_max", n_max, low=n_min)
+
+
+def _real(
+    key: str, value: float, low: float, high: float = math.inf, open_low: bool = False
+) -> float:
+    """Returns ``value`` as a finite float in range, or raises naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(f"{key}={value!r} must be a finite real number")
+    if value < low or (open_low and value == low) or value > high:
+        left = "(" if open_low else "["
+        right = "]" if high < math.inf else ")"
+        raise ValueError(f"{key}={value!r} must be in {left}{low}, {high}{right}")
+    return float(value)
+
+
+def _int(key: str, value: int, low: int) -> int:
+    """Returns ``value`` as an int ``>= low``, or raises naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        raise ValueError(f"{key}={value!r} must be an int >= {low}")
+    return int(value)

@@ -1,0 +1,213 @@
+"""Tests for coscale.tasks: the Problem record and load_problems on every kind of source."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+
+from coscale.tasks import BadRow, FieldMap, LoadResult, Problem, load_problems
+
+# One JSONL file with every kind of bad row; the line numbers are the ones an editor shows.
+JSONL_LINES = [
+    {"id": "a", "question": "1+1?", "answer": "2", "solutions": ["1+1=2, so \\boxed{2}"]},  # 1
+    "",  # 2: blank, ignored (not a bad row)
+    '{"id": "x", "question": "broken',  # 3: not JSON
+    {"id": "b", "question": "   ", "answer": "1"},  # 4: empty question
+    {"id": "c", "question": "q", "answer": ""},  # 5: empty answer
+    {"id": "d", "question": "q"},  # 6: missing answer
+    {"id": "e", "question": 5, "answer": "1"},  # 7: question of the wrong type
+    {"id": "f", "question": "q", "answer": True},  # 8: bool answer
+    {"id": "g", "question": "q", "answer": "1", "solutions": "not a list"},  # 9
+    {"id": "h", "question": "q", "answer": "1", "solutions": ["ok", ""]},  # 10: empty solution
+    {"id": "a", "question": "again", "answer": "3"},  # 11: duplicate id
+    [1, 2],  # 12: not an object
+    {"question": "no id", "answer": 7, "level": 3},  # 13: good, generated id, int answer
+    {"id": 5, "question": "int id", "answer": 2.5},  # 14: good, int id, float answer
+    {"id": 1.5, "question": "q", "answer": "1"},  # 15: id of the wrong type
+    {"id": "n", "question": "q", "answer": math.nan},  # 16: not a finite number
+]
+BAD_REASONS = {
+    4: "empty question (field 'question')",
+    5: "empty answer (field 'answer')",
+    6: "missing answer (field 'answer')",
+    7: "question (field 'question') must be str, got int",
+    8: "answer (field 'answer') must be str or int or float, got bool",
+    9: "solutions (field 'solutions') must be list or tuple, got str",
+    10: "solutions (field 'solutions') must be a list of non-empty str",
+    12: "row must be an object, got list",
+    15: "id (field 'id') must be str or int, got float",
+    16: "answer (field 'answer') must be a finite number, got nan",
+}
+
+
+def write_jsonl(path, lines):
+    text = [line if isinstance(line, str) else json.dumps(line) for line in lines]
+    path.write_text("\n".join(text) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def jsonl(tmp_path):
+    return write_jsonl(tmp_path / "train.jsonl", JSONL_LINES)
+
+
+def load_quietly(*args, **kwargs) -> LoadResult:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_problems(*args, **kwargs)
+
+
+def test_jsonl_good_rows_and_every_bad_row_with_its_line(jsonl):
+    with pytest.warns(UserWarning, match=r"skipped 12 bad rows of .*train\.jsonl") as record:
+        result = load_problems(jsonl)
+    assert [p.id for p in result.problems] == ["a", "train-12", "5"]  # train-12: line 13
+    first, generated, numeric = result.problems
+    assert first == Problem("a", "1+1?", "2", ("1+1=2, so \\boxed{2}",), {})
+    assert (generated.answer, generated.solutions, generated.meta) == ("7", (), {"level": 3})
+    assert numeric.answer == "2.5"
+    wheres = [bad.where for bad in result.bad_rows]
+    assert wheres == [f"{jsonl}:{n}" for n in (3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 15, 16)]
+    reasons = {int(bad.where.rsplit(":", 1)[1]): bad.reason for bad in result.bad_rows}
+    assert {n: reasons[n] for n in BAD_REASONS} == BAD_REASONS
+    assert reasons[3].startswith("invalid JSON")
+    assert reasons[11] == f"duplicate id 'a' (first at {jsonl}:1)"
+    # One warning, quoting the first 5 bad rows with file:line and counting the rest.
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert f"{jsonl}:4: empty question (field 'question')" in message
+    assert f"{jsonl}:7: " in message and f"{jsonl}:8: " not in message
+    assert "... and 7 more" in message
+
+
+def test_raise_mode_collects_every_bad_row(jsonl):
+    with pytest.raises(ValueError, match="on_bad_row") as info:
+        load_problems(jsonl, on_bad_row="raise")
+    message = str(info.value)
+    assert message.startswith(f"12 bad rows in {jsonl}")
+    for line, reason in BAD_REASONS.items():
+        assert f"{jsonl}:{line}: {reason}" in message
+    assert f"{jsonl}:11: duplicate id 'a'" in message
+
+
+def test_clean_source_warns_nothing_in_either_mode(tmp_path):
+    path = write_jsonl(tmp_path / "ok.json", [{"question": "q", "answer": "1"}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for mode in ("skip", "raise"):
+            result = load_problems(path, on_bad_row=mode)
+            assert [p.id for p in result.problems] == ["ok-0"] and result.bad_rows == []
+
+
+def test_parquet_with_openmath_style_fields(tmp_path):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    table = pa.table(
+        {
+            "problem": ["What is 6*7?", "Half of 1?", "No answer here", "Sum 1..3?"],
+            "expected_answer": ["42", "0.5", None, "6"],
+            "generated_solutions": [["6*7=42"], None, [], ["1+2+3=6", "3*4/2=6"]],
+            "problem_type": ["arith", "arith", "arith", "series"],
+        }
+    )
+    path = tmp_path / "openmath.parquet"
+    pq.write_table(table, path)
+    fields = FieldMap("problem", "expected_answer", "generated_solutions", id=None)
+    result = load_quietly(path, fields=fields)
+    assert [p.id for p in result.problems] == ["openmath-0", "openmath-1", "openmath-3"]
+    assert result.problems[0].solutions == ("6*7=42",)
+    assert result.problems[1].solutions == ()  # null list: no solutions, not a bad row
+    assert result.problems[2] == Problem(
+        "openmath-3", "Sum 1..3?", "6", ("1+2+3=6", "3*4/2=6"), {"problem_type": "series"}
+    )
+    assert result.bad_rows == [BadRow(f"{path} row 2", "missing answer (field 'expected_answer')")]
+    # The default FieldMap does not fit: raised from the schema, before any row is read.
+    with pytest.raises(ValueError, match=r"fields.question='question' and fields.answer='answer'"):
+        load_problems(path)
+
+
+def test_save_to_disk_directory_picks_the_split(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = {"question": ["a?", ""], "answer": ["1", "2"]}
+    splits = {"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict(rows)}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "dd"))
+    result = load_quietly(tmp_path / "dd", split="test")
+    assert [p.id for p in result.problems] == ["dd-0"]
+    assert result.bad_rows == [
+        BadRow(f"{tmp_path / 'dd'}[test] row 1", "empty question (field 'question')")
+    ]
+    with pytest.raises(ValueError, match=r"split='dev' .*\['train', 'test'\]"):
+        load_problems(tmp_path / "dd", split="dev")
+    splits["train"].save_to_disk(str(tmp_path / "single"))  # a plain Dataset: split unused
+    single = load_quietly(str(tmp_path / "single"), split="whatever")
+    assert single.bad_rows[0].where == f"{tmp_path / 'single'} row 1"
+
+
+def test_in_memory_rows_numbers_as_answers_and_summary():
+    rows = [
+        {"question": "int", "answer": 42},
+        {"question": "float", "answer": 0.25},
+        {"question": "neg", "answer": -3},
+        {"question": "bool", "answer": False},
+        {"question": "dict", "answer": {"x": 1}},
+    ]
+    result = load_quietly(rows)
+    assert [(p.id, p.answer) for p in result.problems] == [
+        ("rows-0", "42"),
+        ("rows-1", "0.25"),
+        ("rows-2", "-3"),
+    ]
+    assert [str(b.where) for b in result.bad_rows] == ["rows[3]", "rows[4]"]
+    assert (
+        result.bad_rows[1].reason == "answer (field 'answer') must be str or int or float, got dict"
+    )
+    assert result.summary() == (
+        "3 problems, 2 bad rows from the given rows\n"
+        "  rows[3]: answer (field 'answer') must be str or int or float, got bool\n"
+        "  rows[4]: answer (field 'answer') must be str or int or float, got dict"
+    )
+
+
+def test_wrong_question_field_raises_at_once_naming_the_mapping(tmp_path):
+    path = write_jsonl(tmp_path / "om.jsonl", [{"problem": "p", "expected_answer": "1"}] * 3)
+    with pytest.raises(ValueError) as info:
+        load_problems(path, fields=FieldMap(answer="expected_answer"), on_bad_row="raise")
+    message = str(info.value)
+    assert "fields.question='question'" in message and "fields.answer" not in message
+    assert str(path) in message and "['problem', 'expected_answer']" in message
+    # Both fields missing are named in one error.
+    with pytest.raises(ValueError, match=r"fields.question='question' and fields.answer='answer'"):
+        load_problems([{"problem": "p", "expected_answer": "1"}])
+
+
+def test_limit_keeps_the_first_good_problems_and_stops_reading(jsonl):
+    result = load_quietly(jsonl, limit=2)
+    assert [p.id for p in result.problems] == ["a", "train-12"]
+    assert len(result.bad_rows) == 10  # lines 3..12; lines 15 and 16 were never read
+    with pytest.raises(ValueError, match=r"limit must be None or an int >= 1, got 0"):
+        load_problems(jsonl, limit=0)
+
+
+def test_bad_settings_and_offline_hub_name(monkeypatch, jsonl):
+    with pytest.raises(ValueError, match=r"on_bad_row must be one of \('skip', 'raise'\)"):
+        load_problems(jsonl, on_bad_row="ignore")
+    datasets = pytest.importorskip("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ValueError, match=r"source='org/openmath'.*no network.*local path"):
+        load_problems("org/openmath")
+
+
+def test_problem_round_trip_and_hash():
+    problem = Problem("p1", "q", "4", ["s1", "s2"], {"level": 2})
+    assert problem.solutions == ("s1", "s2")
+    assert Problem.from_dict(json.loads(json.dumps(problem.to_dict()))) == problem
+    # Hashable although meta is a dict (meta is left out of the hash, not out of ==).
+    assert len({problem, Problem.from_dict(problem.to_dict())}) == 1
+    assert problem != Problem("p1", "q", "4", ("s1", "s2"))
+    with pytest.raises(ValueError, match=r"missing keys \['answer'\]"):
+        Problem.from_dict({"id": "x", "question": "q"})

@@ -1,0 +1,233 @@
+"""Tests for coscale.losses: every variant against values worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from coscale.losses import (
+    LOSSES,
+    DAPOLoss,
+    DrGRPOLoss,
+    GRPOLoss,
+    LossOutput,
+    PolicyLoss,
+    build_loss,
+)
+
+F64 = torch.float64
+LN2 = math.log(2.0)
+
+# R=2 sequences, T=3 tokens; the last token of row 1 is padding.
+# ratio = exp(logp - old) is set directly:   row 0: 1.5, 1.0, 0.7   row 1: 1.1, 0.5, (1.3)
+# advantages: row 0 A=+1, row 1 A=-2; epsilon=0.2 -> clip range [0.8, 1.2].
+# surrogate = min(ratio*A, clip(ratio)*A), per-token loss = -surrogate:
+#   row 0 t0: min(1.5, 1.2) = 1.2 (clipped high)       -> -1.2
+#   row 0 t1: min(1.0, 1.0) = 1.0                      -> -1.0
+#   row 0 t2: min(0.7, 0.8) = 0.7 (A>0: no low clip)   -> -0.7
+#   row 1 t0: min(-2.2, -2.2) = -2.2                   -> 2.2
+#   row 1 t1: min(-1.0, 0.8*-2=-1.6) = -1.6 (clipped low) -> 1.6
+# Row sums: -2.9 and 3.8; total 0.9 over 5 masked tokens.
+#   grpo:    ((-2.9/3) + (3.8/2)) / 2 = (-29/30 + 57/30) / 2 = 7/15
+#   dr_grpo: 0.9 / (2 sequences * max_tokens 4) = 0.1125
+#   dapo:    0.9 / 5 = 0.18
+# Metrics: clipped tokens row0 t0 (high) and row1 t1 (low) -> clip_ratio 2/5, low 1/5, high 1/5;
+# ratio_mean (1.5 + 1.0 + 0.7 + 1.1 + 0.5) / 5 = 0.96.
+RATIOS = [[1.5, 1.0, 0.7], [1.1, 0.5, 1.3]]
+OLD = [[-0.3, -1.2, -0.5], [-2.0, -0.1, -0.7]]
+MASK = [[1, 1, 1], [1, 1, 0]]
+ADV = [1.0, -2.0]
+EXPECTED = {"grpo": 7 / 15, "dr_grpo": 0.9 / 8, "dapo": 0.18}
+KWARGS = {"grpo": {}, "dr_grpo": {"max_tokens": 4}, "dapo": {}}
+
+
+def _inputs(dtype=F64):
+    old = torch.tensor(OLD, dtype=dtype)
+    logp = (old + torch.tensor(RATIOS, dtype=dtype).log()).detach().requires_grad_()
+    return logp, old, torch.tensor(ADV, dtype=dtype), torch.tensor(MASK)
+
+
+def _close(actual, expected, tol=1e-12):
+    value = actual.item() if isinstance(actual, torch.Tensor) else actual
+    assert abs(value - expected) <= tol, (value, expected)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo"])
+def test_hand_values(name):
+    out = build_loss(name, **KWARGS[name])(*_inputs())
+    assert isinstance(out, LossOutput)
+    _close(out.loss, EXPECTED[name])
+    assert out.metrics.keys() == {"clip_ratio", "clip_ratio_low", "clip_ratio_high", "ratio_mean"}
+    for key, value in {"clip_ratio": 0.4, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}.items():
+        _close(out.metrics[key], value, 1e-6)
+    _close(out.metrics["ratio_mean"], 0.96, 1e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo"])
+def test_float32_bool_mask(name):
+    logp, old, adv, mask = _inputs(torch.float32)
+    out = build_loss(name, **KWARGS[name])(logp, old, adv, mask.bool())
+    assert out.loss.dtype == torch.float32
+    _close(out.loss, EXPECTED[name], 1e-6)
+
+
+def test_grpo_gradient_by_hand():
+    # d(-ratio*A)/d logp = -A*ratio on unclipped tokens, 0 on clipped ones and padding;
+    # grpo scales token (i, t) by 1 / (n_i * R) with n = (3, 2), R = 2:
+    #   row 0: t0 clipped 0; t1 -1*1.0/6; t2 -1*0.7/6     row 1: t0 2*1.1/4 = 0.55; t1 clipped 0
+    logp, old, adv, mask = _inputs()
+    old.requires_grad_()
+    adv.requires_grad_()
+    GRPOLoss()(logp, old, adv, mask).loss.backward()
+    expected = torch.tensor([[0.0, -1 / 6, -0.7 / 6], [0.55, 0.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(logp.grad, expected, rtol=0, atol=1e-12)
+    assert old.grad is None and adv.grad is None
+
+
+def test_gradient_flows_to_logprobs_only_with_reference():
+    logp, old, adv, mask = _inputs()
+    ref = torch.zeros_like(logp, requires_grad=True)
+    for tensor in (old, adv):
+        tensor.requires_grad_()
+    DAPOLoss(beta=0.1)(logp, old, adv, mask, ref_logprobs=ref).loss.backward()
+    assert logp.grad is not None and torch.isfinite(logp.grad).all()
+    assert old.grad is None and adv.grad is None and ref.grad is None
+
+
+# k3 KL with ref - logp = D:  D = [[ln2, 0, -ln2], [0, ln2, 5 (padding)]]
+#   exp(d) - d - 1:  d=ln2 -> 1 - ln2;  d=0 -> 0;  d=-ln2 -> 1/2 + ln2 - 1 = ln2 - 1/2
+#   row 0 kl sum: (1 - ln2) + (ln2 - 1/2) = 1/2 (mean 1/6); row 1 kl sum: 1 - ln2 (mean (1-ln2)/2)
+#   total 3/2 - ln2 over 5 tokens. beta = 0.1:
+#   grpo:    7/15 + 0.1 * (1/6 + (1 - ln2)/2) / 2
+#   dr_grpo: (0.9 + 0.1 * (3/2 - ln2)) / 8
+#   dapo:    0.18 + 0.1 * (3/2 - ln2) / 5
+KL_GAP = [[LN2, 0.0, -LN2], [0.0, LN2, 5.0]]
+EXPECTED_KL = {
+    "grpo": 7 / 15 + 0.1 * (1 / 6 + (1 - LN2) / 2) / 2,
+    "dr_grpo": (0.9 + 0.1 * (1.5 - LN2)) / 8,
+    "dapo": 0.18 + 0.1 * (1.5 - LN2) / 5,
+}
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo"])
+def test_kl_term_by_hand(name):
+    logp, old, adv, mask = _inputs()
+    ref = logp.detach() + torch.tensor(KL_GAP, dtype=F64)
+    out = build_loss(name, beta=0.1, **KWARGS[name])(logp, old, adv, mask, ref_logprobs=ref)
+    _close(out.loss, EXPECTED_KL[name])
+    _close(out.metrics["kl"], (1.5 - LN2) / 5, 1e-6)
+    # beta = 0: the reference only feeds the metric, the loss is unchanged.
+    out0 = build_loss(name, **KWARGS[name])(logp, old, adv, mask, ref_logprobs=ref)
+    _close(out0.loss, EXPECTED[name])
+    _close(out0.metrics["kl"], (1.5 - LN2) / 5, 1e-6)
+
+
+def test_epsilon_high_asymmetry():
+    # epsilon_high=0.6 -> upper bound 1.6: row 0 t0 no longer clipped, loss -1.5 instead of -1.2.
+    # grpo: ((-1.5 - 1.0 - 0.7)/3 + 3.8/2) / 2 = (-3.2/3 + 5.7/3) / 2 = 2.5/6 = 5/12.
+    out = GRPOLoss(epsilon=0.2, epsilon_high=0.6)(*_inputs())
+    _close(out.loss, 5 / 12)
+    assert (out.metrics["clip_ratio_high"], out.metrics["clip_ratio_low"]) == (0.0, 0.2)
+    # epsilon=0.6, epsilon_high=0.2 -> [0.4, 1.2]: row 1 t1 (0.5) unclipped -> loss 1.0;
+    # dapo: (-1.2 - 1.0 - 0.7 + 2.2 + 1.0) / 5 = 0.3 / 5 = 0.06.
+    out = DAPOLoss(epsilon=0.6, epsilon_high=0.2)(*_inputs())
+    _close(out.loss, 0.06)
+    assert (out.metrics["clip_ratio_high"], out.metrics["clip_ratio_low"]) == (0.2, 0.0)
+    assert GRPOLoss(epsilon=0.3).epsilon_high == 0.3
+
+
+def _random_batch(rows=6, cols=5, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    old = -torch.rand(rows, cols, generator=gen, dtype=F64) * 3
+    logp = (old + 0.4 * torch.randn(rows, cols, generator=gen, dtype=F64)).requires_grad_()
+    ref = old + 0.2 * torch.randn(rows, cols, generator=gen, dtype=F64)
+    adv = torch.randn(rows, generator=gen, dtype=F64)
+    lengths = torch.tensor([5, 1, 3, 4, 2, 5])
+    mask = (torch.arange(cols) < lengths[:, None]).float()
+    return logp, old, adv, mask, ref
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo"])
+def test_micro_batches_sum_to_full_batch(name):
+    loss_fn = build_loss(name, beta=0.05, epsilon_high=0.28, **KWARGS[name])
+    logp, old, adv, mask, ref = _random_batch()
+    full = loss_fn(logp, old, adv, mask, ref_logprobs=ref).loss
+    full.backward()
+    full_grad = logp.grad.clone()
+    logp.grad = None
+    totals = {"num_sequences": 6, "num_tokens": int(mask.sum())}
+    parts = []
+    for rows in (slice(0, 2), slice(2, 3), slice(3, 6)):
+        part = loss_fn(logp[rows], old[rows], adv[rows], mask[rows], ref[rows], **totals).loss
+        part.backward()
+        parts.append(part.item())
+    _close(sum(parts), full.item())
+    torch.testing.assert_close(logp.grad, full_grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo"])
+def test_padding_garbage_never_leaks(name):
+    logp, old, adv, mask = _inputs()
+    logp_bad = logp.detach().clone()
+    logp_bad[1, 2] = float("-inf")
+    old_bad = old.clone()
+    old_bad[1, 2] = float("nan")
+    logp_bad.requires_grad_()
+    out = build_loss(name, **KWARGS[name])(logp_bad, old_bad, adv, mask)
+    out.loss.backward()
+    _close(out.loss, EXPECTED[name])
+    assert torch.isfinite(logp_bad.grad).all() and logp_bad.grad[1, 2] == 0
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo"])
+def test_fully_masked_batch_gives_zero(name):
+    logp, old, adv, mask = _inputs()
+    out = build_loss(name, **KWARGS[name])(logp, old, adv, torch.zeros_like(mask))
+    assert out.loss.item() == 0.0
+    assert out.metrics["clip_ratio"] == 0.0
+
+
+def test_build_loss_and_registry():
+    assert set(LOSSES) == {"grpo", "dr_grpo", "dapo"}
+    assert type(build_loss("grpo", epsilon=0.1)) is GRPOLoss
+    loss = build_loss("dr_grpo", max_tokens=7, beta=0.2)
+    assert isinstance(loss, DrGRPOLoss) and isinstance(loss, PolicyLoss)
+    assert (loss.max_tokens, loss.beta, loss.epsilon_high) == (7, 0.2, 0.2)
+    with pytest.raises(ValueError, match=r"name='ppo'.*\['dapo', 'dr_grpo', 'grpo'\]"):
+        build_loss("ppo")
+
+
+@pytest.mark.parametrize(
+    ("factory", "match"),
+    [
+        (lambda: GRPOLoss(epsilon=-0.1), r"epsilon=-0.1"),
+        (lambda: DAPOLoss(epsilon_high=-1.0), r"epsilon_high=-1.0"),
+        (lambda: GRPOLoss(beta=float("nan")), r"beta=nan"),
+        (lambda: DrGRPOLoss(max_tokens=0), r"max_tokens=0"),
+        (lambda: DrGRPOLoss(max_tokens=2.5), r"max_tokens=2.5"),
+    ],
+)
+def test_rejects_bad_config(factory, match):
+    with pytest.raises(ValueError, match=match):
+        factory()
+
+
+def test_rejects_bad_call_inputs():
+    logp, old, adv, mask = _inputs()
+    loss = GRPOLoss()
+    with pytest.raises(ValueError, match=r"mask shape \(2, 2\)"):
+        loss(logp, old, adv, mask[:, :2])
+    with pytest.raises(ValueError, match=r"advantages shape \(3,\)"):
+        loss(logp, old, torch.ones(3, dtype=F64), mask)
+    with pytest.raises(ValueError, match=r"old_logprobs shape.*ref_logprobs shape"):
+        loss(logp, old[:1], adv, mask, ref_logprobs=old[:, :1])
+    with pytest.raises(ValueError, match=r"ref_logprobs is required when beta=0.1"):
+        GRPOLoss(beta=0.1)(logp, old, adv, mask)
+    with pytest.raises(ValueError, match=r"num_tokens=0"):
+        DAPOLoss()(logp, old, adv, mask, num_tokens=0)
+    with pytest.raises(ValueError, match=r"num_sequences=-2"):
+        DAPOLoss()(logp, old, adv, mask, num_sequences=-2)
+    with pytest.raises(ValueError, match=r"logprobs must be a 2-D"):
+        loss(logp[0], old, adv, mask)

@@ -1,0 +1,105 @@
+"""SFTModule and GRPOModule: short CPU fits change the weights, per-problem N, skipped batches."""
+
+from __future__ import annotations
+
+import copy
+
+import lightning as L
+import pytest
+import torch
+
+from coscale.datamodules import ProblemDataModule
+from coscale.modules import GRPOModule, SFTModule
+from coscale.pools import Pool
+from coscale.tasks import arithmetic
+
+
+class CharCountReward:
+    """A reward with spread on a random model: 1.0 when the completion holds a digit."""
+
+    def __call__(self, completions, answers, **_):
+        return [float(any(ch.isdigit() for ch in c)) for c in completions]
+
+
+class ZeroReward:
+    def __call__(self, completions, answers, **_):
+        return [0.0] * len(completions)
+
+
+def _trainer(steps: int) -> L.Trainer:
+    return L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, limit_val_batches=0)
+
+
+def _rows(n=8, seed=0):
+    return [p.to_dict() | {"solutions": arithmetic.solutions_of(p, 3)}
+            for p in arithmetic.generate(n, (2, 3), seed, "t")]
+
+
+def _params(module):
+    return {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
+
+
+def _changed(before, module):
+    after = module.policy.state_dict()
+    return [k for k in before if not torch.equal(before[k], after[k])]
+
+
+def test_sft_two_steps_change_weights_and_loss_is_finite(tiny_model_dir):
+    dm = ProblemDataModule(train=_rows(), mode="sft", sft_batch_size=4)
+    dm.load()
+    dm.scale_solutions(2)
+    module = SFTModule(model=str(tiny_model_dir), lr=1e-2)
+    before = _params(module)
+    trainer = _trainer(2)
+    trainer.fit(module, datamodule=dm)
+    assert len(_changed(before, module)) == len(before)
+    assert torch.isfinite(trainer.callback_metrics["train/loss"])
+
+
+def _rl_dm(n_per_problem):
+    dm = ProblemDataModule(train=_rows(len(n_per_problem)), batch_size=len(n_per_problem))
+    dm.load()
+    for pid, n in zip(dm.problems, n_per_problem):
+        dm.pools.record(pid, 10, 3)  # acc 0.3 -> solvable
+        dm.n_per_problem[pid] = n
+    return dm
+
+
+def test_grpo_two_steps_with_different_n_per_problem(tiny_model_dir):
+    dm = _rl_dm([2, 5, 3])
+    module = GRPOModule(model=str(tiny_model_dir), reward=CharCountReward(), lr=1e-2,
+                        max_new_tokens=6, temperature=1.0, micro_batch_size=4)
+    seen = []
+    original = module.sample
+
+    def spy(batch, n, sampling):
+        rollouts, rewards = original(batch, n, sampling)
+        seen.append((sorted(n), rollouts.num_rollouts))
+        return rollouts, rewards
+
+    module.sample = spy
+    before = _params(module)
+    trainer = _trainer(1)
+    trainer.fit(module, datamodule=dm)
+    assert seen == [([2, 3, 5], 10)]  # one batch, three group sizes, no divisibility rule
+    assert len(_changed(before, module)) == len(before)
+    assert trainer.callback_metrics["train/skipped"] == 0
+    # the epoch's outcomes reached the pools, and the next epoch serves the rebuilt solvable set
+    assert all(len(dm.pools.history(pid)) == 2 for pid in dm.problems)
+    solvable = dm.pools.members(Pool.SOLVABLE)
+    assert sorted(item["id"] for item in next(iter(dm.train_dataloader()))) == sorted(solvable)
+
+
+def test_grpo_batch_without_signal_is_skipped_not_crashed(tiny_model_dir):
+    dm = _rl_dm([3, 3])
+    module = GRPOModule(model=str(tiny_model_dir), reward=ZeroReward(), lr=1e-2, max_new_tokens=4)
+    before = _params(module)
+    trainer = _trainer(2)
+    trainer.fit(module, datamodule=dm)
+    assert _changed(before, module) == []
+    assert trainer.callback_metrics["train/skipped"] == 1
+    assert trainer.callback_metrics["train/frac_zero_std"] == 1
+    # all-wrong problems fall back to unsolvable after the epoch
+    assert dm.pools.members(Pool.UNSOLVABLE) == list(dm.problems)

@@ -1,0 +1,187 @@
+"""The contract every rollout backend must meet, plus the rollout data types.
+
+`CASES` lists the backends; each contract test runs once per case against the same policy
+(`tiny_model`), whose teacher-forced forward pass is the reference for the log-probs.
+To add a backend: write a factory `(policy, tokenizer, model_dir) -> RolloutBackend` and a
+`pytest.param` with the marks that skip it where its engine or device is missing (see vLLM).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from coscale.logprobs import sequence_logprobs
+from coscale.rollout import (
+    HFGenerateBackend,
+    RolloutBackend,
+    Rollouts,
+    SamplingParams,
+    normalize_n_per_prompt,
+)
+
+PROMPTS = ["Compute 2+3.", "What is 7*6?\n", "x"]
+COUNTS = [4, 6, 2]  # R = 12, a different N per prompt
+SAMPLING = SamplingParams(max_new_tokens=48, seed=0)  # seed 0: 4 EOS stops, 8 length cut-offs
+
+
+@dataclass(frozen=True)
+class Case:
+    """A backend under test: how to build it and how close its log-probs must be."""
+
+    make: object  # (policy, tokenizer, model_dir) -> RolloutBackend
+    logprob_atol: float
+
+
+def _hf(policy, tokenizer, model_dir) -> RolloutBackend:
+    return HFGenerateBackend(policy, tokenizer)
+
+
+def _vllm(policy, tokenizer, model_dir) -> RolloutBackend:
+    vllm_backend = pytest.importorskip("coscale.rollout.vllm", reason="no vLLM backend yet")
+    return vllm_backend.VLLMBackend(str(model_dir))  # issue 6: adapt to its constructor
+
+
+_NO_VLLM = importlib.util.find_spec("vllm") is None or not torch.cuda.is_available()
+CASES = [
+    pytest.param(Case(_hf, 1e-5), id="hf"),
+    pytest.param(
+        Case(_vllm, 1e-3),
+        id="vllm",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(_NO_VLLM, reason="needs vllm and a GPU")],
+    ),
+]
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request) -> Case:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def backend(case, tiny_model, char_tokenizer, tiny_model_dir) -> RolloutBackend:
+    return case.make(tiny_model, char_tokenizer, tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def sampled(backend) -> Rollouts:
+    return backend.generate(PROMPTS, COUNTS, SAMPLING)
+
+
+def test_shapes_and_prompt_index(sampled, char_tokenizer):
+    r, p = sum(COUNTS), max(len(char_tokenizer(x)["input_ids"]) for x in PROMPTS)
+    t = sampled.input_ids.shape[1] - p
+    assert sampled.num_rollouts == r and sampled.prompt_length == p and 1 <= t <= 48
+    assert sampled.prompt_index.tolist() == [0] * 4 + [1] * 6 + [2] * 2
+    assert sampled.attention_mask.shape == (r, p + t)
+    assert sampled.completion_mask.shape == sampled.logprobs.shape == (r, t)
+    assert sampled.completion_ids.shape == (r, t) and sampled.lengths.shape == (r,)
+    assert sampled.logprobs.dtype == torch.float32
+    assert len(sampled.texts) == len(sampled.finish_reasons) == r
+
+
+def test_prompt_part_is_the_left_padded_prompt(sampled, char_tokenizer):
+    mask = sampled.attention_mask[:, : sampled.prompt_length]
+    assert torch.all(mask[:, 1:] >= mask[:, :-1])  # zeros (padding) first, then ones
+    pads = sampled.prompt_ids[mask == 0]
+    assert torch.all(pads == char_tokenizer.pad_token_id)
+    for row, index in zip(sampled.prompt_ids, sampled.prompt_index.tolist()):
+        assert char_tokenizer.decode(row, skip_special_tokens=True) == PROMPTS[index]
+
+
+def test_masks_end_at_eos_and_agree_with_finish_reasons(sampled, char_tokenizer):
+    eos, pad = char_tokenizer.eos_token_id, char_tokenizer.pad_token_id
+    mask = sampled.completion_mask
+    assert torch.equal(sampled.attention_mask[:, sampled.prompt_length :].float(), mask)
+    assert torch.all(mask[:, 1:] <= mask[:, :-1])  # ones, then zeros
+    for ids, n, reason in zip(sampled.completion_ids, sampled.lengths, sampled.finish_reasons):
+        kept, rest = ids[:n].tolist(), ids[n:].tolist()
+        assert rest == [pad] * len(rest)
+        assert eos not in kept[:-1]
+        assert (kept[-1] == eos) == (reason == "stop")
+        assert reason == "stop" or n == SAMPLING.max_new_tokens
+    assert set(sampled.finish_reasons) == {"stop", "length"}  # both cases are exercised
+
+
+def test_texts_are_the_decoded_kept_tokens(sampled, char_tokenizer):
+    for ids, n, text in zip(sampled.completion_ids, sampled.lengths, sampled.texts):
+        assert text == char_tokenizer.decode(ids[:n], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SAMPLING, SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.9, top_k=5, seed=1)],
+    ids=["t1", "t0.7-topk-topp"],
+)
+def test_logprobs_match_teacher_forced_forward(case, backend, tiny_model, sampling):
+    rollouts = backend.generate(PROMPTS, COUNTS, sampling)
+    with torch.no_grad():
+        expected = sequence_logprobs(
+            tiny_model,
+            rollouts.input_ids,
+            rollouts.attention_mask,
+            rollouts.prompt_length,
+            sampling.temperature,
+        )
+    kept = rollouts.completion_mask.bool()
+    torch.testing.assert_close(rollouts.logprobs, expected, rtol=0, atol=case.logprob_atol)
+    assert torch.all(rollouts.logprobs[kept] < 0) and torch.all(rollouts.logprobs[~kept] == 0)
+
+
+def test_greedy_is_deterministic_and_picks_the_argmax(backend, tiny_model):
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    first = backend.generate(PROMPTS, COUNTS, greedy)
+    second = backend.generate(PROMPTS, COUNTS, greedy)
+    assert torch.equal(first.input_ids, second.input_ids)
+    for i in range(len(PROMPTS)):  # every copy of a prompt gets the same completion
+        rows = first.input_ids[first.prompt_index == i]
+        assert torch.all(rows == rows[0])
+    pos = torch.clamp(first.attention_mask.cumsum(-1) - 1, min=0)
+    with torch.no_grad():
+        logits = tiny_model(first.input_ids, attention_mask=first.attention_mask, position_ids=pos).logits
+    logits = logits[:, first.prompt_length - 1 : -1]  # [R, T, V]
+    chosen = logits.gather(-1, first.completion_ids.unsqueeze(-1)).squeeze(-1)  # [R, T]
+    gap = (logits.max(-1).values - chosen)[first.completion_mask.bool()]
+    assert gap.max() < 1e-4
+
+
+def test_seed_reproduces_and_different_seeds_differ(backend):
+    a = backend.generate(PROMPTS, COUNTS, SAMPLING)
+    b = backend.generate(PROMPTS, COUNTS, SAMPLING)
+    c = backend.generate(PROMPTS, COUNTS, SamplingParams(max_new_tokens=48, seed=1))
+    assert torch.equal(a.input_ids, b.input_ids) and a.texts == b.texts
+    torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=0)
+    assert a.texts != c.texts
+
+
+def test_stop_string_cuts_after_the_token_that_completes_it(backend, sampled):
+    row = sampled.finish_reasons.index("length")
+    stop = sampled.texts[row][10:12]  # found in this row, at index 10 or earlier
+    cut = backend.generate(PROMPTS, COUNTS, SamplingParams(max_new_tokens=48, seed=0, stop=(stop,)))
+    assert cut.finish_reasons[row] == "stop"
+    # same seed, same tokens: each completion is the uncut one, ended after its first stop
+    for i, (before, text) in enumerate(zip(sampled.texts, cut.texts)):
+        if stop in before:
+            assert text == before[: before.index(stop) + len(stop)]
+            assert cut.finish_reasons[i] == "stop" and int(cut.lengths[i]) == len(text)
+        else:
+            assert text == before and cut.finish_reasons[i] == sampled.finish_reasons[i]
+
+
+def test_max_new_tokens_is_respected(backend):
+    rollouts = backend.generate(PROMPTS, 3, SamplingParams(max_new_tokens=5, seed=0))
+    assert rollouts.prompt_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert rollouts.completion_ids.shape[1] <= 5
+    for n, reason in zip(rollouts.lengths.tolist(), rollouts.finish_reasons):
+        assert n <= 5 and (reason == "stop" or n == 5)
+
+
+def test_bad_requests_are_rejected(backend):
+    with pytest.raises(ValueError, match="n_per_prompt entries must be ints >= 1"):
+        backend.generate(PROMPTS, [1, 0, 2], SAMPLING)
+    with pytest.raises(ValueError, match="one entry per prompt"):
+        backend.generate(PROMPTS, [1, 2], SAMPLING)
