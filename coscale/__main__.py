@@ -1,6 +1,8 @@
 """`python -m coscale ...` is the same command as `coscale ...`."""
 
+import sys
+
 from coscale.cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -91,7 +91,7 @@ def sequence_logprobs(
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
+
         use_cache=False,
         **kwargs,
     )

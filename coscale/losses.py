@@ -168,7 +168,7 @@ class PolicyLoss(nn.Module):
 
 
 class GRPOLoss(PolicyLoss):
-    """GRPO: mean over sequences of the token mean within each sequence."""
+    """GRPO: mean over sequences of the token mean within each sequence (``num_tokens`` unused)."""
 
     name = "grpo"
 

@@ -21,6 +21,16 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def resolve_model_path(name_or_path: str) -> str:
+    """A ``builtin:`` model spec becomes its folder (built on first use); others pass through."""
+    from coscale.tasks.builtin import builtin_model, is_builtin
+
+    if not is_builtin(name_or_path):
+        return name_or_path
+    root = os.environ.get("COSCALE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "coscale"))
+    return builtin_model(name_or_path, os.path.join(root, "models"))
+
+
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
     """Loads a tokenizer with left padding (generation pads on the left) and a pad token."""
     from transformers import AutoTokenizer
@@ -52,7 +62,7 @@ def load_policy(
     from transformers import AutoModelForCausalLM
 
     if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
+        path = resolve_model_path(os.fspath(model))
         net = AutoModelForCausalLM.from_pretrained(
             path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code
         )

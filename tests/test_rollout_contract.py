@@ -185,3 +185,108 @@ def test_bad_requests_are_rejected(backend):
         backend.generate(PROMPTS, [1, 0, 2], SAMPLING)
     with pytest.raises(ValueError, match="one entry per prompt"):
         backend.generate(PROMPTS, [1, 2], SAMPLING)
+
+
+# --- HF backend specifics ------------------------------------------------------------------
+
+
+def test_hf_chunks_give_the_same_greedy_rollouts(tiny_model, char_tokenizer):
+    greedy = SamplingParams(max_new_tokens=10, temperature=0)
+    whole = HFGenerateBackend(tiny_model, char_tokenizer).generate(PROMPTS, COUNTS, greedy)
+    chunked = HFGenerateBackend(tiny_model, char_tokenizer, batch_size=5)  # 5 + 5 + 2 rows
+    parts = chunked.generate(PROMPTS, COUNTS, greedy)
+    assert torch.equal(whole.input_ids, parts.input_ids)
+    torch.testing.assert_close(whole.logprobs, parts.logprobs, rtol=0, atol=1e-5)
+
+
+def test_hf_ignores_the_checkpoint_sampling_defaults(tiny_model, char_tokenizer):
+    reference = HFGenerateBackend(tiny_model, char_tokenizer).generate(PROMPTS, COUNTS, SAMPLING)
+    model = copy.deepcopy(tiny_model).train()
+    model.generation_config.update(repetition_penalty=100.0, top_k=1, no_repeat_ngram_size=1)
+    rollouts = HFGenerateBackend(model, char_tokenizer).generate(PROMPTS, COUNTS, SAMPLING)
+    assert torch.equal(rollouts.input_ids, reference.input_ids)
+    assert model.generation_config.repetition_penalty == 100.0  # restored after sampling
+    assert model.training and not rollouts.logprobs.requires_grad
+
+
+def test_hf_seed_leaves_the_global_rng_alone(tiny_model, char_tokenizer):
+    backend = HFGenerateBackend(tiny_model, char_tokenizer)
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    backend.generate(["x"], 2, SamplingParams(max_new_tokens=4, seed=9))
+    assert torch.equal(torch.rand(2), expected)
+    unseeded = SamplingParams(max_new_tokens=8)  # uses (and advances) the global RNG
+    torch.manual_seed(4)
+    a = backend.generate(["x"], 2, unseeded)
+    torch.manual_seed(4)
+    assert a.texts == backend.generate(["x"], 2, unseeded).texts
+
+
+def test_hf_setup_errors_and_weight_update(tiny_model, char_tokenizer):
+    with pytest.raises(ValueError, match="batch_size must be >= 1 or None, got 0"):
+        HFGenerateBackend(tiny_model, char_tokenizer, batch_size=0)
+    no_pad = copy.deepcopy(char_tokenizer)
+    no_pad.pad_token = None
+    with pytest.raises(ValueError, match="tokenizer has no pad token"):
+        HFGenerateBackend(tiny_model, no_pad)
+    backend = HFGenerateBackend(tiny_model, char_tokenizer)
+    other = copy.deepcopy(tiny_model)
+    backend.update_weights(other)
+    assert backend.model is other
+    with pytest.raises(ValueError, match="prompts must hold at least one prompt"):
+        backend.generate([], 1, SAMPLING)
+
+
+# --- data types ----------------------------------------------------------------------------
+
+
+def test_sampling_params_collect_every_problem():
+    assert SamplingParams(stop=["\n\n"]).stop == ("\n\n",)  # a YAML list becomes a tuple
+    assert SamplingParams(temperature=0).greedy and not SamplingParams().greedy
+    with pytest.raises(ValueError) as err:
+        SamplingParams(max_new_tokens=0, temperature=-1, top_p=0, top_k=-1, stop=("",))
+    for name in ("max_new_tokens", "temperature", "top_p", "top_k", "stop"):
+        assert f"{name} must" in str(err.value)
+
+
+def test_normalize_n_per_prompt():
+    assert normalize_n_per_prompt(3, 2) == [3, 3]
+    assert normalize_n_per_prompt((1, 4), 2) == [1, 4]
+    for bad in ([1, 0], [2, True], [1.5, 2], 0):
+        with pytest.raises(ValueError, match="ints >= 1"):
+            normalize_n_per_prompt(bad, 2)
+    with pytest.raises(ValueError, match=r"one entry per prompt \(2\), got 3"):
+        normalize_n_per_prompt([1, 1, 1], 2)
+
+
+def _rollouts(**overrides) -> Rollouts:
+    fields = {  # R=2, P=2, T=3
+        "prompt_index": torch.tensor([0, 0]),
+        "input_ids": torch.tensor([[0, 5, 6, 2, 0], [7, 8, 9, 9, 9]]),
+        "attention_mask": torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]]),
+        "completion_mask": torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
+        "logprobs": torch.tensor([[-1.0, -2.0, 0.0], [-1.0, -1.0, -1.0]]),
+        "texts": ["a", "bbb"],
+        "finish_reasons": ["stop", "length"],
+        "prompt_length": 2,
+    }
+    return Rollouts(**{**fields, **overrides})
+
+
+def test_rollouts_properties_and_to():
+    r = _rollouts()
+    assert r.num_rollouts == 2 and r.lengths.tolist() == [2, 3]
+    assert r.completion_ids.tolist() == [[6, 2, 0], [9, 9, 9]]
+    assert r.prompt_ids.tolist() == [[0, 5], [7, 8]]
+    moved = r.to("cpu")
+    assert moved is not r and torch.equal(moved.input_ids, r.input_ids) and moved.texts == r.texts
+
+
+def test_rollouts_reject_inconsistent_fields():
+    with pytest.raises(ValueError, match=r"logprobs must be \(2, 3\), got \(2, 2\)"):
+        _rollouts(logprobs=torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="texts must have R=2 entries, got 1"):
+        _rollouts(texts=["a"])
+    with pytest.raises(ValueError, match=r"finish_reasons must be in .*'eos'"):
+        _rollouts(finish_reasons=["eos", "length"])

@@ -20,6 +20,7 @@ from coscale.pools import Pool, ProblemPools
 from coscale.solution_sources import DatasetSolutions, SolutionSource
 from coscale.solutions import SolutionBank
 from coscale.tasks import FieldMap, Problem, load_problems
+from coscale.tasks.builtin import builtin_rows, is_builtin
 
 Mode = Literal["rl", "sft"]
 SFTSource = Literal["bank", "redistill", "all"]
@@ -52,6 +53,8 @@ class ProblemDataModule(L.LightningDataModule):
         max_solutions: Solution budget of a problem before it is marked failed.
         max_rl_rounds: RL epochs a problem may take before it is marked failed.
         teacher: Where solutions beyond the data set's own come from (``class_path`` in YAML).
+        rl_unmeasured: Also serve problems never measured yet to RL (a plain GRPO run on a data
+            set, without a pass-rate evaluation first). Off for the CoScale-RL pipeline.
         seed: Seed of the per-epoch shuffle and of the re-distillation subset.
     """
 
@@ -78,6 +81,7 @@ class ProblemDataModule(L.LightningDataModule):
         max_solutions: int = 64,
         max_rl_rounds: int = 8,
         teacher: SolutionSource | None = None,
+        rl_unmeasured: bool = False,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -98,7 +102,7 @@ class ProblemDataModule(L.LightningDataModule):
             redistill_per_problem,
             redistill_max_total,
         )
-        self.teacher, self.seed = teacher, seed
+        self.teacher, self.seed, self.rl_unmeasured = teacher, seed, rl_unmeasured
         self.pools = ProblemPools(
             low=low, high=high, max_solutions=max_solutions, max_rl_rounds=max_rl_rounds
         )
@@ -127,11 +131,11 @@ class ProblemDataModule(L.LightningDataModule):
         """Reads the problems once and registers them all (as unsolvable) in the pools."""
         if not self.problems and self.train_source is not None:
             result = load_problems(
-                self.train_source, self.fields, self.split, self.on_bad_row, self.limit
+                _rows_of(self.train_source), self.fields, self.split, self.on_bad_row, self.limit
             )
             self.add_problems(result.problems)
         if not self.val_problems and self.val_source is not None:
-            result = load_problems(self.val_source, self.fields, self.val_split, self.on_bad_row)
+            result = load_problems(_rows_of(self.val_source), self.fields, self.val_split, self.on_bad_row)
             self.val_problems = result.problems
 
     def add_problems(self, problems: Iterable[Problem]) -> None:
@@ -196,6 +200,8 @@ class ProblemDataModule(L.LightningDataModule):
     def rl_items(self) -> list[Item]:
         """Solvable problems (of ``rl_groups`` when set), each with its own N."""
         ids = self.pools.members(Pool.SOLVABLE)
+        if self.rl_unmeasured:
+            ids += [i for i in self.pools.members(Pool.UNSOLVABLE) if not self.pools.history(i)]
         if self.rl_groups is not None:
             ids = [i for i in ids if self.group_of.get(i, 0) in self.rl_groups]
         return [self.rl_item(i) for i in ids]
@@ -274,6 +280,11 @@ class ProblemDataModule(L.LightningDataModule):
         self.progress = dict(state["progress"])
         self._resume = dict(state["progress"])
         self.mode, self.sft_source = state["mode"], state["sft_source"]
+
+
+def _rows_of(source: Any) -> Any:
+    """``builtin:`` specs become generated rows; anything else goes to the loaders as is."""
+    return builtin_rows(source) if is_builtin(source) else source
 
 
 def _check_settings(

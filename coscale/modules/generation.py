@@ -40,6 +40,7 @@ class PolicyMixin:
         self.policy, self.tokenizer = load_policy(
             model, tokenizer, dtype, trust_remote_code, gradient_checkpointing
         )
+        self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
         self._backend: RolloutBackend | None = None
         self.val_pass = PassAtK(k=_pass_ks(self.val_samples))
 

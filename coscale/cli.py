@@ -1,0 +1,105 @@
+"""The ``coscale`` command.
+
+- ``coscale fit|validate|test --config x.yaml``: one Lightning run of one module (LightningCLI;
+  ``${...}`` interpolation, ``--print_config``).
+- ``coscale run --config x.yaml``: the whole CoScale-RL pipeline (:mod:`coscale.pipeline`).
+- ``coscale demo [--quick]``: the pipeline on the built-in task and model.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+PIPELINE_COMMANDS = ("run", "demo")
+
+
+def _offline_defaults() -> None:
+    """W&B without an API key runs offline instead of failing."""
+    from coscale.logging_setup import wandb_mode
+
+    os.environ["WANDB_MODE"] = wandb_mode()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _offline_defaults()
+    if argv and argv[0] in PIPELINE_COMMANDS:
+        run_command(argv)
+    else:
+        lightning_cli(argv)
+    return 0
+
+
+def lightning_cli(argv: list[str]) -> Any:
+    """``coscale fit|validate|test``: LightningCLI over the coscale modules and DataModule."""
+    import lightning as L
+    from lightning.pytorch.cli import LightningCLI
+
+    from coscale.datamodules import ProblemDataModule
+
+    return LightningCLI(
+        L.LightningModule,
+        ProblemDataModule,
+        subclass_mode_model=True,
+        args=argv,
+        parser_kwargs={"parser_mode": "omegaconf"},
+        save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,
+    )
+
+
+def pipeline_parser():
+    """The parser of ``coscale run``: a ``pipeline`` section and a ``data`` section."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from coscale.datamodules import ProblemDataModule
+    from coscale.pipeline import PipelineConfig
+
+    parser = ArgumentParser(prog="coscale run", parser_mode="omegaconf",
+                            description="Run the whole CoScale-RL pipeline.")
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML with pipeline and data sections")
+    parser.add_class_arguments(PipelineConfig, "pipeline")
+    parser.add_class_arguments(ProblemDataModule, "data")
+    return parser
+
+
+def run_command(argv: list[str]) -> dict[str, Any]:
+    """``coscale run`` and ``coscale demo``."""
+    from coscale.pipeline import Pipeline
+
+    command, rest = argv[0], argv[1:]
+    if command == "demo":
+        rest = demo_args(rest)
+    parser = pipeline_parser()
+    cfg = parser.parse_args(rest)
+    init = parser.instantiate_classes(cfg)
+    results = Pipeline(init.pipeline, init.data).run()
+    print_results(results)
+    return results
+
+
+def demo_args(rest: list[str]) -> list[str]:
+    """``coscale demo [--quick] [overrides]``: the shipped demo config (quick: the test profile)."""
+    from importlib import resources
+
+    quick = "--quick" in rest
+    rest = [a for a in rest if a != "--quick"]
+    name = "demo_quick.yaml" if quick else "demo.yaml"
+    path = resources.files("coscale") / "configs" / name
+    return ["--config", str(path), *rest]
+
+
+def print_results(results: dict[str, Any]) -> None:
+    final = results.get("final", {})
+    print("\n[coscale] pools:", results.get("pools"))
+    for key, value in final.items():
+        if isinstance(value, float):
+            print(f"[coscale] {key}: {value:.4f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
