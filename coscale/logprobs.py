@@ -64,9 +64,8 @@ def sequence_logprobs(
 ) -> Tensor:
     """Teacher-forced log-probs of the completion tokens of left-padded sequences.
 
-    Runs one forward pass with the positions `generate` used, so that on the completion
-    tokens it reproduces the log-probs seen at sampling time. Gradients flow when the caller
-    has them enabled; the model's train/eval mode is left as it is.
+    One forward pass with the positions `generate` used, so it reproduces the log-probs seen
+    at sampling time. Gradients flow if enabled; train/eval mode is left as it is.
 
     Args:
         model: A causal LM returning `.logits` (an HF `*ForCausalLM`).
@@ -85,15 +84,12 @@ def sequence_logprobs(
     if not 1 <= prompt_length < total:
         raise ValueError(f"prompt_length must be in [1, {total - 1}], got {prompt_length}")
     num_completion = total - prompt_length
-    kwargs = {}
-    if _accepts(model, "logits_to_keep"):  # skip the logits of the prompt positions
-        kwargs["logits_to_keep"] = num_completion + 1
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
-
+        position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
-        **kwargs,
+        **_keep_last_logits(model, num_completion + 1),
     )
     logits = out.logits[:, -(num_completion + 1) : -1]  # [R, T, V]; position t predicts token t+1
     logprobs = token_logprobs(logits, input_ids[:, prompt_length:], temperature)  # [R, T]
@@ -101,9 +97,10 @@ def sequence_logprobs(
     return torch.where(keep, logprobs, torch.zeros_like(logprobs))
 
 
-def _accepts(model: nn.Module, name: str) -> bool:
-    """Whether `model.forward` takes the keyword `name` explicitly."""
+def _keep_last_logits(model: nn.Module, count: int) -> dict[str, int]:
+    """`logits_to_keep=count` when `model.forward` takes it (skips the prompt's logits)."""
     try:
-        return name in inspect.signature(model.forward).parameters
+        accepted = "logits_to_keep" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
-        return False
+        accepted = False
+    return {"logits_to_keep": count} if accepted else {}

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 
 @dataclass(frozen=True)
 class PromptFormat:
@@ -43,3 +45,8 @@ class PromptFormat:
         if self.system:
             messages.insert(0, {"role": "system", "content": self.system})
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+# Module hyper-parameters (saved in Lightning checkpoints) hold a PromptFormat; allow it in
+# torch.load's safe (weights_only) unpickler so checkpoints load without trusting arbitrary code.
+torch.serialization.add_safe_globals([PromptFormat])

@@ -11,6 +11,7 @@ is counted in `stats["timeouts"]`, never hidden.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import weakref
@@ -133,6 +134,7 @@ class MathReward:
         self._lock = threading.Lock()
         self._pool: vw.VerifyPool | None = None
         self._finalizer: weakref.finalize | None = None
+        self._owner_pid = os.getpid()
 
     def __call__(self, completions: list[str], answers: list[str], **unused_columns) -> list[float]:
         """Scores completions [R] against gold answers [R]; extra dataset columns are ignored."""
@@ -167,9 +169,13 @@ class MathReward:
             return []
         if self.num_workers == 0:
             return [vw.check_pair(gold, pred) for gold, pred in pairs]
+        if self._pool is not None and self._owner_pid != os.getpid():
+            self._finalizer.detach()  # a forked copy: those children belong to the parent process
+            self._pool = None
         if self._pool is None:
             self._pool = vw.VerifyPool(self.num_workers, self.timeout, self.chunk_size)
-            self._finalizer = weakref.finalize(self, self._pool.close)  # also runs at exit
+            self._owner_pid = os.getpid()
+            self._finalizer = weakref.finalize(self, _close_if_owner, self._pool, self._owner_pid)
         return self._pool.run(pairs)
 
     def _remember(self, key: tuple[str, str | None], code: str) -> None:
@@ -214,6 +220,12 @@ class MathReward:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
+
+
+def _close_if_owner(pool: vw.VerifyPool, owner_pid: int) -> None:
+    """Finalizer (also at exit): closes `pool`, unless this is a forked copy of its owner."""
+    if os.getpid() == owner_pid:
+        pool.close()
 
 
 def _validate(extract, timeout, num_workers, cache_size, chunk_size) -> None:

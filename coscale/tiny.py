@@ -104,20 +104,13 @@ def build_tiny_model(
     Raises:
         ValueError: If a size is not positive or `hidden_size` is not a multiple of `num_heads`.
     """
-    sizes = {
-        "hidden_size": hidden_size,
-        "num_layers": num_layers,
-        "num_heads": num_heads,
-        "intermediate_size": intermediate_size,
-        "max_position_embeddings": max_position_embeddings,
-    }
-    problems = [f"{name} must be >= 1, got {value}" for name, value in sizes.items() if value < 1]
-    if not problems and hidden_size % num_heads:
-        problems.append(
-            f"hidden_size must be a multiple of num_heads={num_heads}, got {hidden_size}"
-        )
-    if problems:
-        raise ValueError("; ".join(problems))
+    _check_sizes(
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+    )
     ids = {
         "pad_token_id": tokenizer.pad_token_id,
         "bos_token_id": tokenizer.bos_token_id,
@@ -139,6 +132,16 @@ def build_tiny_model(
         model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(**ids)
     return model.eval()
+
+
+def _check_sizes(**sizes: int) -> None:
+    """Raises one ValueError naming every bad size."""
+    problems = [f"{name} must be >= 1, got {value}" for name, value in sizes.items() if value < 1]
+    hidden, heads = sizes["hidden_size"], sizes["num_heads"]
+    if not problems and hidden % heads:
+        problems.append(f"hidden_size must be a multiple of num_heads={heads}, got {hidden}")
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def save_tiny(

@@ -163,6 +163,26 @@ def test_close_and_finalizer_leave_no_children() -> None:
     assert not any(_alive(pid) for pid in pids)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_copy_starts_its_own_children(reward: MathReward) -> None:
+    assert reward([r"\boxed{1}"], ["1"]) == [1.0]
+    parent_pids = reward.worker_pids()
+    pid = os.fork()
+    if pid == 0:  # child: must not talk to, nor kill, the parent's children
+        ok = False
+        try:
+            ok = reward([r"\boxed{2}"], ["2"]) == [1.0] and not set(reward.worker_pids()) & set(
+                parent_pids
+            )
+            reward.close()
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert reward.worker_pids() == parent_pids and all(_alive(p) for p in parent_pids)
+    assert reward([r"\boxed{3}"], ["3"]) == [1.0]
+
+
 def test_pickles_config_only_and_starts_lazily() -> None:
     reward = MathReward(extract="last_number", timeout=2.0, num_workers=1, answer_wrap=False)
     clone = pickle.loads(pickle.dumps(reward))

@@ -142,7 +142,9 @@ def test_greedy_is_deterministic_and_picks_the_argmax(backend, tiny_model):
         assert torch.all(rows == rows[0])
     pos = torch.clamp(first.attention_mask.cumsum(-1) - 1, min=0)
     with torch.no_grad():
-        logits = tiny_model(first.input_ids, attention_mask=first.attention_mask, position_ids=pos).logits
+        logits = tiny_model(
+            first.input_ids, attention_mask=first.attention_mask, position_ids=pos
+        ).logits
     logits = logits[:, first.prompt_length - 1 : -1]  # [R, T, V]
     chosen = logits.gather(-1, first.completion_ids.unsqueeze(-1)).squeeze(-1)  # [R, T]
     gap = (logits.max(-1).values - chosen)[first.completion_mask.bool()]

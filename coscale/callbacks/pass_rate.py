@@ -1,9 +1,8 @@
 """PassRateEvaluation: re-measures problems' accuracy with K samples and relabels the pools.
 
-The pools decide what each stage trains on (METHOD.md, "Problem pools"), so their labels must
-come from a fresh measurement: K samples per problem, pass@1 = correct / K. The problems are
-split into chunks dealt round-robin to the ranks and the counts gathered, so every rank
-records exactly the same outcomes and the pools agree everywhere.
+The pools decide what each stage trains on (METHOD.md, "Problem pools"), so their labels come
+from a fresh measurement. Chunks of problems are dealt to the ranks and the counts gathered,
+so every rank records the same outcomes and the pools agree everywhere.
 """
 
 from __future__ import annotations
@@ -15,35 +14,33 @@ from typing import Any
 from lightning.pytorch import Callback
 from typing_extensions import override
 
-from coscale.callbacks.sft_stage import datamodule_or_warn, log_to_loggers
-from coscale.metrics import PassAtK
-from coscale.modules.distributed import all_gather_objects
+from coscale.callbacks import sft_stage
+from coscale.callbacks.sft_stage import at_least
 from coscale.pools import Pool
 from coscale.rollout.base import SamplingParams
 
-_POOLS = tuple(p.value for p in Pool)
+_POOLS = [p.value for p in Pool]
+_COLUMNS = ("id", "pool", "acc", "evaluations")
 
 
 class PassRateEvaluation(Callback):
     """Samples ``k`` completions per problem of ``pools`` and records the accuracy in the pools.
 
-    Runs at every ``every_n_epochs``-th training epoch end (and at the start of a fresh fit when
-    asked). Logs ``pool/<name>`` for all four pools, ``pool/pass@1`` and ``pool/pass@<k>`` over
-    the evaluated problems, and a per-problem table (id, pool, acc, evaluations) to loggers
-    that have ``log_table`` (W&B).
+    Logs ``pool/<name>`` of all four pools, ``pool/pass@1`` and ``pool/pass@<k>`` over the
+    evaluated problems, and a table (id, pool, acc, evaluations) of every problem under
+    ``pool/problems_<tag>`` to loggers that have ``log_table`` (W&B).
 
     Args:
         k: Samples per problem.
         every_n_epochs: Evaluate when ``(epoch + 1) % every_n_epochs == 0``.
         pools: Pools whose problems are evaluated.
-        max_problems: Evaluate a seeded random subset of at most this many problems (a new
-            subset each evaluation); ``None`` evaluates all.
+        max_problems: At most this many problems, a new seeded subset each time; None: all.
         temperature: Sampling temperature (overrides the module's ``val_sampling``).
-        max_new_tokens: Token limit per sample; ``None`` keeps the module's ``val_sampling``.
+        max_new_tokens: Token limit per sample; None keeps the module's ``val_sampling``.
         on_fit_start: Also evaluate at the start of a fresh fit (``global_step == 0``).
         log_table: Log the per-problem table.
         batch_size: Problems per ``count_correct`` call.
-        seed: Base seed of sampling and of the subset; ``None`` uses the ambient RNG.
+        seed: Base seed of the samples and of the subset.
     """
 
     def __init__(
@@ -57,25 +54,22 @@ class PassRateEvaluation(Callback):
         on_fit_start: bool = False,
         log_table: bool = True,
         batch_size: int = 16,
-        seed: int | None = 0,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         pools = (pools,) if isinstance(pools, str) else tuple(pools)
-        errors = [f"{name} must be an int >= 1, got {value!r}" for name, value, optional in [
-            ("k", k, False), ("every_n_epochs", every_n_epochs, False), ("batch_size", batch_size, False),
-            ("max_problems", max_problems, True), ("max_new_tokens", max_new_tokens, True),
-        ] if not (_positive_int(value) or (optional and value is None))]
+        errors = at_least(1, k=k, every_n_epochs=every_n_epochs, batch_size=batch_size)
+        errors += at_least(1, optional=True, max_problems=max_problems)
+        errors += at_least(1, optional=True, max_new_tokens=max_new_tokens)
+        errors += at_least(0, float, temperature=temperature) + at_least(0, seed=seed)
         if not pools or any(p not in _POOLS for p in pools):
-            errors.append(f"pools must be a non-empty list from {list(_POOLS)}, got {list(pools)}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-            errors.append(f"temperature must be a number >= 0, got {temperature!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            errors.append(f"seed must be an int or None, got {seed!r}")
+            errors.append(f"pools must be a non-empty list from {_POOLS}, got {list(pools)}")
         if errors:
             raise ValueError("PassRateEvaluation: " + "; ".join(errors))
         self.k, self.every_n_epochs, self.pools = k, every_n_epochs, pools
-        self.max_problems, self.temperature, self.max_new_tokens = max_problems, temperature, max_new_tokens
-        self.at_fit_start, self.log_table, self.batch_size, self.seed = on_fit_start, log_table, batch_size, seed
+        self.max_problems, self.max_new_tokens = max_problems, max_new_tokens
+        self.temperature, self.batch_size, self.seed = temperature, batch_size, seed
+        self.at_fit_start, self.log_table = on_fit_start, log_table
         self.evaluations = 0
         self.last_metrics: dict[str, float] = {}
 
@@ -87,64 +81,72 @@ class PassRateEvaluation(Callback):
     @override
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         epoch = trainer.current_epoch
-        if (epoch + 1) % self.every_n_epochs or datamodule_or_warn(trainer, self) is None:
-            return
-        self.evaluate(trainer, pl_module, tag=f"epoch_{epoch}", log_scalars=False)
-        pl_module.log_dict(self.last_metrics, rank_zero_only=True)  # also feeds callback_metrics
+        if (epoch + 1) % self.every_n_epochs == 0 and sft_stage.datamodule_or_warn(trainer, self):
+            self.evaluate(trainer, pl_module, tag=f"epoch_{epoch}", log_scalars=False)
+            pl_module.log_dict(self.last_metrics, rank_zero_only=True)  # -> callback_metrics too
 
-    def evaluate(self, trainer: Any, pl_module: Any, tag: str | None = None, log_scalars: bool = True) -> dict[str, dict]:
+    def evaluate(
+        self, trainer: Any, pl_module: Any, tag: str = "", log_scalars: bool = True
+    ) -> dict:
         """Measures the chosen problems now and records them in the pools (same on every rank).
 
         Args:
-            trainer: Gives the datamodule, the rank / world size and the loggers.
-            pl_module: Has ``count_correct(problems, n, sampling)`` (and ``val_sampling``).
+            trainer: Gives the datamodule, rank, world size and loggers.
+            pl_module: Has ``count_correct(problems, n, sampling)`` and ``val_sampling``.
             tag: Key suffix of the table (default ``eval_<number>``).
-            log_scalars: Log ``last_metrics`` straight to the loggers.
+            log_scalars: Log :attr:`last_metrics` straight to the loggers.
 
         Returns:
             ``{problem_id: {"n", "c", "pool"}}`` of the evaluated problems ({} without pools).
         """
-        dm = datamodule_or_warn(trainer, self)
-        if dm is None:
+        if (dm := sft_stage.datamodule_or_warn(trainer, self)) is None:
             return {}
-        dm.close_rl_epoch()  # the epoch's RL tally first, so this measurement is the last word
+        dm.close_rl_epoch()  # the epoch's RL tally first: this measurement is the last word
         ids = self._chosen(dm)
-        problems = [{"id": i, "question": dm.problems[i].question, "answer": dm.problems[i].answer} for i in ids]
-        counts = sample_counts(trainer, pl_module, problems, self.k, self._sampling(pl_module), self.batch_size)
-        results = {pid: {"n": self.k, "c": c, "pool": dm.pools.record(pid, self.k, c).value}
-                   for pid, c in zip(ids, counts)}
+        problems = [dm.problems[i].to_dict() for i in ids]
+        counts = sft_stage.sample_counts(
+            trainer, pl_module, problems, self.k, self._sampling(pl_module), self.batch_size
+        )
+        results = {}
+        for pid, c in zip(ids, counts):
+            results[pid] = {"n": self.k, "c": c, "pool": dm.pools.record(pid, self.k, c).value}
         self.evaluations += 1
         self.last_metrics = {f"pool/{name}": float(n) for name, n in dm.pools.counts().items()}
         if counts:
-            metric = PassAtK(k=sorted({1, self.k}), sync_on_compute=False)
-            metric.update([self.k] * len(counts), counts)
-            self.last_metrics |= {f"pool/{key}": float(v) for key, v in metric.compute().items()}
+            self.last_metrics |= {
+                f"pool/{k}": v for k, v in sft_stage.pass_rates(self.k, counts).items()
+            }
         if self.log_table:
-            self._log_table(trainer, dm, tag or f"eval_{self.evaluations}")
+            self._log_table(trainer, dm.pools, tag or f"eval_{self.evaluations}")
         if log_scalars:
-            log_to_loggers(trainer, self.last_metrics)
+            sft_stage.log_to_loggers(trainer, self.last_metrics)
         return results
 
     def _chosen(self, dm: Any) -> list[str]:
-        ids = [i for i in dm.pools.ids() if i in dm.problems and dm.pools.pool_of(i).value in self.pools]
+        ids = [i for pool in self.pools for i in dm.pools.members(pool) if i in dm.problems]
         if self.max_problems is None or len(ids) <= self.max_problems:
             return ids
-        rng = random.Random(None if self.seed is None else self.seed * 7_919 + self.evaluations)
+        rng = random.Random(self.seed * 7_919 + self.evaluations)
         return [ids[i] for i in sorted(rng.sample(range(len(ids)), self.max_problems))]
 
     def _sampling(self, pl_module: Any) -> SamplingParams:
         base = getattr(pl_module, "val_sampling", None) or SamplingParams()
-        seed = None if self.seed is None else self.seed * 1_000_003 + self.evaluations * 10_007
-        tokens = self.max_new_tokens or base.max_new_tokens
+        tokens, seed = (
+            self.max_new_tokens or base.max_new_tokens,
+            self.seed * 1_000_003 + self.evaluations * 10_007,
+        )
         return replace(base, temperature=self.temperature, max_new_tokens=tokens, seed=seed)
 
-    def _log_table(self, trainer: Any, dm: Any, tag: str) -> None:
-        loggers = [lg for lg in getattr(trainer, "loggers", []) if hasattr(lg, "log_table")]
-        if not loggers or not getattr(trainer, "is_global_zero", True):
+    def _log_table(self, trainer: Any, pools: Any, tag: str) -> None:
+        if not getattr(trainer, "is_global_zero", True):
             return
-        rows = [[i, dm.pools.pool_of(i).value, dm.pools.accuracy(i), len(dm.pools.history(i))] for i in dm.pools.ids()]
-        for lg in loggers:
-            lg.log_table(key=f"pool/problems_{tag}", columns=["id", "pool", "acc", "evaluations"], data=rows)
+        rows = [
+            [i, pools.pool_of(i).value, pools.accuracy(i), len(pools.history(i))]
+            for i in pools.ids()
+        ]
+        for lg in getattr(trainer, "loggers", []):
+            if hasattr(lg, "log_table"):
+                lg.log_table(key=f"pool/problems_{tag}", columns=list(_COLUMNS), data=rows)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -153,25 +155,3 @@ class PassRateEvaluation(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.evaluations = int(state_dict.get("evaluations", 0))
-
-
-def sample_counts(trainer: Any, pl_module: Any, problems: list[dict], n: int, sampling: SamplingParams,
-                  batch_size: int = 16) -> list[int]:
-    """Correct samples out of ``n`` per problem, measured by all ranks together.
-
-    Chunks of ``batch_size`` problems are dealt round-robin to the ranks; chunk ``j`` samples
-    with ``sampling.seed + j``, so the counts do not depend on the number of ranks. Every rank
-    returns the full list, in the order of ``problems``.
-    """
-    chunks = [problems[i : i + batch_size] for i in range(0, len(problems), batch_size)]
-    rank, world = getattr(trainer, "global_rank", 0), getattr(trainer, "world_size", 1)
-    mine = []
-    for j in range(rank, len(chunks), world):
-        params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
-        mine.append((j, list(pl_module.count_correct(chunks[j], n, params))))
-    done = dict(all_gather_objects(mine))
-    return [c for j in range(len(chunks)) for c in done[j]]
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

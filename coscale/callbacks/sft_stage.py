@@ -1,38 +1,33 @@
-"""Helpers the callbacks share: an SFT stage run as its own small fit, and datamodule access.
+"""Helpers the callbacks share: an SFT stage as its own seeded fit, sampling, logging, checks.
 
-Re-distillation and the final retrain both fine-tune the *initial* model on a set of
-(question, solution) pairs and then put the result into the running policy in place. That SFT
-is a separate ``lightning.Trainer`` fit of an :class:`~coscale.modules.SFTModule` (no logger,
-no checkpoints), seeded so that the same set always gives the same weights.
+Re-distillation and the final retrain fine-tune the *initial* model on (question, solution)
+pairs in a separate ``lightning.Trainer`` fit of an :class:`~coscale.modules.SFTModule`, seeded
+so that the same set always gives the same weights, then copy them into the policy in place.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
+from coscale.metrics import PassAtK
+from coscale.modules.distributed import all_gather_objects
 from coscale.modules.sft import SFTModule
+from coscale.rollout.base import SamplingParams
 
-DEFAULT_BATCH_SIZE = 16
-"""Pairs per SFT step when ``sft_kwargs`` has no ``batch_size``."""
-
-TRAINER_DEFAULTS: dict[str, Any] = {
-    "max_epochs": 1,
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_model_summary": False,
-    "enable_progress_bar": True,
-    "devices": 1,
-    "accelerator": "auto",
-}
+_OFF = dict(logger=False, enable_checkpointing=False, enable_model_summary=False)
+TRAINER_DEFAULTS = _OFF | dict(
+    max_epochs=1, enable_progress_bar=True, devices=1, accelerator="auto"
+)
 """``lightning.Trainer`` arguments of an SFT stage; ``trainer_kwargs`` override them."""
 
 
@@ -46,78 +41,47 @@ def run_sft(
     """Fine-tunes ``initial_model`` on ``items`` and returns the trained module.
 
     Args:
-        initial_model: Name or folder of the model to start from. A built model object is
-            trained in place (pass a path to start from saved initial weights).
+        initial_model: Name or folder of the start weights (a model object is trained in place).
         items: ``{"id", "question", "solution"}`` dicts, shuffled each epoch with ``seed``.
-        sft_kwargs: :class:`~coscale.modules.SFTModule` arguments, plus ``batch_size`` (pairs
-            per step, default :data:`DEFAULT_BATCH_SIZE`) so that one YAML block configures
-            the whole stage. The mapping is not modified.
+        sft_kwargs: :class:`~coscale.modules.SFTModule` arguments plus ``batch_size`` (pairs
+            per step, default 16): one YAML block configures the stage. Not modified.
         trainer_kwargs: ``lightning.Trainer`` arguments over :data:`TRAINER_DEFAULTS`.
-        seed: Seed of the shuffle and of torch's RNG during the fit (the caller's RNG state
-            is restored afterwards).
+        seed: Seeds the shuffle and torch's RNG for the fit (the caller's RNG is restored).
 
     Raises:
-        ValueError: When ``items`` is empty or ``sft_kwargs["batch_size"]`` is not an int >= 1.
+        ValueError: When ``items`` is empty or ``batch_size`` is not an int >= 1.
     """
-    if not items:
-        raise ValueError("run_sft: items must hold at least one {'question', 'solution'} dict")
     kwargs = dict(sft_kwargs)
-    batch_size = kwargs.pop("batch_size", DEFAULT_BATCH_SIZE)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"run_sft: sft_kwargs['batch_size'] must be an int >= 1, got {batch_size!r}")
+    batch_size = kwargs.pop("batch_size", 16)
+    errors = at_least(1, batch_size=batch_size)
+    if not items:
+        errors.append("items must hold at least one {'question', 'solution'} dict")
+    if errors:
+        raise ValueError("run_sft: " + "; ".join(errors))
     cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=cuda), warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         torch.manual_seed(seed)
         module = SFTModule(model=initial_model, **kwargs)
+        shuffle = torch.Generator().manual_seed(seed)
         loader = DataLoader(
-            list(items), batch_size=batch_size, shuffle=True, num_workers=0,
-            collate_fn=_as_list, generator=torch.Generator().manual_seed(seed),
+            list(items), batch_size, shuffle=True, generator=shuffle, collate_fn=list
         )
-        L.Trainer(**(TRAINER_DEFAULTS | dict(trainer_kwargs))).fit(module, train_dataloaders=loader)
+        L.Trainer(**(TRAINER_DEFAULTS | dict(trainer_kwargs))).fit(module, loader)
     return module
 
 
 def copy_weights(src_module: Any, dst_module: Any) -> None:
-    """Loads the policy weights of ``src_module`` into ``dst_module``'s policy, in place.
+    """Loads ``src_module``'s policy weights into ``dst_module``'s policy, in place.
 
-    Either may be a module with a ``policy`` attribute or a bare ``torch.nn.Module``. A rollout
-    backend of ``dst_module`` is pointed at the updated policy (vLLM needs the new weights).
+    Either may be a module with a ``policy`` or a bare ``torch.nn.Module``. A rollout backend
+    of ``dst_module`` is pointed at the updated policy (an engine like vLLM holds a copy).
     """
     src = getattr(src_module, "policy", src_module)
     dst = getattr(dst_module, "policy", dst_module)
     dst.load_state_dict(src.state_dict())
     if hasattr(type(dst_module), "backend"):
         dst_module.backend.update_weights(dst)
-
-
-def retrain_from_initial(
-    pl_module: Any, initial_model: str | os.PathLike, items: list[dict], sft: Mapping[str, Any],
-    trainer_kwargs: Mapping[str, Any], seed: int, device: torch.device | None = None,
-) -> None:
-    """SFT from ``initial_model`` on ``items``, then the result into ``pl_module.policy``.
-
-    The SFT module reuses the policy's prompt format, tokenizer, reward, dtype and
-    ``trust_remote_code`` unless ``sft`` sets them, and trains on the policy's device. Under
-    DDP every rank runs the same seeded fit; rank 0's weights are then broadcast to be safe.
-    """
-    device = device if device is not None else pl_module.device
-    placed = {"accelerator": "cpu", "devices": 1}
-    if device.type == "cuda":
-        placed = {"accelerator": "gpu", "devices": [device.index or 0]}
-    module = run_sft(initial_model, items, sft_defaults(pl_module) | dict(sft),
-                     placed | dict(trainer_kwargs), seed)
-    copy_weights(module, pl_module)
-    _broadcast_weights(pl_module.policy)
-
-
-def sft_defaults(pl_module: Any) -> dict[str, Any]:
-    """:class:`~coscale.modules.SFTModule` arguments that must match the policy being replaced."""
-    out = {name: getattr(pl_module, name) for name in ("prompt", "tokenizer", "reward")
-           if getattr(pl_module, name, None) is not None}
-    hparams = getattr(pl_module, "hparams", {})
-    out |= {name: hparams[name] for name in ("dtype", "trust_remote_code") if name in hparams}
-    return out
 
 
 def datamodule_or_warn(trainer: Any, owner: Any) -> Any | None:
@@ -138,11 +102,47 @@ def log_to_loggers(trainer: Any, metrics: Mapping[str, float]) -> None:
             logger.log_metrics(dict(metrics), step=trainer.global_step)
 
 
-def _broadcast_weights(model: torch.nn.Module) -> None:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, src=0)
+def at_least(
+    low: float, kind: type = int, strict: bool = False, optional: bool = False, **values: Any
+) -> list[str]:
+    """A message for each value that is not a ``kind`` ``>= low`` (``> low`` when ``strict``).
+
+    ``kind`` is ``int`` or ``float`` (any finite number); with ``optional`` None is allowed too.
+    """
+    errors, sign, what = [], ">" if strict else ">=", "an int" if kind is int else "a number"
+    for k, v in values.items():
+        typed = is_number(v) and (kind is not int or isinstance(v, int))
+        if not ((v is None and optional) or (typed and (v > low if strict else v >= low))):
+            errors.append(f"{k} must be {what} {sign} {low}{' or None' * optional}, got {v!r}")
+    return errors
 
 
-def _as_list(batch: list[dict]) -> list[dict]:
-    return list(batch)
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def sample_counts(
+    trainer: Any, pl_module: Any, problems: list[dict], n: int, sampling: SamplingParams, chunk: int
+) -> list[int]:
+    """Correct samples out of ``n`` per problem (``pl_module.count_correct``), all ranks together.
+
+    Chunks of ``chunk`` problems are dealt round-robin to the ranks, chunk ``j`` sampled with
+    ``sampling.seed + j``, so the counts do not depend on the number of ranks; the counts are
+    gathered, and every rank returns the full list in the order of ``problems``.
+    """
+    chunks = [problems[i : i + chunk] for i in range(0, len(problems), chunk)]
+    rank, world = getattr(trainer, "global_rank", 0), getattr(trainer, "world_size", 1)
+    mine = []
+    for j in range(rank, len(chunks), world):
+        params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
+        mine.append((j, list(pl_module.count_correct(chunks[j], n, params))))
+    done = dict(all_gather_objects(mine))
+    return [c for j in range(len(chunks)) for c in done[j]]
+
+
+def pass_rates(n: int, counts: list[int]) -> dict[str, float]:
+    """``{"pass@1", "pass@<n>"}`` over problems with ``n`` samples and ``counts`` correct."""
+    metric = PassAtK(k=sorted({1, n}), sync_on_compute=False)  # counts are gathered already
+    metric.update([n] * len(counts), counts)
+    return {key: float(v) for key, v in metric.compute().items()}

@@ -65,7 +65,18 @@ def epoch_loader(
 ) -> DataLoader:
     """A ``DataLoader`` over :class:`EpochBatches`; ``num_workers=0`` so it reads live pools."""
     dataset = EpochBatches(build(), batch_size, seed, epoch, skip)
-    return DataLoader(dataset, batch_size=None, num_workers=0, collate_fn=_identity)
+    return ResumableLoader(dataset, batch_size=None, num_workers=0, collate_fn=_identity)
+
+
+class ResumableLoader(DataLoader):
+    """Tells Lightning the loader resumes mid-epoch: the position itself lives in the
+    DataModule's state (batches consumed), which is saved with every checkpoint."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state  # the DataModule restores the position
 
 
 def _identity(batch: list[Item]) -> list[Item]:

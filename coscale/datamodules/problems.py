@@ -113,6 +113,7 @@ class ProblemDataModule(L.LightningDataModule):
         self.group_of: dict[str, int] = {}
         self.rl_groups: list[int] | None = None
         self.tally: dict[str, list[int]] = {}  # id -> [samples, correct] of the open RL epoch
+        self.tally_epoch: int | None = None  # the epoch the open tally belongs to
         self.last_epoch_acc: dict[str, float] = {}
         self.progress = {"epoch": -1, "consumed": 0}
         self._resume: dict[str, int] | None = None
@@ -212,6 +213,7 @@ class ProblemDataModule(L.LightningDataModule):
 
     def tally_rl(self, problem_id: str, n_samples: int, n_correct: int) -> None:
         """Counts one RL group's outcome towards the problem's accuracy of this epoch."""
+        self.tally_epoch = self.progress["epoch"]
         row = self.tally.setdefault(problem_id, [0, 0])
         row[0] += n_samples
         row[1] += n_correct
@@ -228,7 +230,7 @@ class ProblemDataModule(L.LightningDataModule):
             accs[pid] = c / n
         if accs:
             self.last_epoch_acc = accs
-        self.tally = {}
+        self.tally, self.tally_epoch = {}, None
         return accs
 
     # ------------------------------------------------------------------ loaders
@@ -240,6 +242,8 @@ class ProblemDataModule(L.LightningDataModule):
         skip = resume["consumed"] if resume and resume["epoch"] == epoch else 0
         self.progress = {"epoch": epoch, "consumed": skip}  # skip: batches done before a restart
         if self.mode == "rl":
+            if self.tally_epoch is not None and self.tally_epoch < epoch:
+                self.close_rl_epoch()  # restored from a checkpoint taken at that epoch's end
             return epoch_loader(self.rl_items, self.batch_size, self.seed, epoch, skip)
         return epoch_loader(self.sft_items, self.sft_batch_size, self.seed, epoch, skip)
 
@@ -262,6 +266,7 @@ class ProblemDataModule(L.LightningDataModule):
             "group_of": dict(self.group_of),
             "rl_groups": self.rl_groups,
             "tally": {k: list(v) for k, v in self.tally.items()},
+            "tally_epoch": self.tally_epoch,
             "last_epoch_acc": dict(self.last_epoch_acc),
             "progress": dict(self.progress),
             "mode": self.mode,
@@ -276,6 +281,7 @@ class ProblemDataModule(L.LightningDataModule):
         self.group_of = {k: int(v) for k, v in state["group_of"].items()}
         self.rl_groups = state["rl_groups"]
         self.tally = {k: list(v) for k, v in state["tally"].items()}
+        self.tally_epoch = state["tally_epoch"]
         self.last_epoch_acc = dict(state["last_epoch_acc"])
         self.progress = dict(state["progress"])
         self._resume = dict(state["progress"])

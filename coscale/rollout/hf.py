@@ -118,10 +118,10 @@ class HFGenerateBackend(RolloutBackend):
     ) -> Rollouts:
         """Finds where each completion ends, masks and pads after it, decodes the texts."""
         is_eos = torch.isin(tokens, torch.tensor(self.eos_token_ids, device=tokens.device))
-        has_eos = is_eos.any(-1).tolist()  # [R]
-        eos_end = torch.where(is_eos.any(-1), is_eos.int().argmax(-1) + 1, tokens.shape[1])
+        has_eos = is_eos.any(-1)  # [R]
+        eos_end = torch.where(has_eos, is_eos.int().argmax(-1) + 1, tokens.shape[1])  # [R]
         ends, texts, reasons = [], [], []
-        for row, end, eos in zip(tokens.tolist(), eos_end.tolist(), has_eos):
+        for row, end, eos in zip(tokens.tolist(), eos_end.tolist(), has_eos.tolist()):
             cut = _stop_cut(row[:end], sampling.stop, self._decode)
             ends.append(end if cut is None else cut)
             texts.append(self._decode(row[: ends[-1]]))
@@ -186,13 +186,22 @@ def _pad_cat(pieces: list[Tensor], value: float) -> Tensor:
 
 @contextmanager
 def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    """Seeds torch's RNG for the block and restores the previous state after it."""
+    """Seeds torch's RNG for the block and restores the previous state after it.
+
+    `torch.manual_seed` seeds every device, but only the model's device (and the CPU) get
+    their state restored: enough for one device per process.
+    """
     if seed is None:
         yield
         return
-    on_cpu = device.type == "cpu"
-    devices = [] if on_cpu else [device.index or 0]
-    with torch.random.fork_rng(devices=devices, device_type="cuda" if on_cpu else device.type):
+    if device.type == "cpu":
+        devices, kind = [], "cuda"  # fork the CPU state only
+    else:
+        index = device.index
+        if index is None and device.type == "cuda":
+            index = torch.cuda.current_device()
+        devices, kind = [index or 0], device.type
+    with torch.random.fork_rng(devices=devices, device_type=kind):
         torch.manual_seed(seed)
         yield
 
