@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def lightning_cli(argv: list[str]) -> Any:
+def lightning_cli(argv: list[str], run: bool = True) -> Any:
     """``coscale fit|validate|test``: LightningCLI over the coscale modules and DataModule."""
     import lightning as L
     from lightning.pytorch.cli import LightningCLI
@@ -49,6 +49,7 @@ def lightning_cli(argv: list[str]) -> Any:
         parser_kwargs={"parser_mode": "omegaconf"},
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,
+        run=run,
     )
 
 

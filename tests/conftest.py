@@ -41,3 +41,9 @@ def tiny_model_dir(tmp_path_factory, tiny_model, char_tokenizer):
     tiny_model.save_pretrained(path)
     char_tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _coscale_cache(tmp_path_factory):
+    """``builtin:`` models are built into a per-session folder, never the user's cache."""
+    os.environ["COSCALE_CACHE"] = str(tmp_path_factory.mktemp("coscale_cache"))
