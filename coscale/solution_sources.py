@@ -43,7 +43,7 @@ class DatasetSolutions(SolutionSource):
         out: dict[str, list[str]] = {}
         for problem, k in requests:
             have = set(known(problem.id))
-            fresh = [s for s in problem.solutions if s not in have]
+            fresh = [s for s in dict.fromkeys(problem.solutions) if s not in have]
             out[problem.id] = fresh[:k]
         return out
 

@@ -24,11 +24,14 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def shard_batches(items: list[Item], batch_size: int, seed: int, epoch: int) -> list[list[Item]]:
+def shard_batches(
+    items: list[Item], batch_size: int, seed: int, epoch: int, pad: bool = True
+) -> list[list[Item]]:
     """Shuffles ``items`` for ``epoch`` and returns this rank's batches.
 
-    Every rank gets the same number of batches: when the batch count does not divide by the
-    world size, the first batches are repeated to fill the last round.
+    With ``pad`` every rank gets the same number of batches (training steps must line up across
+    ranks): when the batch count does not divide by the world size, the first batches are
+    repeated. Evaluation passes ``pad=False`` so that no problem is scored twice.
     """
     order = list(items)
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
@@ -37,7 +40,7 @@ def shard_batches(items: list[Item], batch_size: int, seed: int, epoch: int) -> 
     if not batches:
         return []
     real = len(batches)
-    while len(batches) % world:
+    while pad and len(batches) % world:
         batches.append(batches[(len(batches) - real) % real])
     return batches[rank::world]
 
@@ -46,10 +49,11 @@ class EpochBatches(IterableDataset):
     """Yields lists of items (one list = one batch) from a snapshot taken at construction."""
 
     def __init__(
-        self, items: list[Item], batch_size: int, seed: int, epoch: int, skip: int = 0
+        self, items: list[Item], batch_size: int, seed: int, epoch: int, skip: int = 0,
+        pad: bool = True,
     ) -> None:
         super().__init__()
-        self.batches = shard_batches(items, batch_size, seed, epoch)
+        self.batches = shard_batches(items, batch_size, seed, epoch, pad)
         self.skip = skip
 
     def __len__(self) -> int:
@@ -61,10 +65,11 @@ class EpochBatches(IterableDataset):
 
 
 def epoch_loader(
-    build: Callable[[], list[Item]], batch_size: int, seed: int, epoch: int, skip: int = 0
+    build: Callable[[], list[Item]], batch_size: int, seed: int, epoch: int, skip: int = 0,
+    pad: bool = True,
 ) -> DataLoader:
     """A ``DataLoader`` over :class:`EpochBatches`; ``num_workers=0`` so it reads live pools."""
-    dataset = EpochBatches(build(), batch_size, seed, epoch, skip)
+    dataset = EpochBatches(build(), batch_size, seed, epoch, skip, pad)
     return ResumableLoader(dataset, batch_size=None, num_workers=0, collate_fn=_identity)
 
 

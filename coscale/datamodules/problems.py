@@ -85,9 +85,11 @@ class ProblemDataModule(L.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        _check_settings(
-            mode, sft_source, batch_size, sft_batch_size, rollout_n, solutions_per_round
-        )
+        _check_settings(mode=mode, sft_source=sft_source, on_bad_row=on_bad_row,
+                        batch_size=batch_size, sft_batch_size=sft_batch_size,
+                        val_batch_size=val_batch_size, rollout_n=rollout_n,
+                        solutions_per_round=solutions_per_round,
+                        redistill_per_problem=redistill_per_problem, limit=limit)
         self.train_source, self.val_source = train, val
         self.fields, self.split, self.val_split = fields, split, val_split
         self.on_bad_row, self.limit = on_bad_row, limit
@@ -249,7 +251,9 @@ class ProblemDataModule(L.LightningDataModule):
 
     def val_dataloader(self):
         rows = [{"id": p.id, "question": p.question, "answer": p.answer} for p in self.val_problems]
-        return epoch_loader(lambda: rows, self.val_batch_size, seed=0, epoch=-1) if rows else []
+        if not rows:
+            return []
+        return epoch_loader(lambda: rows, self.val_batch_size, seed=0, epoch=-1, pad=False)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = self.trainer
@@ -293,22 +297,16 @@ def _rows_of(source: Any) -> Any:
     return builtin_rows(source) if is_builtin(source) else source
 
 
-def _check_settings(
-    mode, sft_source, batch_size, sft_batch_size, rollout_n, solutions_per_round
-) -> None:
+def _check_settings(**settings: Any) -> None:
     """Collects every bad setting and raises once, naming each flag."""
     errors = []
-    if mode not in ("rl", "sft"):
-        errors.append(f"mode must be 'rl' or 'sft', got {mode!r}")
-    if sft_source not in ("bank", "redistill", "all"):
-        errors.append(f"sft_source must be one of bank, redistill, all; got {sft_source!r}")
-    for name, value in [
-        ("batch_size", batch_size),
-        ("sft_batch_size", sft_batch_size),
-        ("rollout_n", rollout_n),
-        ("solutions_per_round", solutions_per_round),
-    ]:
-        if value < 1:
+    choices = {"mode": ("rl", "sft"), "sft_source": ("bank", "redistill", "all"),
+               "on_bad_row": ("skip", "raise")}
+    for name, allowed in choices.items():
+        if (value := settings.pop(name)) not in allowed:
+            errors.append(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+    for name, value in settings.items():
+        if value is not None and value < 1:
             errors.append(f"{name} must be >= 1, got {value}")
     if errors:
         raise ValueError("ProblemDataModule: " + "; ".join(errors))
