@@ -2,9 +2,9 @@
 
 Child side (`check_pair`, `serve`): a fresh interpreter runs this file as a script, imports only
 math-verify (no coscale package, no torch), reads one JSON line `[gold, pred]` per check on stdin
-and writes one result code per line on stdout, in order. Parent side (`VerifyPool`): starts children,
-hands them work in chunks, tracks a deadline for the item each child is on, and kills and
-replaces a child that misses it.
+and writes one result code per line on stdout, in order. Parent side (`VerifyPool`): starts the
+children, hands them work in chunks, tracks a deadline for the item each child is on, and kills
+and replaces a child that misses it.
 
 Children are started by `subprocess` (fork + exec), not by a `multiprocessing` spawn/forkserver
 context: both of those re-import the caller's `__main__` in the child (a script importing torch
@@ -29,10 +29,8 @@ from functools import lru_cache
 
 CORRECT, WRONG, BAD_GOLD, BAD_PRED, TIMEOUT = "1", "0", "g", "p", "t"
 START_TIMEOUT_S = 60.0  # a child that is not ready by then is a broken set-up, not a slow answer
-# `python -c` puts the working directory first on sys.path: drop it so no local file shadows a module
-_BOOT = (
-    "import runpy, sys; sys.path[:1] = [p for p in sys.path[:1] if p]; runpy.run_path(sys.argv[1])"
-)
+# `python -c` puts "" (the working directory) on sys.path: drop it, so no local file shadows a module
+_BOOT = "import runpy, sys; sys.path = [p for p in sys.path if p]; runpy.run_path(sys.argv[1])"
 
 
 @lru_cache(maxsize=4096)
@@ -190,12 +188,13 @@ class VerifyPool:
             self._workers.append(_Worker(self._sel))
 
     def _dispatch(self, pairs: list[tuple[str, str]], pending: deque[int]) -> None:
-        """Tops up every ready child whose queue is at most half full."""
+        """Tops up ready children down to half a chunk; chunks shrink as the work runs out, so
+        the tail spreads over all children instead of queueing behind one that may be stuck."""
         for worker in self._workers:
-            if not pending or not worker.ready or len(worker.inflight) > self.chunk_size // 2:
-                continue
             size = min(self.chunk_size, -(-len(pending) // (2 * self.num_workers)))
-            items = [pending.popleft() for _ in range(min(size, len(pending)))]
+            if not pending or not worker.ready or len(worker.inflight) > size // 2:
+                continue
+            items = [pending.popleft() for _ in range(size)]
             worker.send([(i, *pairs[i]) for i in items])
 
     def _deadline(self, worker: _Worker) -> float:

@@ -15,13 +15,14 @@ interrupted mid-fit resumes from its own ``last.ckpt``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from coscale.callbacks import FinalRetrain, PassRateEvaluation, ReDistillation, RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
@@ -80,6 +81,17 @@ class PipelineConfig:
             raise ValueError("pipeline: " + "; ".join(errors))
 
 
+def instantiate(value: Any) -> Any:
+    """``{"class_path": ..., "init_args": {...}}`` dicts (from YAML) become objects, recursively."""
+    if isinstance(value, dict) and "class_path" in value:
+        module_name, _, cls_name = value["class_path"].rpartition(".")
+        cls = getattr(importlib.import_module(module_name), cls_name)
+        return cls(**instantiate(value.get("init_args", {})))
+    if isinstance(value, dict):
+        return {k: instantiate(v) for k, v in value.items()}
+    return value
+
+
 class Pipeline:
     """Runs (or resumes) the stages of :class:`PipelineConfig` on one DataModule."""
 
@@ -90,6 +102,7 @@ class Pipeline:
         self.current = config.model  # folder of the latest stage's model
         self.logger = make_logger(config.logger, os.path.join(config.run_dir, "logs"), config.project)
         self.results: dict[str, Any] = {}
+        self.sft_args, self.grpo_args = instantiate(config.sft), instantiate(config.grpo)
 
     def run(self) -> dict[str, Any]:
         L.seed_everything(self.cfg.seed, workers=True)
@@ -124,18 +137,14 @@ class Pipeline:
         self.dm.mode, self.dm.sft_source = "sft", "all"
         if not self.dm.sft_items():
             return
-        module = SFTModule(model=self.cfg.model, **self.cfg.sft)
+        module = SFTModule(model=self.cfg.model, **self.sft_args)
         self.fit(name, module, [], self.cfg.sft_epochs)
         self.current = module.export(os.path.join(self.cfg.run_dir, name, "model"))
 
     def measure(self, name: str) -> None:
         """K samples of every non-failed problem with the latest model -> relabel the pools."""
-        module = SFTModule(model=self.current, **self.cfg.sft)
-        evaluator = self._evaluator()
-        trainer = self._trainer(name, [], max_epochs=1)
-        trainer.strategy.connect(module)
-        self.dm.trainer = trainer
-        evaluator.evaluate(trainer, module)
+        module = self._standalone(SFTModule(model=self.current, **self.sft_args), name)
+        self._evaluator().evaluate(module.trainer, module, tag=name, datamodule=self.dm)
         self.results[name] = self.dm.pools.counts()
 
     def rl(self, name: str, redistill: bool) -> None:
@@ -144,10 +153,10 @@ class Pipeline:
             print(f"[coscale] {name}: no solvable problems, RL skipped")
             return
         self.dm.mode = "rl"
-        module = GRPOModule(model=self.current, **self.cfg.grpo)
+        module = GRPOModule(model=self.current, **self.grpo_args)
         callbacks = [RolloutNSchedule(**self.cfg.schedule), self._evaluator()]
         if redistill:
-            sft = dict(self.cfg.sft)
+            sft = dict(self.sft_args)
             callbacks.append(ReDistillation(sft=sft, trainer=self._sft_trainer_args(),
                                             initial_model=self.cfg.model))
         self.fit(name, module, callbacks, self.cfg.rl_epochs)
@@ -155,14 +164,10 @@ class Pipeline:
 
     def final(self, name: str) -> None:
         """Retrain from pi0 on everything collected; pass@k before and after."""
-        module = SFTModule(model=self.current, **self.cfg.sft)
-        retrain = FinalRetrain(sft=dict(self.cfg.sft), trainer=self._sft_trainer_args(),
+        module = self._standalone(SFTModule(model=self.current, **self.sft_args), name)
+        retrain = FinalRetrain(sft=dict(self.sft_args), trainer=self._sft_trainer_args(),
                                initial_model=self.cfg.model, eval_k=min(8, self.cfg.eval_k))
-        trainer = self._trainer(name, [retrain], max_epochs=1)
-        trainer.strategy.connect(module)
-        self.dm.trainer = trainer
-        retrain.on_fit_end(trainer, module)
-        self.results["final"] = dict(retrain.results)
+        self.results["final"] = dict(retrain.run(module.trainer, module, datamodule=self.dm))
         self.current = module.export(os.path.join(self.cfg.run_dir, "final", "model"))
 
     # --------------------------------------------------------------- plumbing
@@ -186,8 +191,16 @@ class Pipeline:
         args = {"accelerator": "auto", "devices": 1, "log_every_n_steps": 1,
                 "enable_model_summary": False, "num_sanity_val_steps": 0,
                 "limit_val_batches": 0, **self.cfg.trainer}
+        bar = TQDMProgressBar()  # one plain bar per stage; nested stages print their own
         return L.Trainer(default_root_dir=os.path.join(self.cfg.run_dir, name), logger=self.logger,
-                         callbacks=callbacks, max_epochs=max_epochs, **args)
+                         callbacks=[*callbacks, bar], max_epochs=max_epochs, **args)
+
+    def _standalone(self, module: L.LightningModule, name: str) -> L.LightningModule:
+        """A module attached to a trainer (loggers, device) outside of any fit."""
+        trainer = self._trainer(name, [], max_epochs=1)
+        trainer.strategy.connect(module)
+        module.trainer = trainer
+        return module.to(trainer.strategy.root_device)
 
     def _sft_trainer_args(self) -> dict[str, Any]:
         return {"max_epochs": self.cfg.sft_epochs, **{k: v for k, v in self.cfg.trainer.items()

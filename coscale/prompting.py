@@ -50,3 +50,16 @@ class PromptFormat:
 # Module hyper-parameters (saved in Lightning checkpoints) hold a PromptFormat; allow it in
 # torch.load's safe (weights_only) unpickler so checkpoints load without trusting arbitrary code.
 torch.serialization.add_safe_globals([PromptFormat])
+
+
+def as_prompt_format(value: PromptFormat | dict[str, Any] | str | None) -> PromptFormat:
+    """Accepts a PromptFormat, its fields as a dict (from YAML), or a bare template string."""
+    if value is None:
+        return PromptFormat()
+    if isinstance(value, PromptFormat):
+        return value
+    if isinstance(value, str):
+        return PromptFormat(template=value)
+    if isinstance(value, dict):
+        return PromptFormat(**value)
+    raise ValueError(f"prompt must be a PromptFormat, a dict or a template string; got {value!r}")

@@ -150,6 +150,12 @@ def test_pathological_answer_times_out_and_worker_is_replaced() -> None:
         assert reward([r"\boxed{5}", r"\boxed{6}"], ["5", "7"]) == [1.0, 0.0]
 
 
+def test_answers_longer_than_a_pipe_buffer() -> None:
+    long_text = "step " * 30_000 + r"so the answer is $\frac{1}{2}$"  # ~150 kB per message
+    with MathReward(extract="none", num_workers=1) as reward:
+        assert reward([long_text, long_text + "."], ["0.5", "2"]) == [1.0, 0.0]
+
+
 def test_close_and_finalizer_leave_no_children() -> None:
     with MathReward(num_workers=2) as reward:
         assert reward([r"\boxed{1}"], ["1"]) == [1.0]

@@ -1,8 +1,7 @@
 """PassRateEvaluation: re-measures problems' accuracy with K samples and relabels the pools.
 
-The pools decide what each stage trains on (METHOD.md, "Problem pools"), so their labels come
-from a fresh measurement. Chunks of problems are dealt to the ranks and the counts gathered,
-so every rank records the same outcomes and the pools agree everywhere.
+The pools decide what each stage trains on (METHOD.md, "Problem pools"). Chunks of problems are
+dealt to the ranks and the counts gathered, so every rank records the same outcomes.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from lightning.pytorch import Callback
 from typing_extensions import override
 
 from coscale.callbacks import sft_stage
-from coscale.callbacks.sft_stage import at_least
+from coscale.callbacks.sft_stage import at_least, sample_counts
 from coscale.pools import Pool
 from coscale.rollout.base import SamplingParams
 
@@ -82,11 +81,11 @@ class PassRateEvaluation(Callback):
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         epoch = trainer.current_epoch
         if (epoch + 1) % self.every_n_epochs == 0 and sft_stage.datamodule_or_warn(trainer, self):
-            self.evaluate(trainer, pl_module, tag=f"epoch_{epoch}", log_scalars=False)
+            self.evaluate(trainer, pl_module, tag=f"epoch_{epoch}", log=False)
             pl_module.log_dict(self.last_metrics, rank_zero_only=True)  # -> callback_metrics too
 
     def evaluate(
-        self, trainer: Any, pl_module: Any, tag: str = "", log_scalars: bool = True
+        self, trainer: Any, pl_module: Any, tag: str = "", log: bool = True, datamodule: Any = None
     ) -> dict:
         """Measures the chosen problems now and records them in the pools (same on every rank).
 
@@ -94,48 +93,42 @@ class PassRateEvaluation(Callback):
             trainer: Gives the datamodule, rank, world size and loggers.
             pl_module: Has ``count_correct(problems, n, sampling)`` and ``val_sampling``.
             tag: Key suffix of the table (default ``eval_<number>``).
-            log_scalars: Log :attr:`last_metrics` straight to the loggers.
+            log: Log :attr:`last_metrics` straight to the loggers.
+            datamodule: The ProblemDataModule (default: the trainer's; pass it when not fitting).
 
         Returns:
             ``{problem_id: {"n", "c", "pool"}}`` of the evaluated problems ({} without pools).
         """
-        if (dm := sft_stage.datamodule_or_warn(trainer, self)) is None:
+        if (dm := sft_stage.datamodule_or_warn(trainer, self, datamodule)) is None:
             return {}
         dm.close_rl_epoch()  # the epoch's RL tally first: this measurement is the last word
         ids = self._chosen(dm)
         problems = [dm.problems[i].to_dict() for i in ids]
-        counts = sft_stage.sample_counts(
-            trainer, pl_module, problems, self.k, self._sampling(pl_module), self.batch_size
-        )
+        base = getattr(pl_module, "val_sampling", None) or SamplingParams()
+        tokens = self.max_new_tokens or base.max_new_tokens
+        seed = self.seed * 1_000_003 + self.evaluations * 10_007
+        sampling = replace(base, temperature=self.temperature, max_new_tokens=tokens, seed=seed)
+        counts = sample_counts(trainer, pl_module, problems, self.k, sampling, self.batch_size)
         results = {}
         for pid, c in zip(ids, counts):
             results[pid] = {"n": self.k, "c": c, "pool": dm.pools.record(pid, self.k, c).value}
         self.evaluations += 1
         self.last_metrics = {f"pool/{name}": float(n) for name, n in dm.pools.counts().items()}
-        if counts:
-            self.last_metrics |= {
-                f"pool/{k}": v for k, v in sft_stage.pass_rates(self.k, counts).items()
-            }
+        rates = sft_stage.pass_rates(self.k, counts) if counts else {}
+        self.last_metrics |= {f"pool/{key}": value for key, value in rates.items()}
         if self.log_table:
             self._log_table(trainer, dm.pools, tag or f"eval_{self.evaluations}")
-        if log_scalars:
+        if log:
             sft_stage.log_to_loggers(trainer, self.last_metrics)
         return results
 
     def _chosen(self, dm: Any) -> list[str]:
-        ids = [i for pool in self.pools for i in dm.pools.members(pool) if i in dm.problems]
+        pools = dm.pools  # registration order, whatever the pool
+        ids = [i for i in pools.ids() if pools.pool_of(i).value in self.pools and i in dm.problems]
         if self.max_problems is None or len(ids) <= self.max_problems:
             return ids
         rng = random.Random(self.seed * 7_919 + self.evaluations)
         return [ids[i] for i in sorted(rng.sample(range(len(ids)), self.max_problems))]
-
-    def _sampling(self, pl_module: Any) -> SamplingParams:
-        base = getattr(pl_module, "val_sampling", None) or SamplingParams()
-        tokens, seed = (
-            self.max_new_tokens or base.max_new_tokens,
-            self.seed * 1_000_003 + self.evaluations * 10_007,
-        )
-        return replace(base, temperature=self.temperature, max_new_tokens=tokens, seed=seed)
 
     def _log_table(self, trainer: Any, pools: Any, tag: str) -> None:
         if not getattr(trainer, "is_global_zero", True):

@@ -17,6 +17,7 @@ from typing_extensions import override
 from coscale.callbacks import sft_stage
 
 _SHARED = ("prompt", "tokenizer", "reward")  # the SFT stage takes these from the policy module
+_SHARED_HPARAMS = ("dtype", "trust_remote_code", "gradient_checkpointing")  # and these
 
 
 class ReDistillation(Callback):
@@ -69,9 +70,9 @@ class ReDistillation(Callback):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.run(trainer, pl_module)
 
-    def run(self, trainer: Any, pl_module: Any) -> int:
-        """Re-distils now; returns the size of the set (0: nothing was done)."""
-        if (dm := sft_stage.datamodule_or_warn(trainer, self)) is None:
+    def run(self, trainer: Any, pl_module: Any, datamodule: Any = None) -> int:
+        """Re-distils now (from ``datamodule`` or the trainer's); returns the set size (0: none)."""
+        if (dm := sft_stage.datamodule_or_warn(trainer, self, datamodule)) is None:
             return 0
         source = "all" if self.include_bank else "redistill"
         items = sft_set(dm, source, self.max_per_problem, self.max_total)
@@ -118,15 +119,15 @@ def initial_weights(owner: Any, pl_module: Any) -> str | os.PathLike:
 def retrain_from_initial(owner: Any, pl_module: Any, items: list[dict], seed: int) -> None:
     """SFT from ``owner``'s initial weights with its ``sft`` / ``trainer_kwargs``, into the policy.
 
-    The SFT uses the policy's prompt format, tokenizer, reward, dtype and ``trust_remote_code``
-    unless ``owner.sft`` sets them, on the policy's device. Under DDP every rank runs the same
-    seeded fit, and rank 0's weights are broadcast after it to be safe.
+    It uses the policy module's prompt, tokenizer, reward, dtype, ``trust_remote_code`` and
+    gradient checkpointing unless ``owner.sft`` sets them, on the policy's device. Under DDP every
+    rank runs the same seeded fit; rank 0's weights are broadcast after it to be safe.
     """
     device = pl_module.device
     place = {"accelerator": "gpu", "devices": [device.index or 0]} if device.type == "cuda" else {}
     same = {k: getattr(pl_module, k) for k in _SHARED if hasattr(pl_module, k)}
     hparams = getattr(pl_module, "hparams", {})
-    same |= {k: hparams[k] for k in ("dtype", "trust_remote_code") if k in hparams}
+    same |= {k: hparams[k] for k in _SHARED_HPARAMS if k in hparams}
     trainer_kwargs = {"accelerator": "cpu"} | place | owner.trainer_kwargs
     initial = initial_weights(owner, pl_module)
     module = sft_stage.run_sft(initial, items, same | owner.sft, trainer_kwargs, seed)

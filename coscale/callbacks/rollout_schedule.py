@@ -15,7 +15,7 @@ from typing import Any
 from lightning.pytorch import Callback
 from typing_extensions import override
 
-from coscale.callbacks.sft_stage import datamodule_or_warn, int_errors, is_number, number_errors
+from coscale.callbacks.sft_stage import at_least, datamodule_or_warn, is_number
 from coscale.modules.distributed import broadcast_object
 from coscale.pools import Pool
 from coscale.theory import effective_rollouts, n_for_lr_ratio
@@ -49,15 +49,13 @@ class RolloutNSchedule(Callback):
         n_min: int = 2,
     ) -> None:
         super().__init__()
-        errors = int_errors(num_groups=num_groups, n_init=n_init, patience=patience)
-        errors += int_errors(n_min=n_min, n_max=n_max)
-        if not errors and not n_min <= n_max >= n_init:
-            errors.append(f"n_max must be >= n_min and n_init, got n_max={n_max}")
-        errors += number_errors(1, factor=factor) + number_errors(0, min_delta=min_delta)
+        errors = at_least(1, num_groups=num_groups, n_init=n_init, patience=patience, n_min=n_min)
+        errors += at_least(1 if errors else max(n_min, n_init), n_max=n_max)
+        errors += at_least(1, float, factor=factor) + at_least(0, float, min_delta=min_delta)
         if mode not in ("plateau", "lr_ratio"):
             errors.append(f"mode must be 'plateau' or 'lr_ratio', got {mode!r}")
-        if target_lr_over_n_eff is not None or mode == "lr_ratio":
-            errors += number_errors(0, strict=True, target_lr_over_n_eff=target_lr_over_n_eff)
+        if target_lr_over_n_eff is not None or mode == "lr_ratio":  # required by lr_ratio
+            errors += at_least(0, float, strict=True, target_lr_over_n_eff=target_lr_over_n_eff)
         if errors:
             raise ValueError("RolloutNSchedule: " + "; ".join(errors))
         self.num_groups, self.factor, self.n_max, self.n_min = num_groups, factor, n_max, n_min
@@ -118,7 +116,7 @@ class RolloutNSchedule(Callback):
         p = [r if r is not None else a for r, a in zip(rewards, self._group_means(dm, latest))]
         if self.mode == "lr_ratio":
             lr = getattr(pl_module, "lr", None)
-            if errors := number_errors(0, strict=True, **{"pl_module.lr": lr}):
+            if errors := at_least(0, float, strict=True, **{"pl_module.lr": lr}):
                 raise ValueError("RolloutNSchedule(mode='lr_ratio'): " + errors[0])
             self.n = [
                 n if p_g is None else n_for_lr_ratio(lr, p_g, self.target, self.n_max, self.n_min)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
@@ -60,14 +61,18 @@ def run_sft(
         raise ValueError("run_sft: " + "; ".join(errors))
     cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=cuda), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        warnings.filterwarnings("ignore", ".*(many workers|no `val_dataloader`).*")
         torch.manual_seed(seed)
         module = SFTModule(model=initial_model, **kwargs)
         shuffle = torch.Generator().manual_seed(seed)
         loader = DataLoader(
             list(items), batch_size, shuffle=True, generator=shuffle, collate_fn=list
         )
-        L.Trainer(**(TRAINER_DEFAULTS | dict(trainer_kwargs))).fit(module, loader)
+        args = TRAINER_DEFAULTS | dict(trainer_kwargs)
+        if args.get("enable_progress_bar") and "callbacks" not in args:
+            # a nested fit inside another fit: rich's live display cannot nest, tqdm can
+            args["callbacks"] = [TQDMProgressBar(leave=False)]
+        L.Trainer(**args).fit(module, loader)
     return module
 
 
@@ -84,9 +89,9 @@ def copy_weights(src_module: Any, dst_module: Any) -> None:
         dst_module.backend.update_weights(dst)
 
 
-def datamodule_or_warn(trainer: Any, owner: Any) -> Any | None:
-    """The trainer's ProblemDataModule, or ``None`` with one warning per ``owner``."""
-    dm = getattr(trainer, "datamodule", None)
+def datamodule_or_warn(trainer: Any, owner: Any, datamodule: Any = None) -> Any | None:
+    """``datamodule`` (default: the trainer's, set by ``fit``), or None with one warning."""
+    dm = datamodule if datamodule is not None else getattr(trainer, "datamodule", None)
     if dm is not None and hasattr(dm, "pools") and hasattr(dm, "problems"):
         return dm
     if not getattr(owner, "_warned_no_datamodule", False):

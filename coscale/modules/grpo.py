@@ -26,7 +26,7 @@ from coscale.losses import GRPOLoss, PolicyLoss
 from coscale.modules.distributed import all_gather_objects, global_max, global_sum
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
-from coscale.prompting import PromptFormat
+from coscale.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.logprobs import sequence_logprobs
 
@@ -96,6 +96,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             else ["reward", "loss"]
         )
         self.automatic_optimization = False
+        prompt = as_prompt_format(prompt)
         self.prompt, self.scale_rewards = prompt, scale_rewards
         self.reward = reward if reward is not None else _default_reward()
         self.loss_fn = loss if loss is not None else GRPOLoss()

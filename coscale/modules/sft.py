@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
-from coscale.prompting import PromptFormat
+from coscale.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import SamplingParams
 from coscale.sft_batch import token_mean_loss, tokenize_pairs
 
@@ -71,6 +71,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self.save_hyperparameters(
             ignore=["model", "reward"] if not isinstance(model, (str, os.PathLike)) else ["reward"]
         )
+        prompt = as_prompt_format(prompt)
         self.prompt, self.lr, self.betas = prompt, lr, betas
         self.weight_decay, self.warmup_steps, self.max_length = (
             weight_decay,
