@@ -118,6 +118,7 @@ class Pipeline:
             self.stage("final", self.final)
         self.results["pools"] = self.dm.pools.counts()
         self._save()
+        self._close_logger()
         return self.results
 
     # ------------------------------------------------------------------ stages
@@ -208,6 +209,11 @@ class Pipeline:
 
     def _evaluator(self) -> PassRateEvaluation:
         return PassRateEvaluation(k=self.cfg.eval_k, max_problems=self.cfg.eval_max_problems)
+
+    def _close_logger(self) -> None:
+        """Flushes and closes the W&B run so that its files are complete when ``run`` returns."""
+        if self.logger and hasattr(self.logger, "experiment") and hasattr(self.logger.experiment, "finish"):
+            self.logger.experiment.finish()
 
     def _save(self) -> None:
         os.makedirs(self.cfg.run_dir, exist_ok=True)

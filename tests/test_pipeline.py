@@ -1,0 +1,84 @@
+"""`coscale run --config configs/tiny.yaml` end to end, its W&B offline run, export and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coscale.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+STAGES = ["warmup", "it1/scale", "it1/sft", "it1/eval", "it1/rl", "final"]
+
+
+def _wandb_bytes(run_dir: Path) -> bytes:
+    files = list((run_dir / "logs" / "wandb").glob("offline-run-*/*.wandb"))
+    assert len(files) == 1, files
+    return files[0].read_bytes()
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_runs_every_stage(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["run", "--config", str(TINY), "--pipeline.run_dir", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    for stage in STAGES:
+        assert f"== stage {stage} |" in out
+    state = json.loads((run_dir / "pipeline_state.json").read_text())
+    assert state["done"] == STAGES
+    counts = state["results"]["pools"]
+    assert sum(counts.values()) == 48
+    assert counts["solvable"] + counts["solved"] > 0  # SFT moved problems inside the boundary
+    assert set(state["results"]["final"]) >= {"val/final_before_pass@1", "val/final_after_pass@1"}
+    # the W&B offline run holds pool sizes, pass rates, N per group and a completions table
+    data = _wandb_bytes(run_dir)
+    for key in [b"pool/solvable", b"pool/unsolvable", b"pool/pass@1", b"sched/n_group0",
+                b"sched/n_eff_group0", b"train/reward", b"val/final_after_pass@1",
+                b"completions/step_"]:
+        assert key in data, key
+    # every stage's model is a plain HF folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for stage in ["it1/sft", "it1/rl", "final"]:
+        folder = run_dir / stage / "model"
+        assert (folder / "model.safetensors").exists() and (folder / "generation_config.json").exists()
+    AutoModelForCausalLM.from_pretrained(run_dir / "final" / "model")
+    AutoTokenizer.from_pretrained(run_dir / "final" / "model")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_rl_then_same_command_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "coscale", "run", "--config", str(TINY),
+           "--pipeline.run_dir", str(run_dir), "--pipeline.rl_epochs", "4",
+           "--pipeline.final_retrain", "false", "--pipeline.logger", "csv"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log_file = (tmp_path / "first.log").open("w")  # a pipe nobody reads would block the child
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    ckpt = run_dir / "it1" / "rl" / "ckpt" / "last.ckpt"
+    deadline = time.time() + 240
+    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert ckpt.exists(), "no RL checkpoint was written"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    log_file.close()
+    assert proc.returncode == -signal.SIGKILL
+    state = json.loads((run_dir / "pipeline_state.json").read_text())
+    assert "it1/rl" not in state["done"] and "it1/eval" in state["done"]
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    log = rerun.stdout + rerun.stderr
+    assert "resuming after stages: warmup, it1/scale, it1/sft, it1/eval" in log
+    assert "Restored all states from the checkpoint" in log
+    assert "== stage it1/sft |" not in log  # finished stages are not run again
+    final = json.loads((run_dir / "pipeline_state.json").read_text())
+    assert final["done"][-1] == "it1/rl"
