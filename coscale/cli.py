@@ -60,9 +60,14 @@ def pipeline_parser():
     from coscale.datamodules import ProblemDataModule
     from coscale.pipeline import PipelineConfig
 
-    parser = ArgumentParser(prog="coscale run", parser_mode="omegaconf",
-                            description="Run the whole CoScale-RL pipeline.")
-    parser.add_argument("--config", action=ActionConfigFile, help="YAML with pipeline and data sections")
+    parser = ArgumentParser(
+        prog="coscale run",
+        parser_mode="omegaconf",
+        description="Run the whole CoScale-RL pipeline.",
+    )
+    parser.add_argument(
+        "--config", action=ActionConfigFile, help="YAML with pipeline and data sections"
+    )
     parser.add_class_arguments(PipelineConfig, "pipeline")
     parser.add_class_arguments(ProblemDataModule, "data")
     return parser

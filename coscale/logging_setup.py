@@ -19,7 +19,9 @@ def wandb_mode() -> str:
     return "online" if has_key else "offline"
 
 
-def make_logger(kind: LoggerKind, save_dir: str, project: str = "coscale", name: str | None = None) -> Any:
+def make_logger(
+    kind: LoggerKind, save_dir: str, project: str = "coscale", name: str | None = None
+) -> Any:
     """A Lightning logger writing under ``save_dir``; ``none`` returns False (no logger)."""
     if kind == "none":
         return False

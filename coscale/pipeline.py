@@ -73,10 +73,17 @@ class PipelineConfig:
     schedule: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        errors = [f"{k} must be >= {lo}, got {v}" for k, v, lo in
-                  [("iterations", self.iterations, 1), ("warmup_problems", self.warmup_problems, 0),
-                   ("eval_k", self.eval_k, 1), ("sft_epochs", self.sft_epochs, 1),
-                   ("rl_epochs", self.rl_epochs, 1)] if v < lo]
+        errors = [
+            f"{k} must be >= {lo}, got {v}"
+            for k, v, lo in [
+                ("iterations", self.iterations, 1),
+                ("warmup_problems", self.warmup_problems, 0),
+                ("eval_k", self.eval_k, 1),
+                ("sft_epochs", self.sft_epochs, 1),
+                ("rl_epochs", self.rl_epochs, 1),
+            ]
+            if v < lo
+        ]
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
 
@@ -100,7 +107,9 @@ class Pipeline:
         self.state_path = os.path.join(config.run_dir, "pipeline_state.json")
         self.done: list[str] = []
         self.current = config.model  # folder of the latest stage's model
-        self.logger = make_logger(config.logger, os.path.join(config.run_dir, "logs"), config.project)
+        self.logger = make_logger(
+            config.logger, os.path.join(config.run_dir, "logs"), config.project
+        )
         self.results: dict[str, Any] = {}
         self.sft_args, self.grpo_args = instantiate(config.sft), instantiate(config.grpo)
 
@@ -158,16 +167,23 @@ class Pipeline:
         callbacks = [RolloutNSchedule(**self.cfg.schedule), self._evaluator()]
         if redistill:
             sft = dict(self.sft_args)
-            callbacks.append(ReDistillation(sft=sft, trainer=self._sft_trainer_args(),
-                                            initial_model=self.cfg.model))
+            callbacks.append(
+                ReDistillation(
+                    sft=sft, trainer=self._sft_trainer_args(), initial_model=self.cfg.model
+                )
+            )
         self.fit(name, module, callbacks, self.cfg.rl_epochs)
         self.current = module.export(os.path.join(self.cfg.run_dir, name, "model"))
 
     def final(self, name: str) -> None:
         """Retrain from pi0 on everything collected; pass@k before and after."""
         module = self._standalone(SFTModule(model=self.current, **self.sft_args), name)
-        retrain = FinalRetrain(sft=dict(self.sft_args), trainer=self._sft_trainer_args(),
-                               initial_model=self.cfg.model, eval_k=min(8, self.cfg.eval_k))
+        retrain = FinalRetrain(
+            sft=dict(self.sft_args),
+            trainer=self._sft_trainer_args(),
+            initial_model=self.cfg.model,
+            eval_k=min(8, self.cfg.eval_k),
+        )
         self.results["final"] = dict(retrain.run(module.trainer, module, datamodule=self.dm))
         self.current = module.export(os.path.join(self.cfg.run_dir, "final", "model"))
 
@@ -176,25 +192,41 @@ class Pipeline:
         if name in self.done:
             return
         counts = " ".join(f"{k}={v}" for k, v in self.dm.pools.counts().items())
-        print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {self.dm.bank.total()} ==", flush=True)
+        print(
+            f"\n[coscale] == stage {name} | pools: {counts} | bank: {self.dm.bank.total()} ==",
+            flush=True,
+        )
         fn(name)
         self.done.append(name)
         self._save()
 
     def fit(self, name: str, module: L.LightningModule, callbacks: list, epochs: int) -> None:
         ckpt_dir = os.path.join(self.cfg.run_dir, name, "ckpt")
-        ckpt = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=1, save_top_k=0)
+        ckpt = ModelCheckpoint(
+            dirpath=ckpt_dir, save_last=True, every_n_train_steps=1, save_top_k=0
+        )
         trainer = self._trainer(name, [*callbacks, ckpt], max_epochs=epochs)
         last = os.path.join(ckpt_dir, "last.ckpt")
         trainer.fit(module, datamodule=self.dm, ckpt_path=last if os.path.exists(last) else None)
 
     def _trainer(self, name: str, callbacks: list, max_epochs: int) -> L.Trainer:
-        args = {"accelerator": "auto", "devices": 1, "log_every_n_steps": 1,
-                "enable_model_summary": False, "num_sanity_val_steps": 0,
-                "limit_val_batches": 0, **self.cfg.trainer}
+        args = {
+            "accelerator": "auto",
+            "devices": 1,
+            "log_every_n_steps": 1,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+            "limit_val_batches": 0,
+            **self.cfg.trainer,
+        }
         bar = TQDMProgressBar()  # one plain bar per stage; nested stages print their own
-        return L.Trainer(default_root_dir=os.path.join(self.cfg.run_dir, name), logger=self.logger,
-                         callbacks=[*callbacks, bar], max_epochs=max_epochs, **args)
+        return L.Trainer(
+            default_root_dir=os.path.join(self.cfg.run_dir, name),
+            logger=self.logger,
+            callbacks=[*callbacks, bar],
+            max_epochs=max_epochs,
+            **args,
+        )
 
     def _standalone(self, module: L.LightningModule, name: str) -> L.LightningModule:
         """A module attached to a trainer (loggers, device) outside of any fit."""
@@ -204,21 +236,32 @@ class Pipeline:
         return module.to(trainer.strategy.root_device)
 
     def _sft_trainer_args(self) -> dict[str, Any]:
-        return {"max_epochs": self.cfg.sft_epochs, **{k: v for k, v in self.cfg.trainer.items()
-                                                       if k in ("accelerator", "precision")}}
+        return {
+            "max_epochs": self.cfg.sft_epochs,
+            **{k: v for k, v in self.cfg.trainer.items() if k in ("accelerator", "precision")},
+        }
 
     def _evaluator(self) -> PassRateEvaluation:
         return PassRateEvaluation(k=self.cfg.eval_k, max_problems=self.cfg.eval_max_problems)
 
     def _close_logger(self) -> None:
         """Flushes and closes the W&B run so that its files are complete when ``run`` returns."""
-        if self.logger and hasattr(self.logger, "experiment") and hasattr(self.logger.experiment, "finish"):
+        if (
+            self.logger
+            and hasattr(self.logger, "experiment")
+            and hasattr(self.logger.experiment, "finish")
+        ):
             self.logger.experiment.finish()
 
     def _save(self) -> None:
         os.makedirs(self.cfg.run_dir, exist_ok=True)
-        state = {"done": self.done, "current": self.current, "data": self.dm.state_dict(),
-                 "results": self.results, "config": asdict(self.cfg)}
+        state = {
+            "done": self.done,
+            "current": self.current,
+            "data": self.dm.state_dict(),
+            "results": self.results,
+            "config": asdict(self.cfg),
+        }
         tmp = self.state_path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(state, f, indent=1, default=str)

@@ -27,7 +27,9 @@ def resolve_model_path(name_or_path: str) -> str:
 
     if not is_builtin(name_or_path):
         return name_or_path
-    root = os.environ.get("COSCALE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "coscale"))
+    root = os.environ.get(
+        "COSCALE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "coscale")
+    )
     return builtin_model(name_or_path, os.path.join(root, "models"))
 
 

@@ -24,15 +24,25 @@ class DigitReward:
 
 
 def _trainer(**kw) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, limit_val_batches=0, **kw)
+    return L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        **kw,
+    )
 
 
 def main(model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
-    rows = [p.to_dict() | {"solutions": arithmetic.solutions_of(p, 2)}
-            for p in arithmetic.generate(10, (2,), 5, "d")]
+    rows = [
+        p.to_dict() | {"solutions": arithmetic.solutions_of(p, 2)}
+        for p in arithmetic.generate(10, (2,), 5, "d")
+    ]
     dm = ProblemDataModule(train=rows, mode="sft", sft_batch_size=4, batch_size=2, seed=1)
     dm.load()
     dm.scale_solutions(2)
@@ -41,13 +51,21 @@ def main(model_dir: str, out: str) -> None:
     for i, pid in enumerate(dm.problems):
         dm.pools.record(pid, 10, 2 + i % 4)
     dm.mode = "rl"
-    grpo = GRPOModule(model=model_dir, reward=DigitReward(), lr=5e-3, max_new_tokens=6,
-                      temperature=1.0, micro_batch_size=3)
+    grpo = GRPOModule(
+        model=model_dir,
+        reward=DigitReward(),
+        lr=5e-3,
+        max_new_tokens=6,
+        temperature=1.0,
+        micro_batch_size=3,
+    )
     _trainer(max_epochs=2).fit(grpo, datamodule=dm)
     rank = int(os.environ.get("LOCAL_RANK", 0))
-    state = {"data": dm.state_dict(),
-             "sft_sum": float(sum(p.double().sum() for p in sft.policy.parameters())),
-             "grpo_sum": float(sum(p.double().sum() for p in grpo.policy.parameters()))}
+    state = {
+        "data": dm.state_dict(),
+        "sft_sum": float(sum(p.double().sum() for p in sft.policy.parameters())),
+        "grpo_sum": float(sum(p.double().sum() for p in grpo.policy.parameters())),
+    }
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(state, f, default=str)
 

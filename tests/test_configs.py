@@ -25,14 +25,17 @@ def test_there_are_configs():
 @pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(ROOT)) for p in CONFIGS])
 def test_config_parses_and_instantiates(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert path.read_text().startswith("#"), "every config opens with what it trains and how to launch it"
+    assert path.read_text().startswith("#"), (
+        "every config opens with what it trains and how to launch it"
+    )
     if _is_pipeline(path):
         parser = pipeline_parser()
         init = parser.instantiate_classes(parser.parse_args(["--config", str(path)]))
         assert isinstance(init.pipeline, PipelineConfig)
         assert isinstance(init.data, ProblemDataModule)
-        init.data.load()
-        assert init.data.problems
+        if str(init.data.train_source).startswith("builtin:"):  # hub data sets are not fetched
+            init.data.load()
+            assert init.data.problems
     else:
         cli = lightning_cli(["--config", str(path), "--trainer.logger=false"], run=False)
         assert cli.model.policy is not None

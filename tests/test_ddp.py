@@ -16,8 +16,13 @@ import pytest
 def test_ddp_two_cpu_ranks_agree(tiny_model_dir, tmp_path):
     script = Path(__file__).with_name("ddp_worker.py")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    run = subprocess.run([sys.executable, str(script), str(tiny_model_dir), str(tmp_path)],
-                         env=env, capture_output=True, text=True, timeout=240)
+    run = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     r0 = json.loads((tmp_path / "rank0.json").read_text())
     r1 = json.loads((tmp_path / "rank1.json").read_text())

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import copy
-
 import lightning as L
-import pytest
 import torch
 
 from coscale.datamodules import ProblemDataModule
@@ -27,14 +24,23 @@ class ZeroReward:
 
 
 def _trainer(steps: int) -> L.Trainer:
-    return L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, limit_val_batches=0)
+    return L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
 
 
 def _rows(n=8, seed=0):
-    return [p.to_dict() | {"solutions": arithmetic.solutions_of(p, 3)}
-            for p in arithmetic.generate(n, (2, 3), seed, "t")]
+    return [
+        p.to_dict() | {"solutions": arithmetic.solutions_of(p, 3)}
+        for p in arithmetic.generate(n, (2, 3), seed, "t")
+    ]
 
 
 def _params(module):
@@ -69,8 +75,14 @@ def _rl_dm(n_per_problem):
 
 def test_grpo_two_steps_with_different_n_per_problem(tiny_model_dir):
     dm = _rl_dm([2, 5, 3])
-    module = GRPOModule(model=str(tiny_model_dir), reward=CharCountReward(), lr=1e-2,
-                        max_new_tokens=6, temperature=1.0, micro_batch_size=4)
+    module = GRPOModule(
+        model=str(tiny_model_dir),
+        reward=CharCountReward(),
+        lr=1e-2,
+        max_new_tokens=6,
+        temperature=1.0,
+        micro_batch_size=4,
+    )
     seen = []
     original = module.sample
 

@@ -40,16 +40,25 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys):
     assert set(state["results"]["final"]) >= {"val/final_before_pass@1", "val/final_after_pass@1"}
     # the W&B offline run holds pool sizes, pass rates, N per group and a completions table
     data = _wandb_bytes(run_dir)
-    for key in [b"pool/solvable", b"pool/unsolvable", b"pool/pass@1", b"sched/n_group0",
-                b"sched/n_eff_group0", b"train/reward", b"val/final_after_pass@1",
-                b"completions/step_"]:
+    for key in [
+        b"pool/solvable",
+        b"pool/unsolvable",
+        b"pool/pass@1",
+        b"sched/n_group0",
+        b"sched/n_eff_group0",
+        b"train/reward",
+        b"val/final_after_pass@1",
+        b"completions/step_",
+    ]:
         assert key in data, key
     # every stage's model is a plain HF folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     for stage in ["it1/sft", "it1/rl", "final"]:
         folder = run_dir / stage / "model"
-        assert (folder / "model.safetensors").exists() and (folder / "generation_config.json").exists()
+        assert (folder / "model.safetensors").exists() and (
+            folder / "generation_config.json"
+        ).exists()
     AutoModelForCausalLM.from_pretrained(run_dir / "final" / "model")
     AutoTokenizer.from_pretrained(run_dir / "final" / "model")
 
@@ -57,9 +66,22 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys):
 @pytest.mark.slow
 def test_sigkill_mid_rl_then_same_command_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "coscale", "run", "--config", str(TINY),
-           "--pipeline.run_dir", str(run_dir), "--pipeline.rl_epochs", "4",
-           "--pipeline.final_retrain", "false", "--pipeline.logger", "csv"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "coscale",
+        "run",
+        "--config",
+        str(TINY),
+        "--pipeline.run_dir",
+        str(run_dir),
+        "--pipeline.rl_epochs",
+        "4",
+        "--pipeline.final_retrain",
+        "false",
+        "--pipeline.logger",
+        "csv",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_file = (tmp_path / "first.log").open("w")  # a pipe nobody reads would block the child
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)

@@ -28,15 +28,28 @@ def _setup(model_dir):
     for i, pid in enumerate(dm.problems):
         dm.pools.record(pid, 10, 4)
         dm.n_per_problem[pid] = 2 + i % 3
-    module = GRPOModule(model=str(model_dir), reward=DigitReward(), lr=5e-3, max_new_tokens=6,
-                        temperature=1.0, seed=3)
+    module = GRPOModule(
+        model=str(model_dir),
+        reward=DigitReward(),
+        lr=5e-3,
+        max_new_tokens=6,
+        temperature=1.0,
+        seed=3,
+    )
     return module, dm
 
 
 def _fit(module, dm, steps, ckpt_dir, ckpt_path=None):
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=1)
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, callbacks=[ckpt],
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[ckpt],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return trainer
 
@@ -51,7 +64,9 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_model_dir, tmp_path, 
     first_module, first_dm = _setup(tiny_model_dir)
     _fit(first_module, first_dm, split, tmp_path / "part")
     resumed_module, resumed_dm = _setup(tiny_model_dir)  # a new process would start like this
-    _fit(resumed_module, resumed_dm, 5, tmp_path / "part", ckpt_path=tmp_path / "part" / "last.ckpt")
+    _fit(
+        resumed_module, resumed_dm, 5, tmp_path / "part", ckpt_path=tmp_path / "part" / "last.ckpt"
+    )
 
     assert resumed_dm.state_dict()["pools"] == full_dm.state_dict()["pools"]
     assert resumed_dm.state_dict()["bank"] == full_dm.state_dict()["bank"]

@@ -15,8 +15,8 @@ from dataclasses import replace
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import TQDMProgressBar
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 

@@ -49,7 +49,12 @@ class EpochBatches(IterableDataset):
     """Yields lists of items (one list = one batch) from a snapshot taken at construction."""
 
     def __init__(
-        self, items: list[Item], batch_size: int, seed: int, epoch: int, skip: int = 0,
+        self,
+        items: list[Item],
+        batch_size: int,
+        seed: int,
+        epoch: int,
+        skip: int = 0,
         pad: bool = True,
     ) -> None:
         super().__init__()
@@ -65,7 +70,11 @@ class EpochBatches(IterableDataset):
 
 
 def epoch_loader(
-    build: Callable[[], list[Item]], batch_size: int, seed: int, epoch: int, skip: int = 0,
+    build: Callable[[], list[Item]],
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    skip: int = 0,
     pad: bool = True,
 ) -> DataLoader:
     """A ``DataLoader`` over :class:`EpochBatches`; ``num_workers=0`` so it reads live pools."""

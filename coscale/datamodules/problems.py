@@ -34,6 +34,7 @@ class ProblemDataModule(L.LightningDataModule):
             ``datasets`` name, or a list of row dicts.
         val: Held-out problems for validation (same kinds as ``train``), optional.
         fields: Column names of question, answer, solutions and id.
+        val_fields: Column names in ``val`` when they differ from ``fields``.
         split: Split of a HF data set for ``train``.
         val_split: Split of a HF data set for ``val``.
         on_bad_row: ``skip`` (warn and go on) or ``raise`` (list every bad row and stop).
@@ -63,6 +64,7 @@ class ProblemDataModule(L.LightningDataModule):
         train: str | list[dict[str, Any]] | None = None,
         val: str | list[dict[str, Any]] | None = None,
         fields: FieldMap = FieldMap(),
+        val_fields: FieldMap | None = None,
         split: str = "train",
         val_split: str = "test",
         on_bad_row: Literal["skip", "raise"] = "skip",
@@ -85,13 +87,21 @@ class ProblemDataModule(L.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        _check_settings(mode=mode, sft_source=sft_source, on_bad_row=on_bad_row,
-                        batch_size=batch_size, sft_batch_size=sft_batch_size,
-                        val_batch_size=val_batch_size, rollout_n=rollout_n,
-                        solutions_per_round=solutions_per_round,
-                        redistill_per_problem=redistill_per_problem, limit=limit)
+        _check_settings(
+            mode=mode,
+            sft_source=sft_source,
+            on_bad_row=on_bad_row,
+            batch_size=batch_size,
+            sft_batch_size=sft_batch_size,
+            val_batch_size=val_batch_size,
+            rollout_n=rollout_n,
+            solutions_per_round=solutions_per_round,
+            redistill_per_problem=redistill_per_problem,
+            limit=limit,
+        )
         self.train_source, self.val_source = train, val
         self.fields, self.split, self.val_split = fields, split, val_split
+        self.val_fields = val_fields or fields
         self.on_bad_row, self.limit = on_bad_row, limit
         self.mode, self.sft_source = mode, sft_source
         self.batch_size, self.sft_batch_size, self.val_batch_size = (
@@ -138,7 +148,9 @@ class ProblemDataModule(L.LightningDataModule):
             )
             self.add_problems(result.problems)
         if not self.val_problems and self.val_source is not None:
-            result = load_problems(_rows_of(self.val_source), self.fields, self.val_split, self.on_bad_row)
+            result = load_problems(
+                _rows_of(self.val_source), self.val_fields, self.val_split, self.on_bad_row
+            )
             self.val_problems = result.problems
 
     def add_problems(self, problems: Iterable[Problem]) -> None:
@@ -300,8 +312,11 @@ def _rows_of(source: Any) -> Any:
 def _check_settings(**settings: Any) -> None:
     """Collects every bad setting and raises once, naming each flag."""
     errors = []
-    choices = {"mode": ("rl", "sft"), "sft_source": ("bank", "redistill", "all"),
-               "on_bad_row": ("skip", "raise")}
+    choices = {
+        "mode": ("rl", "sft"),
+        "sft_source": ("bank", "redistill", "all"),
+        "on_bad_row": ("skip", "raise"),
+    }
     for name, allowed in choices.items():
         if (value := settings.pop(name)) not in allowed:
             errors.append(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

@@ -22,13 +22,13 @@ import torch
 from typing_extensions import override
 
 from coscale.advantages import group_advantages
+from coscale.logprobs import sequence_logprobs
 from coscale.losses import GRPOLoss, PolicyLoss
 from coscale.modules.distributed import all_gather_objects, global_max, global_sum
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
 from coscale.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import Rollouts, SamplingParams
-from coscale.logprobs import sequence_logprobs
 
 
 class GRPOModule(PolicyMixin, L.LightningModule):

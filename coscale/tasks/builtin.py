@@ -20,7 +20,7 @@ def is_builtin(source: Any) -> bool:
 
 
 def _parse(spec: str) -> tuple[str, dict[str, str]]:
-    name, _, query = spec[len(PREFIX):].partition("?")
+    name, _, query = spec[len(PREFIX) :].partition("?")
     return name, dict(parse_qsl(query))
 
 
@@ -35,11 +35,19 @@ def builtin_rows(spec: str) -> list[dict[str, Any]]:
     n, seed = int(args.pop("n", 64)), int(args.pop("seed", 0))
     k, prefix = int(args.pop("solutions", 8)), args.pop("prefix", "arith")
     if args:
-        raise ValueError(f"unknown settings {sorted(args)} in {spec!r}; allowed: n, terms, seed, solutions, prefix")
+        raise ValueError(
+            f"unknown settings {sorted(args)} in {spec!r}; allowed: n, terms, seed, solutions, prefix"
+        )
     rows = []
     for p in generate(n, terms, seed, prefix):
-        rows.append({"id": p.id, "question": p.question, "answer": p.answer,
-                     "solutions": solutions_of(p, k)})
+        rows.append(
+            {
+                "id": p.id,
+                "question": p.question,
+                "answer": p.answer,
+                "solutions": solutions_of(p, k),
+            }
+        )
     return rows
 
 
