@@ -89,14 +89,13 @@ def run_command(argv: list[str]) -> dict[str, Any]:
 
 
 def demo_args(rest: list[str]) -> list[str]:
-    """``coscale demo [--quick] [overrides]``: the shipped demo config (quick: the test profile)."""
+    """``coscale demo [--quick] [overrides]``: the shipped demo config; ``--quick`` runs one short
+    iteration (the test profile)."""
     from importlib import resources
 
-    quick = "--quick" in rest
-    rest = [a for a in rest if a != "--quick"]
-    name = "demo_quick.yaml" if quick else "demo.yaml"
-    path = resources.files("coscale") / "configs" / name
-    return ["--config", str(path), *rest]
+    quick = ["--pipeline.iterations", "1", "--pipeline.rl_epochs", "1"] if "--quick" in rest else []
+    path = resources.files("coscale") / "configs" / "demo.yaml"
+    return ["--config", str(path), *quick, *[a for a in rest if a != "--quick"]]
 
 
 def print_results(results: dict[str, Any]) -> None:

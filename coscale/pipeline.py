@@ -122,7 +122,9 @@ class Pipeline:
             self.stage(f"it{it}/scale", self.scale_data)
             self.stage(f"it{it}/sft", lambda name: self.sft(name))
             self.stage(f"it{it}/eval", self.measure)
-            self.stage(f"it{it}/rl", lambda name, it=it: self.rl(name, redistill=True))
+            # the last iteration's re-distillation is the final retrain: do it once
+            last = it == self.cfg.iterations and self.cfg.final_retrain
+            self.stage(f"it{it}/rl", lambda name, last=last: self.rl(name, redistill=not last))
         if self.cfg.final_retrain:
             self.stage("final", self.final)
         self.results["pools"] = self.dm.pools.counts()
