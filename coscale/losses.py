@@ -17,6 +17,7 @@ Shapes: R rollouts (sequences) in this call, T completion tokens.
 from __future__ import annotations
 
 import math
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,7 @@ class LossOutput:
     metrics: dict[str, float]
 
 
-class PolicyLoss(nn.Module):
+class PolicyLoss(nn.Module, metaclass=ABCMeta):
     """Base class: clipped surrogate per token plus ``beta`` * k3 KL; subclasses aggregate.
 
     Args:
@@ -120,10 +121,10 @@ class PolicyLoss(nn.Module):
                 per_token = per_token + self.beta * kl  # [R, T]
         return torch.where(keep, per_token, zero), ratio, kl
 
+    @abstractmethod
     def aggregate(self, per_token: Tensor, keep: Tensor, num_sequences: int, num_tokens: int):
         """Reduces per-token losses ``[R, T]`` (0 where ``keep`` is False) to a scalar, using
         the update-batch totals ``num_sequences`` and ``num_tokens`` (both >= 1)."""
-        raise NotImplementedError
 
     def _metrics(self, ratio: Tensor, adv: Tensor, keep: Tensor, kl: Tensor | None) -> dict:
         """Clip fractions, mean ratio and mean KL over this call's masked tokens."""

@@ -26,8 +26,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from coscale.callbacks import FinalRetrain, PassRateEvaluation, ReDistillation, RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
-from coscale.logging_setup import LoggerKind, make_logger
 from coscale.modules import GRPOModule, SFTModule
+from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.pools import Pool
 
 

@@ -13,6 +13,7 @@ import sys
 import lightning as L
 import torch
 
+from coscale.callbacks import RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule, SFTModule
 from coscale.tasks import arithmetic
@@ -59,7 +60,8 @@ def main(model_dir: str, out: str) -> None:
         temperature=1.0,
         micro_batch_size=3,
     )
-    _trainer(max_epochs=2).fit(grpo, datamodule=dm)
+    schedule = RolloutNSchedule(num_groups=2, n_init=2, factor=2.0, n_max=8, patience=1)
+    _trainer(max_epochs=3, callbacks=[schedule]).fit(grpo, datamodule=dm)
     rank = int(os.environ.get("LOCAL_RANK", 0))
     state = {
         "data": dm.state_dict(),
