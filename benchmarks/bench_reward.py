@@ -101,7 +101,9 @@ def bench(name: str, make_pairs, n: int, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=2000, help="pairs per answer set and run")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per runner; the median is shown")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs per runner; the median is shown"
+    )
     args = parser.parse_args()
     print(f"CPU cores available: {len(os.sched_getaffinity(0))}; load average {os.getloadavg()}")
     bench("simple integers", integer_pairs, args.pairs, args.repeats)
