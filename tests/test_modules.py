@@ -64,8 +64,9 @@ def test_sft_two_steps_change_weights_and_loss_is_finite(tiny_model_dir):
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
 
 
-def _rl_dm(n_per_problem):
-    dm = ProblemDataModule(train=_rows(len(n_per_problem)), batch_size=len(n_per_problem))
+def _rl_dm(n_per_problem, batch_size=None):
+    batch_size = batch_size or len(n_per_problem)
+    dm = ProblemDataModule(train=_rows(len(n_per_problem)), batch_size=batch_size)
     dm.load()
     for pid, n in zip(dm.problems, n_per_problem):
         dm.pools.record(pid, 10, 3)  # acc 0.3 -> solvable
@@ -74,7 +75,7 @@ def _rl_dm(n_per_problem):
 
 
 def test_grpo_two_steps_with_different_n_per_problem(tiny_model_dir):
-    dm = _rl_dm([2, 5, 3])
+    dm = _rl_dm([2, 5, 3, 4, 1, 6], batch_size=3)  # two batches of three problems in epoch 0
     module = GRPOModule(
         model=str(tiny_model_dir),
         reward=CharCountReward(),
@@ -88,20 +89,24 @@ def test_grpo_two_steps_with_different_n_per_problem(tiny_model_dir):
 
     def spy(batch, n, sampling):
         rollouts, rewards = original(batch, n, sampling)
-        seen.append((sorted(n), rollouts.num_rollouts))
+        assert [p["n"] for p in batch] == n
+        seen.append((len(batch), rollouts.num_rollouts, sum(n)))
         return rollouts, rewards
 
     module.sample = spy
     before = _params(module)
-    trainer = _trainer(1)
+    trainer = _trainer(2)
     trainer.fit(module, datamodule=dm)
-    assert seen == [([2, 3, 5], 10)]  # one batch, three group sizes, no divisibility rule
+    assert len(seen) == 2 and sum(r for _, r, _ in seen) == 21  # 2+5+3+4+1+6 rollouts in all
+    assert all(rollouts == total for _, rollouts, total in seen)  # each problem got its own N
+    assert trainer.global_step == 2
     assert len(_changed(before, module)) == len(before)
     assert trainer.callback_metrics["train/skipped"] == 0
     # the epoch's outcomes reached the pools, and the next epoch serves the rebuilt solvable set
     assert all(len(dm.pools.history(pid)) == 2 for pid in dm.problems)
     solvable = dm.pools.members(Pool.SOLVABLE)
-    assert sorted(item["id"] for item in next(iter(dm.train_dataloader()))) == sorted(solvable)
+    served = [item["id"] for batch in dm.train_dataloader() for item in batch]
+    assert sorted(served) == sorted(solvable)
 
 
 def test_grpo_batch_without_signal_is_skipped_not_crashed(tiny_model_dir):
