@@ -113,7 +113,8 @@ class Pipeline:
         self.results: dict[str, Any] = {}
         self.sft_args, self.grpo_args = instantiate(config.sft), instantiate(config.grpo)
 
-    def run(self) -> dict[str, Any]:
+    def run(self, close_logger: bool = True) -> dict[str, Any]:
+        """Runs the remaining stages; returns per-stage pool counts, N per group and models."""
         L.seed_everything(self.cfg.seed, workers=True)
         self.dm.load()
         self._restore()
@@ -129,7 +130,8 @@ class Pipeline:
             self.stage("final", self.final)
         self.results["pools"] = self.dm.pools.counts()
         self._save()
-        self._close_logger()
+        if close_logger:
+            self.close_logger()
         return self.results
 
     # ------------------------------------------------------------------ stages
@@ -168,7 +170,7 @@ class Pipeline:
         module = GRPOModule(model=self.current, **self.grpo_args)
         callbacks = [RolloutNSchedule(**self.cfg.schedule), self._evaluator()]
         if redistill:
-            sft = dict(self.sft_args)
+            sft = self._stage_sft_args()
             callbacks.append(
                 ReDistillation(
                     sft=sft, trainer=self._sft_trainer_args(), initial_model=self.cfg.model
@@ -176,12 +178,13 @@ class Pipeline:
             )
         self.fit(name, module, callbacks, self.cfg.rl_epochs)
         self.current = module.export(os.path.join(self.cfg.run_dir, name, "model"))
+        self.results[name] = {"pools": self.dm.pools.counts(), "n_per_group": self._n_per_group()}
 
     def final(self, name: str) -> None:
         """Retrain from pi0 on everything collected; pass@k before and after."""
         module = self._standalone(SFTModule(model=self.current, **self.sft_args), name)
         retrain = FinalRetrain(
-            sft=dict(self.sft_args),
+            sft=self._stage_sft_args(),
             trainer=self._sft_trainer_args(),
             initial_model=self.cfg.model,
             eval_k=min(8, self.cfg.eval_k),
@@ -237,6 +240,17 @@ class Pipeline:
         module.trainer = trainer
         return module.to(trainer.strategy.root_device)
 
+    def _stage_sft_args(self) -> dict[str, Any]:
+        """SFT settings of the callbacks' nested SFT fits (same batch size as the SFT stages)."""
+        return {**self.sft_args, "batch_size": self.dm.sft_batch_size}
+
+    def _n_per_group(self) -> dict[int, int]:
+        """Rollout N of each difficulty group (the schedule's decision, read from the data)."""
+        out: dict[int, int] = {}
+        for pid, group in sorted(self.dm.group_of.items()):
+            out.setdefault(group, self.dm.n_of(pid))
+        return out
+
     def _sft_trainer_args(self) -> dict[str, Any]:
         return {
             "max_epochs": self.cfg.sft_epochs,
@@ -246,7 +260,7 @@ class Pipeline:
     def _evaluator(self) -> PassRateEvaluation:
         return PassRateEvaluation(k=self.cfg.eval_k, max_problems=self.cfg.eval_max_problems)
 
-    def _close_logger(self) -> None:
+    def close_logger(self) -> None:
         """Flushes and closes the W&B run so that its files are complete when ``run`` returns."""
         if (
             self.logger

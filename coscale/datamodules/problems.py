@@ -9,6 +9,7 @@ the replay buffer.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -54,6 +55,9 @@ class ProblemDataModule(L.LightningDataModule):
         max_solutions: Solution budget of a problem before it is marked failed.
         max_rl_rounds: RL epochs a problem may take before it is marked failed.
         teacher: Where solutions beyond the data set's own come from (``class_path`` in YAML).
+        sft_replay: Earlier (question, solution) data mixed into every SFT set so that what the
+            model already knows is not forgotten: a problem source whose rows have solutions.
+        sft_replay_fraction: Share of replayed pairs in an SFT set, in [0, 1).
         rl_unmeasured: Also serve problems never measured yet to RL (a plain GRPO run on a data
             set, without a pass-rate evaluation first). Off for the CoScale-RL pipeline.
         seed: Seed of the per-epoch shuffle and of the re-distillation subset.
@@ -83,6 +87,8 @@ class ProblemDataModule(L.LightningDataModule):
         max_solutions: int = 64,
         max_rl_rounds: int = 8,
         teacher: SolutionSource | None = None,
+        sft_replay: str | list[dict[str, Any]] | None = None,
+        sft_replay_fraction: float = 0.0,
         rl_unmeasured: bool = False,
         seed: int = 0,
     ) -> None:
@@ -115,6 +121,10 @@ class ProblemDataModule(L.LightningDataModule):
             redistill_max_total,
         )
         self.teacher, self.seed, self.rl_unmeasured = teacher, seed, rl_unmeasured
+        if not 0 <= sft_replay_fraction < 1:
+            raise ValueError(f"sft_replay_fraction must be in [0, 1), got {sft_replay_fraction}")
+        self.sft_replay, self.sft_replay_fraction = sft_replay, sft_replay_fraction
+        self.replay_pairs: list[Item] = []
         self.pools = ProblemPools(
             low=low, high=high, max_solutions=max_solutions, max_rl_rounds=max_rl_rounds
         )
@@ -147,6 +157,15 @@ class ProblemDataModule(L.LightningDataModule):
                 _rows_of(self.train_source), self.fields, self.split, self.on_bad_row, self.limit
             )
             self.add_problems(result.problems)
+        if not self.replay_pairs and self.sft_replay is not None and self.sft_replay_fraction > 0:
+            replay = load_problems(
+                _rows_of(self.sft_replay), self.fields, self.split, self.on_bad_row
+            )
+            self.replay_pairs = [
+                {"id": p.id, "question": p.question, "solution": s}
+                for p in replay.problems
+                for s in p.solutions[:1]
+            ]
         if not self.val_problems and self.val_source is not None:
             result = load_problems(
                 _rows_of(self.val_source), self.val_fields, self.val_split, self.on_bad_row
@@ -202,7 +221,15 @@ class ProblemDataModule(L.LightningDataModule):
                 self.redistill_per_problem, self.redistill_max_total, self.seed
             )
             items += [self._pair(pid, text) for pid, text in chosen]
-        return items
+        return items + self._replay_for(len(items))
+
+    def _replay_for(self, n_new: int) -> list[Item]:
+        """Replayed pairs making up ``sft_replay_fraction`` of an SFT set of ``n_new`` new pairs."""
+        if not self.replay_pairs or not n_new:
+            return []
+        want = round(n_new * self.sft_replay_fraction / (1 - self.sft_replay_fraction))
+        rng = random.Random(self.seed + n_new)
+        return [dict(rng.choice(self.replay_pairs)) for _ in range(want)]
 
     def _pair(self, pid: str, solution: str) -> Item:
         return {"id": pid, "question": self.problems[pid].question, "solution": solution}

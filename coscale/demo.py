@@ -1,0 +1,178 @@
+"""``coscale demo``: CoScale-RL on the built-in task and the shipped base model, end to end.
+
+Runs the pipeline of ``coscale/configs/demo.yaml``, then measures the base model, the model of
+every iteration and the final model on the four held-out sets (and the easy tier, to show
+nothing learned earlier is lost), and writes a table with 95% intervals, PNG plots and a W&B
+(offline) run into the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from typing import Any
+
+from coscale.prompting import PromptFormat
+from coscale.rollout.base import SamplingParams
+from coscale.stats import Estimate, pass_at_k_estimate
+from coscale.tasks import tiers
+
+QUICK = [
+    "--pipeline.iterations",
+    "1",
+    "--pipeline.rl_epochs",
+    "1",
+    "--pipeline.sft_epochs",
+    "1",
+    "--pipeline.eval_k",
+    "8",
+    "--data.train",
+    "builtin:tiers?T3=24&T3v=24&T3w=24&T3x=24",
+]
+SETS = (*tiers.BENCHMARKS, tiers.EASY)
+
+
+def demo_config() -> str:
+    return str(resources.files("coscale") / "configs" / "demo.yaml")
+
+
+def run_demo(rest: list[str]) -> dict[str, Any]:
+    """Parses ``coscale demo [--quick] [--test_problems N] [overrides]`` and runs it."""
+    from coscale.cli import pipeline_parser
+    from coscale.pipeline import Pipeline
+
+    quick = "--quick" in rest
+    rest = [a for a in rest if a != "--quick"]
+    n_test = 32 if quick else 128
+    parser = pipeline_parser()
+    cfg = parser.parse_args(["--config", demo_config(), *(QUICK if quick else []), *rest])
+    init = parser.instantiate_classes(cfg)
+    pipeline = Pipeline(init.pipeline, init.data)
+    results = pipeline.run(close_logger=False)
+    report = evaluate_stages(init.pipeline, results, n_test, k=8)
+    write_report(init.pipeline.run_dir, results, report)
+    log_to_wandb(pipeline.logger, init.pipeline.run_dir, report)
+    pipeline.close_logger()
+    return {"pipeline": results, "report": report}
+
+
+def stage_models(cfg: Any, results: dict[str, Any]) -> dict[str, str]:
+    """Base, each iteration's exported model, and the final model, in order."""
+    from coscale.policy import resolve_model_path
+
+    models = {"base": resolve_model_path(cfg.model)}
+    for it in range(1, cfg.iterations + 1):
+        folder = os.path.join(cfg.run_dir, f"it{it}", "rl", "model")
+        if os.path.exists(folder):
+            models[f"iteration {it}"] = folder
+    final = os.path.join(cfg.run_dir, "final", "model")
+    if os.path.exists(final):
+        models["final"] = final
+    return models
+
+
+def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, k: int) -> dict[str, Any]:
+    """pass@1 and pass@k with intervals per (model, held-out set)."""
+    sets = {name: tiers.problems(name, n_test, seed=1, held_out=True) for name in SETS}
+    report: dict[str, Any] = {"k": k, "n_test": n_test, "models": {}}
+    for label, path in stage_models(cfg, results).items():
+        report["models"][label] = {name: _measure(path, probs, k) for name, probs in sets.items()}
+        print(
+            f"[coscale] evaluated {label}: "
+            + ", ".join(
+                f"{n} {v['pass@1'].mean * 100:.1f}" for n, v in report["models"][label].items()
+            ),
+            flush=True,
+        )
+    return report
+
+
+def _measure(path: str, problems: list, k: int) -> dict[str, Estimate]:
+    from coscale.policy import load_policy
+    from coscale.rewards import MathReward
+    from coscale.rollout.hf import HFGenerateBackend
+
+    model, tok = load_policy(path)
+    backend, fmt = HFGenerateBackend(model, tok), PromptFormat(template=tiers.PROMPT)
+    sampling = SamplingParams(max_new_tokens=96, temperature=1.0, seed=0)
+    correct: list[int] = []
+    with MathReward() as reward:
+        for start in range(0, len(problems), 64):
+            chunk = problems[start : start + 64]
+            ro = backend.generate([fmt(p.question) for p in chunk], k, sampling)
+            scores = reward(ro.texts, [chunk[i].answer for i in ro.prompt_index.tolist()])
+            counts = [0] * len(chunk)
+            for i, s in zip(ro.prompt_index.tolist(), scores):
+                counts[i] += int(s >= 1.0)
+            correct += counts
+    return {
+        "pass@1": pass_at_k_estimate(k, correct, 1),
+        f"pass@{k}": pass_at_k_estimate(k, correct, k),
+    }
+
+
+def average(report: dict[str, Any], label: str, metric: str = "pass@1") -> float:
+    """Mean over the four held-out sets of one model's ``metric``."""
+    row = report["models"][label]
+    return sum(row[name][metric].mean for name in tiers.BENCHMARKS) / len(tiers.BENCHMARKS)
+
+
+def table(report: dict[str, Any]) -> str:
+    """Markdown table: per set pass@1 and pass@k [95% CI] of every model, plus averages."""
+    k = report["k"]
+    head = (
+        "| model | "
+        + " | ".join(f"{s} pass@1 | {s} pass@{k}" for s in SETS)
+        + " | avg pass@1 (4 sets) | x base |"
+    )
+    lines = [head, "|" + "---|" * (2 * len(SETS) + 3)]
+    base = average(report, "base") or float("nan")
+    for label, row in report["models"].items():
+        cells = " | ".join(f"{row[s]['pass@1'].fmt()} | {row[s][f'pass@{k}'].fmt()}" for s in SETS)
+        avg = average(report, label)
+        lines.append(f"| {label} | {cells} | {avg * 100:.1f} | {avg / base:.2f}x |")
+    return "\n".join(lines)
+
+
+def write_report(run_dir: str, results: dict[str, Any], report: dict[str, Any]) -> None:
+    """``results.md``, ``results.json`` and the PNG plots in ``run_dir``."""
+    from coscale.demo_plots import plot_all
+
+    text = table(report)
+    with open(os.path.join(run_dir, "results.md"), "w") as f:
+        f.write(
+            f"pass@1 / pass@{report['k']} in %, {report['n_test']} held-out problems per set, "
+            f"{report['k']} samples each at temperature 1.0, 95% bootstrap intervals.\n\n{text}\n"
+        )
+    plain = {
+        label: {s: {m: vars(e) for m, e in row.items()} for s, row in rows.items()}
+        for label, rows in report["models"].items()
+    }
+    with open(os.path.join(run_dir, "results.json"), "w") as f:
+        json.dump({"report": plain, "pipeline": results}, f, indent=1, default=str)
+    plot_all(run_dir, results, report)
+    print("\n" + text + "\n", flush=True)
+
+
+def log_to_wandb(logger: Any, run_dir: str, report: dict[str, Any]) -> None:
+    """The table and plots into the pipeline's W&B run (offline without an API key)."""
+    if not logger or not hasattr(logger, "log_table"):
+        return
+    import wandb
+
+    k = report["k"]
+    rows = [
+        [label, s, row[s]["pass@1"].mean, row[s][f"pass@{k}"].mean]
+        for label, row in report["models"].items()
+        for s in SETS
+    ]
+    logger.log_table(
+        key="val/demo_results", columns=["model", "set", "pass@1", f"pass@{k}"], data=rows
+    )
+    images = {
+        f"val/{name[:-4]}": wandb.Image(os.path.join(run_dir, name))
+        for name in os.listdir(run_dir)
+        if name.endswith(".png")
+    }
+    logger.experiment.log(images)

@@ -1,0 +1,144 @@
+"""The built-in demo task: signed-integer arithmetic in difficulty tiers, with a teacher.
+
+A problem is a chain of signed terms (``38+71-12+45``); a solution combines two numbers per
+step (``38+71=109;109-12=97;97+45=142;\\boxed{142}``). The programmatic teacher writes many
+distinct correct solutions by combining the terms in different orders, so "more solutions per
+problem" is real. Train and held-out problems are disjoint by construction: a problem is
+held out when a hash of its question falls in the held-out bucket, whatever seed made it.
+
+Tiers (``TIERS``): the base model is pre-trained on the easy tiers (two and three terms) and
+single-step drills; the four held-out "benchmarks" are four-term sign patterns, which need
+composition the base has only seen rarely: they sit at its ability boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from coscale.solution_sources import Request, SolutionSource
+from coscale.tasks.problem import Problem
+
+CHARS = "0123456789+-=;\\boxed{}Q:A\n"
+"""Every character the task's prompts and solutions use (the demo model's vocabulary)."""
+
+PROMPT = "Q:{question}\nA:"
+"""Prompt template of the demo task."""
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A family of problems: the signs of the terms after the first, and the term range."""
+
+    name: str
+    signs: tuple[int, ...]  # +1 / -1 for terms 2..k
+    low: int = 1
+    high: int = 99
+
+
+TIERS = {
+    "T1": Tier("T1", (1,)),  # a+b
+    "T2": Tier("T2", (1, -1)),  # a+b-c
+    "T2v": Tier("T2v", (-1, 1)),  # a-b+c
+    "T3": Tier("T3", (1, -1, 1), 10, 99),  # a+b-c+d
+    "T3v": Tier("T3v", (1, 1, -1), 10, 99),  # a+b+c-d
+    "T3w": Tier("T3w", (-1, 1, 1), 10, 99),  # a-b+c+d
+    "T3x": Tier("T3x", (1, 1, 1), 10, 99),  # a+b+c+d
+}
+BENCHMARKS = ("T3", "T3v", "T3w", "T3x")
+"""The four held-out sets that play the paper's four benchmarks."""
+EASY = "T1"
+
+
+def _terms_of(question: str) -> list[tuple[int, int]]:
+    terms, sign, digits = [], 1, ""
+    for ch in question + "+":
+        if ch.isdigit():
+            digits += ch
+            continue
+        if digits:
+            terms.append((sign, int(digits)))
+            digits = ""
+        sign = -1 if ch == "-" else 1
+    return terms
+
+
+def is_held_out(question: str, buckets: int = 5) -> bool:
+    """One problem in ``buckets`` (by a hash of its text) is reserved for held-out sets."""
+    return int(hashlib.sha1(question.encode()).hexdigest(), 16) % buckets == 0
+
+
+def _question(rng: random.Random, tier: Tier) -> str:
+    values = [rng.randint(tier.low, tier.high) for _ in range(len(tier.signs) + 1)]
+    ops = "".join(("+" if s > 0 else "-") + str(v) for s, v in zip(tier.signs, values[1:]))
+    return f"{values[0]}{ops}"
+
+
+def problems(tier: str, n: int, seed: int, held_out: bool) -> list[Problem]:
+    """``n`` distinct problems of ``tier`` from the held-out or the training side."""
+    spec, rng, seen, out = TIERS[tier], random.Random(f"{tier}-{seed}"), set(), []
+    while len(out) < n:
+        q = _question(rng, spec)
+        if q in seen or is_held_out(q) != held_out:
+            continue
+        seen.add(q)
+        answer = sum(s * v for s, v in _terms_of(q))
+        side = "test" if held_out else "train"
+        out.append(Problem(f"{tier}-{side}-{len(out)}", q, str(answer), meta={"tier": tier}))
+    return out
+
+
+def _steps(terms: Sequence[tuple[int, int]]) -> str:
+    total, parts = terms[0][0] * terms[0][1], []
+    for sign, value in terms[1:]:
+        new = total + sign * value
+        parts.append(f"{total}{'+' if sign > 0 else '-'}{value}={new}")
+        total = new
+    return ";".join([*parts, f"\\boxed{{{total}}}"])
+
+
+def canonical_solution(question: str) -> str:
+    """Left-to-right solution (the style the base model is pre-trained on)."""
+    return _steps(_terms_of(question))
+
+
+def solutions(question: str) -> Iterator[str]:
+    """Distinct correct solutions, the canonical left-to-right one first.
+
+    Variants: the terms after the first in every order, and each term of two digits that is
+    not a multiple of ten optionally added in two steps, tens then units (``+54`` as
+    ``+50``, ``+4``). A four-term problem has up to 6 x 8 = 48 solutions.
+    """
+    terms = _terms_of(question)
+    for rest in itertools.permutations(terms[1:]):
+        splittable = [i for i, (_, v) in enumerate(rest) if v >= 10 and v % 10]
+        for chosen in itertools.product((False, True), repeat=len(splittable)):
+            split = {i for i, on in zip(splittable, chosen) if on}
+            expanded = []
+            for i, (sign, value) in enumerate(rest):
+                pieces = (value - value % 10, value % 10) if i in split else (value,)
+                expanded += [(sign, piece) for piece in pieces]
+            yield _steps([terms[0], *expanded])
+
+
+class TierTeacher(SolutionSource):
+    """The programmatic teacher of the demo task: new correct solutions, in a fixed order."""
+
+    def propose(self, requests: Sequence[Request], known) -> dict[str, list[str]]:
+        out = {}
+        for problem, k in requests:
+            have = set(known(problem.id))
+            out[problem.id] = [s for s in solutions(problem.question) if s not in have][:k]
+        return out
+
+
+def rows(tier_counts: dict[str, int], seed: int, held_out: bool) -> list[dict]:
+    """JSON-ready rows (id, question, answer, tier) of several tiers."""
+    out = []
+    for tier, n in tier_counts.items():
+        for p in problems(tier, n, seed, held_out):
+            out.append({"id": p.id, "question": p.question, "answer": p.answer, "tier": tier})
+    return out
