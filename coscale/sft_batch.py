@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from coscale.budget import spend
+
 IGNORE = -100
 
 
@@ -22,6 +24,7 @@ def tokenize_pairs(
         raise ValueError(f"got {len(prompts)} prompts but {len(solutions)} solutions")
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2, got {max_length}")
+    spend("sft_examples", len(prompts))
     eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
     rows = []
     for prompt, solution in zip(prompts, solutions):

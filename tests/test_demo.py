@@ -1,0 +1,32 @@
+"""`coscale demo --quick` end to end: the table, the plots and the W&B offline run exist."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coscale.cli import main
+from coscale.demo import SETS
+
+
+@pytest.mark.slow
+def test_quick_demo_writes_table_plots_and_wandb_run(tmp_path, capsys):
+    run_dir = tmp_path / "demo"
+    assert main(["demo", "--quick", "--pipeline.run_dir", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "== stage it1/rl |" in out and "== stage final |" in out
+    table = (run_dir / "results.md").read_text()
+    for label in ("| base |", "| iteration 1 |", "| final |"):
+        assert label in table
+    for name in SETS:
+        assert f"{name} pass@1" in table
+    report = json.loads((run_dir / "results.json").read_text())["report"]
+    base = report["base"]["T3"]["pass@1"]
+    assert 0 <= base["low"] <= base["mean"] <= base["high"] <= 1
+    for png in ("pools.png", "accuracy.png", "n_per_group.png"):
+        assert (run_dir / png).stat().st_size > 5_000
+    runs = list((run_dir / "logs" / "wandb").glob("offline-run-*/*.wandb"))
+    assert len(runs) == 1
+    data = runs[0].read_bytes()
+    assert b"val/demo_results" in data and b"pool/solvable" in data
