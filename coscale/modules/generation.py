@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from coscale.budget import spend
 from coscale.metrics import PassAtK
 from coscale.policy import export_policy, load_policy
 from coscale.prompting import PromptFormat
@@ -65,6 +66,7 @@ class PolicyMixin:
         rollouts = self.backend.generate(
             self.prompts_for([p["question"] for p in problems]), n, sampling
         )
+        spend("rollouts", rollouts.num_rollouts)
         answers = [problems[i]["answer"] for i in rollouts.prompt_index.tolist()]
         rewards = torch.tensor(self.reward(rollouts.texts, answers), dtype=torch.float32)  # [R]
         return rollouts, rewards
