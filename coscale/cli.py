@@ -4,6 +4,7 @@
   ``${...}`` interpolation, ``--print_config``).
 - ``coscale run --config x.yaml``: the whole CoScale-RL pipeline (:mod:`coscale.pipeline`).
 - ``coscale demo [--quick]``: the pipeline on the built-in task and model.
+- ``coscale eval --config eval.yaml``: pass@1 / pass@k per benchmark (:mod:`coscale.evaluate`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _offline_defaults()
-    if argv and argv[0] in PIPELINE_COMMANDS:
+    if argv and argv[0] == "eval":
+        from coscale.evaluate import eval_command
+
+        eval_command(argv[1:])
+    elif argv and argv[0] in PIPELINE_COMMANDS:
         run_command(argv)
     else:
         lightning_cli(argv)
@@ -79,23 +84,16 @@ def run_command(argv: list[str]) -> dict[str, Any]:
 
     command, rest = argv[0], argv[1:]
     if command == "demo":
-        rest = demo_args(rest)
+        from coscale.demo import run_demo
+
+        run_demo(rest)
+        return {}
     parser = pipeline_parser()
     cfg = parser.parse_args(rest)
     init = parser.instantiate_classes(cfg)
     results = Pipeline(init.pipeline, init.data).run()
     print_results(results)
     return results
-
-
-def demo_args(rest: list[str]) -> list[str]:
-    """``coscale demo [--quick] [overrides]``: the shipped demo config; ``--quick`` runs one short
-    iteration (the test profile)."""
-    from importlib import resources
-
-    quick = ["--pipeline.iterations", "1", "--pipeline.rl_epochs", "1"] if "--quick" in rest else []
-    path = resources.files("coscale") / "configs" / "demo.yaml"
-    return ["--config", str(path), *quick, *[a for a in rest if a != "--quick"]]
 
 
 def print_results(results: dict[str, Any]) -> None:

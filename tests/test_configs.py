@@ -28,6 +28,13 @@ def test_config_parses_and_instantiates(path, tmp_path, monkeypatch):
     assert path.read_text().startswith("#"), (
         "every config opens with what it trains and how to launch it"
     )
+    if "\neval:" in "\n" + path.read_text():
+        from coscale.evaluate import EvalConfig, eval_parser
+
+        parser = eval_parser()
+        init = parser.instantiate_classes(parser.parse_args(["--config", str(path)]))
+        assert isinstance(init.eval, EvalConfig)
+        return
     if _is_pipeline(path):
         parser = pipeline_parser()
         init = parser.instantiate_classes(parser.parse_args(["--config", str(path)]))

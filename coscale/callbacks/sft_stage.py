@@ -139,9 +139,14 @@ def sample_counts(
     chunks = [problems[i : i + chunk] for i in range(0, len(problems), chunk)]
     rank, world = getattr(trainer, "global_rank", 0), getattr(trainer, "world_size", 1)
     mine = []
-    for j in range(rank, len(chunks), world):
+    rounds = -(-len(chunks) // world)  # every rank makes as many calls: a sharded policy needs it
+    for r in range(rounds):
+        j = r * world + rank
+        real = j < len(chunks)
         params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
-        mine.append((j, list(pl_module.count_correct(chunks[j], n, params))))
+        counts = list(pl_module.count_correct(chunks[j if real else 0], n, params))
+        if real:
+            mine.append((j, counts))
     done = dict(all_gather_objects(mine))
     return [c for j in range(len(chunks)) for c in done[j]]
 

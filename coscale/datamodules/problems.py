@@ -21,6 +21,7 @@ from coscale.pools import Pool, ProblemPools
 from coscale.solution_sources import DatasetSolutions, SolutionSource
 from coscale.solutions import SolutionBank
 from coscale.tasks import FieldMap, Problem, load_problems
+from coscale.tasks.benchmarks import SOURCE_PREFIX, source_rows
 from coscale.tasks.builtin import builtin_rows, is_builtin
 
 Mode = Literal["rl", "sft"]
@@ -332,7 +333,9 @@ class ProblemDataModule(L.LightningDataModule):
 
 
 def _rows_of(source: Any) -> Any:
-    """``builtin:`` specs become generated rows; anything else goes to the loaders as is."""
+    """``builtin:`` and ``source:`` specs become rows; anything else goes to the loaders as is."""
+    if isinstance(source, str) and source.startswith(SOURCE_PREFIX):
+        return source_rows(source)
     return builtin_rows(source) if is_builtin(source) else source
 
 

@@ -15,8 +15,8 @@ from coscale.budget import spend
 from coscale.metrics import PassAtK
 from coscale.policy import export_policy, load_policy
 from coscale.prompting import PromptFormat
+from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
-from coscale.rollout.hf import HFGenerateBackend
 
 
 class PolicyMixin:
@@ -49,7 +49,13 @@ class PolicyMixin:
     def backend(self) -> RolloutBackend:
         """The rollout backend (HF ``generate`` on the module's own policy by default)."""
         if self._backend is None:
-            self._backend = HFGenerateBackend(self.policy, self.tokenizer)
+            self._backend = build_backend(
+                getattr(self, "rollout_backend", "hf"),
+                self.policy,
+                self.tokenizer,
+                self.model_source,
+                **getattr(self, "rollout_options", {}),
+            )
         return self._backend
 
     @backend.setter
@@ -77,6 +83,21 @@ class PolicyMixin:
         correct = torch.zeros(len(problems), dtype=torch.long)
         correct.index_add_(0, rollouts.prompt_index, (rewards >= 1.0).long())
         return correct.tolist()
+
+    def configure_model(self) -> None:
+        """FSDP2 under Lightning's ``ModelParallelStrategy``: shard each decoder block, then the
+        whole policy, over the data-parallel mesh. Other strategies leave the model as is."""
+        mesh = getattr(self, "device_mesh", None)
+        if mesh is None or getattr(self.policy, "_is_fsdp_managed_module", False):
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        blocks = set(getattr(self.policy, "_no_split_modules", None) or ())
+        for module in self.policy.modules():
+            if type(module).__name__ in blocks:
+                fully_shard(module, mesh=mesh["data_parallel"])
+        fully_shard(self.policy, mesh=mesh["data_parallel"])
+        self.policy._is_fsdp_managed_module = True  # HF generate keeps ranks in lockstep
 
     # ----------------------------------------------------------- validation
     def validation_step(self, batch: list[dict], batch_idx: int) -> None:

@@ -1,0 +1,113 @@
+"""pass@k of a model on named benchmarks: sample every problem n times, score, aggregate.
+
+The engine of ``coscale eval`` (`coscale.evaluate`), usable on its own with any
+`RolloutBackend` and reward: pass@k is the unbiased estimator of `coscale.metrics.pass_at_k`
+over a benchmark's problems; `result_rows` adds a macro average over benchmarks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from coscale.metrics import pass_at_k
+from coscale.rollout.base import RolloutBackend, SamplingParams
+from coscale.tasks.problem import Problem
+
+
+@dataclass
+class BenchmarkResult:
+    """pass@k of one benchmark, and the per-problem counts behind it."""
+
+    name: str
+    samples: int
+    correct: list[int]  # per problem, out of `samples`
+    pass_at: dict[int, float]
+    mean_tokens: float  # mean completion length
+    truncated: float  # share of completions cut by max_new_tokens
+
+    @property
+    def problems(self) -> int:
+        return len(self.correct)
+
+
+def evaluate(
+    backend: RolloutBackend,
+    prompts: Callable[[list[str]], list[str]],
+    benchmarks: dict[str, list[Problem]],
+    reward: Callable[[list[str], list[str]], list[float]],
+    samples: int,
+    ks: Sequence[int],
+    sampling: SamplingParams,
+    batch_size: int,
+) -> list[BenchmarkResult]:
+    """Samples every problem `samples` times and computes pass@k per benchmark.
+
+    Args:
+        backend: Generates the completions.
+        prompts: Questions -> prompts (the model's prompt format).
+        benchmarks: Problems per benchmark name.
+        reward: ``reward(completions, answers) -> [0/1]`` (1 = correct).
+        samples: n, completions per problem.
+        ks: pass@k budgets, each <= n.
+        sampling: Sampling settings; call j is seeded ``sampling.seed + j`` when seeded.
+        batch_size: Problems per backend call.
+    """
+    return [
+        _evaluate_one(backend, prompts, name, problems, reward, samples, ks, sampling, batch_size)
+        for name, problems in benchmarks.items()
+    ]
+
+
+def _evaluate_one(
+    backend, prompts, name, problems, reward, samples, ks, sampling, batch_size
+) -> BenchmarkResult:
+    correct, tokens, truncated = [], 0.0, 0
+    for j, start in enumerate(range(0, len(problems), batch_size)):
+        chunk = problems[start : start + batch_size]
+        seeded = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
+        rollouts = backend.generate(prompts([p.question for p in chunk]), samples, seeded)
+        index = rollouts.prompt_index.cpu()  # [R]
+        scores = reward(rollouts.texts, [chunk[i].answer for i in index.tolist()])
+        hits = torch.zeros(len(chunk), dtype=torch.long)  # [B]
+        hits.index_add_(0, index, (torch.tensor(scores) >= 1.0).long())
+        correct += hits.tolist()
+        tokens += float(rollouts.lengths.sum())
+        truncated += sum(r == "length" for r in rollouts.finish_reasons)
+    total = max(1, len(problems) * samples)
+    pass_at = {k: _mean([pass_at_k(samples, c, k) for c in correct]) for k in ks}
+    return BenchmarkResult(name, samples, correct, pass_at, tokens / total, truncated / total)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def result_rows(results: Sequence[BenchmarkResult]) -> list[dict[str, Any]]:
+    """One row per benchmark plus a macro ``average`` row (mean over benchmarks)."""
+    rows = [
+        {"benchmark": r.name, "problems": r.problems, "samples": r.samples}
+        | {f"pass@{k}": v for k, v in r.pass_at.items()}
+        | {"mean_tokens": r.mean_tokens, "truncated": r.truncated}
+        for r in results
+    ]
+    if len(rows) > 1:
+        keys = [k for k in rows[0] if k not in ("benchmark", "problems", "samples")]
+        average = {k: _mean([row[k] for row in rows]) for k in keys}
+        total = sum(row["problems"] for row in rows)
+        rows.append({"benchmark": "average", "problems": total, "samples": rows[0]["samples"]})
+        rows[-1] |= average
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A plain-text table of `result_rows` (floats with 4 decimals)."""
+    columns = list(rows[0])
+    cells = [[f"{v:.4f}" if isinstance(v, float) else str(v) for v in row.values()] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
+    body = ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join([line, "-" * len(line), *body])

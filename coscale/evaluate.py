@@ -1,0 +1,180 @@
+"""``coscale eval --config eval.yaml``: pass@1 / pass@k of a model on named benchmarks.
+
+Every problem gets ``samples`` completions from the chosen rollout backend (HF ``generate``
+or vLLM), scored by the same `MathReward` as training; pass@k is the unbiased estimator of
+`coscale.metrics.pass_at_k`, averaged over a benchmark's problems. The result is a table on
+stdout, a JSON file, and (``logger: wandb``) ``eval/<benchmark>/pass@<k>`` metrics plus a
+results table in W&B (offline without an API key). Lightning-free: plain PyTorch.
+
+The YAML has one ``eval`` section, the fields of `EvalConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from coscale.benchmark_eval import evaluate, format_table, result_rows
+from coscale.prompting import PromptFormat
+from coscale.rollout.base import RolloutBackend, SamplingParams
+
+
+@dataclass
+class EvalConfig:
+    """Settings of ``coscale eval``.
+
+    Attributes:
+        model: Hub name or folder of the model to evaluate (``builtin:`` specs too).
+        tokenizer: Tokenizer name or folder; defaults to the model's.
+        benchmarks: Problem source specs (`coscale.tasks.benchmarks`), e.g. ``math500``,
+            ``amc``, ``olymmath-en-easy``, ``mine?path=data/test.jsonl``.
+        prompt: How a question becomes the prompt (as in training).
+        samples: Completions per problem (n of pass@k).
+        k: The pass@k budgets reported, each <= samples.
+        max_new_tokens: Token limit of a completion.
+        temperature: Sampling temperature (0: greedy).
+        top_p: Nucleus sampling.
+        batch_size: Problems per backend call.
+        backend: ``hf`` or ``vllm``.
+        backend_options: Arguments of the backend class (e.g. ``gpu_memory_utilization``).
+        reward: `MathReward` arguments (``extract``, ``timeout``, ``num_workers``).
+        dtype: Weights' dtype of the HF model.
+        device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
+        logger: ``wandb`` (offline without an API key) or ``none``.
+        project: W&B project.
+        run_name: W&B run name.
+        output: JSON file for the results (None: not written).
+        seed: Base seed of the samples.
+    """
+
+    model: str
+    tokenizer: str | None = None
+    benchmarks: list[str] = field(default_factory=lambda: ["math500"])
+    prompt: PromptFormat = PromptFormat()
+    samples: int = 16
+    k: list[int] = field(default_factory=lambda: [1, 8, 16])
+    max_new_tokens: int = 4096
+    temperature: float = 0.6
+    top_p: float = 1.0
+    batch_size: int = 64
+    backend: Literal["hf", "vllm"] = "hf"
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    reward: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "bfloat16"
+    device: str = "auto"
+    logger: Literal["wandb", "none"] = "wandb"
+    project: str = "coscale-eval"
+    run_name: str | None = None
+    output: str | None = "runs/eval/results.json"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        counts = {"samples": self.samples, "max_new_tokens": self.max_new_tokens}
+        counts["batch_size"] = self.batch_size
+        errors = [f"{n} must be >= 1, got {v}" for n, v in counts.items() if v < 1]
+        bad_k = [k for k in self.k if not 1 <= k <= self.samples]
+        if not self.k or bad_k:
+            errors.append(f"k must be a non-empty list of ints in [1, samples={self.samples}]")
+        if not self.benchmarks:
+            errors.append("benchmarks must name at least one problem source")
+        if self.device not in ("auto", "cpu", "cuda"):
+            errors.append(f"device must be one of auto, cpu, cuda; got {self.device!r}")
+        if errors:
+            raise ValueError("eval: " + "; ".join(errors))
+
+
+def log_to_wandb(rows: Sequence[dict[str, Any]], config: EvalConfig) -> None:
+    """``eval/<benchmark>/<metric>`` values and an ``eval/results`` table in one W&B run."""
+    import wandb
+
+    from coscale.logging_setup import wandb_mode
+
+    run = wandb.init(
+        project=config.project, name=config.run_name, config=asdict(config), mode=wandb_mode()
+    )
+    metrics = {
+        f"eval/{row['benchmark']}/{key}": value
+        for row in rows
+        for key, value in row.items()
+        if isinstance(value, float)
+    }
+    table = wandb.Table(columns=list(rows[0]), data=[list(row.values()) for row in rows])
+    run.log({**metrics, "eval/results": table})
+    run.summary.update(metrics)
+    run.finish()
+
+
+def run_eval(config: EvalConfig) -> list[dict[str, Any]]:
+    """Loads the model and benchmarks, evaluates, prints, writes and logs; returns the rows."""
+    from coscale.rewards import MathReward
+    from coscale.tasks.benchmarks import load_benchmark, parse_source
+
+    benchmarks = {parse_source(s).name: load_benchmark(s) for s in config.benchmarks}
+    backend, tokenizer = build_eval_backend(config)
+    sampling = SamplingParams(
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        seed=config.seed,
+    )
+    with MathReward(**config.reward) as reward:
+        results = evaluate(
+            backend,
+            lambda qs: [config.prompt(q, tokenizer) for q in qs],
+            benchmarks,
+            reward,
+            config.samples,
+            config.k,
+            sampling,
+            config.batch_size,
+        )
+    rows = result_rows(results)
+    print(format_table(rows), flush=True)
+    if config.output:
+        os.makedirs(os.path.dirname(os.path.abspath(config.output)), exist_ok=True)
+        with open(config.output, "w") as f:
+            json.dump({"config": asdict(config), "results": rows}, f, indent=1, default=str)
+    if config.logger == "wandb":
+        log_to_wandb(rows, config)
+    return rows
+
+
+def build_eval_backend(config: EvalConfig) -> tuple[RolloutBackend, Any]:
+    """The backend and tokenizer of `config` (vLLM loads the weights itself, no HF copy)."""
+    from coscale.policy import load_policy, load_tokenizer, resolve_model_path
+    from coscale.rollout.factory import build_backend
+
+    path = resolve_model_path(config.model)
+    if config.backend == "vllm":
+        tokenizer = load_tokenizer(config.tokenizer or path)
+        return build_backend("vllm", None, tokenizer, path, **config.backend_options), tokenizer
+    policy, tokenizer = load_policy(path, config.tokenizer, config.dtype)
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    policy = policy.to(device).eval()
+    return build_backend("hf", policy, tokenizer, **config.backend_options), tokenizer
+
+
+def eval_parser():
+    """The parser of ``coscale eval``: ``--config`` YAML with an ``eval`` section."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    parser = ArgumentParser(
+        prog="coscale eval", parser_mode="omegaconf", description="pass@k on benchmarks."
+    )
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML with an eval section")
+    parser.add_class_arguments(EvalConfig, "eval")
+    return parser
+
+
+def eval_command(argv: list[str]) -> list[dict[str, Any]]:
+    """``coscale eval --config eval.yaml [--eval.samples 4 ...]``."""
+    parser = eval_parser()
+    init = parser.instantiate_classes(parser.parse_args(argv))
+    return run_eval(init.eval)

@@ -1,0 +1,135 @@
+"""Old log-probs and the parity check of the vLLM backend: trainer vs engine, on any rank layout.
+
+- `parity_verdict`: engine vs trainer log-probs of the same tokens, within a tolerance.
+- `trainer_logprobs`: log-probs recomputed with the trainer's policy, in chunks, with the same
+  number of forward passes on every rank (a sharded model's forward is a collective).
+- `fill_logprobs`: the backend's choice between the engine's log-probs and the trainer's,
+  taken identically on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from coscale.logprobs import sequence_logprobs
+from coscale.rollout.base import Rollouts
+from coscale.rollout.vllm_sync import ParityError
+from coscale.rollout.weights import is_sharded
+
+
+@dataclass(frozen=True)
+class ParityResult:
+    """Engine vs trainer log-probs of the same sampled tokens."""
+
+    tokens: int
+    mean_abs: float
+    max_abs: float
+    atol: float
+
+    @property
+    def ok(self) -> bool:
+        return self.tokens > 0 and self.mean_abs <= self.atol
+
+
+def parity_verdict(engine: Tensor, trainer: Tensor, mask: Tensor, atol: float) -> ParityResult:
+    """Compares `engine` and `trainer` log-probs [R, T] on `mask`; NaN counts as a mismatch."""
+    kept = mask.bool()
+    diff = (engine.float() - trainer.float()).abs()[kept]  # [K]
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+    if diff.numel() == 0:
+        return ParityResult(0, math.nan, math.nan, atol)
+    return ParityResult(int(diff.numel()), float(diff.mean()), float(diff.max()), atol)
+
+
+def check_verdict(result: ParityResult, version: int, logprobs_mode: str | None) -> None:
+    """Raises `ParityError` explaining a failed parity check after sync number `version`."""
+    if result.ok:
+        return
+    raise ParityError(
+        f"vLLM and the trainer disagree after weight sync #{version}: mean "
+        f"|logp_engine - logp_trainer| = {result.mean_abs:.4g} > parity_atol={result.atol} "
+        f"(max {result.max_abs:.4g} over {result.tokens} tokens). The engine is not sampling "
+        "from the policy's weights (names, dtype or sharding of the sync) or reports other "
+        f"log-probs (logprobs_mode={logprobs_mode!r}). Raise parity_atol only for dtype noise."
+    )
+
+
+def trainer_logprobs(
+    policy: nn.Module, rollouts: Rollouts, temperature: float, batch_size: int
+) -> Tensor:
+    """[R, T] log-probs of `rollouts` under `policy` (no grad), in chunks of `batch_size`.
+
+    A sharded policy's forward is a collective: then every rank runs as many forward passes
+    (padding passes repeat a row and are dropped), so uneven R does not hang.
+    """
+    device = next(policy.parameters()).device
+    r = rollouts.num_rollouts
+    chunks = math.ceil(r / batch_size)
+    chunks = global_max(chunks) if is_sharded(policy) else chunks
+    pieces = []
+    with torch.no_grad():
+        for c in range(chunks):
+            rows = slice(c * batch_size, min(r, (c + 1) * batch_size))
+            padding = rows.start >= r
+            rows = slice(0, 1) if padding else rows
+            out = sequence_logprobs(
+                policy,
+                rollouts.input_ids[rows].to(device),
+                rollouts.attention_mask[rows].to(device),
+                rollouts.prompt_length,
+                temperature,
+            )  # [m, T]
+            if not padding:
+                pieces.append(out.float().to(rollouts.logprobs.device))
+    return torch.cat(pieces)
+
+
+def world_size() -> int:
+    """Ranks of the default process group (1 without torch.distributed)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def global_max(value: int) -> int:
+    """Maximum of `value` over ranks (the value itself in one process)."""
+    if world_size() == 1:
+        return value
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    t = torch.tensor(value, dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
+
+
+def fill_logprobs(
+    rollouts: Rollouts,
+    trusted: bool,
+    policy: nn.Module | None,
+    temperature: float,
+    batch_size: int,
+) -> str:
+    """Sets `rollouts.logprobs` to the contract's values; returns where they came from.
+
+    The engine's values are kept when `trusted` and complete (no NaN on a kept token), else
+    `policy` recomputes them ("trainer"); for a sharded policy the choice is the same on every
+    rank (its forward is a collective). Without a policy the engine's values stay, NaN turned
+    into 0 ("engine-unchecked": fine for evaluation, which ignores them).
+    """
+    kept = rollouts.completion_mask.bool()  # [R, T]
+    recompute = int(not trusted or bool((torch.isnan(rollouts.logprobs) & kept).any()))
+    if policy is not None and is_sharded(policy):
+        recompute = global_max(recompute)
+    if recompute and policy is not None:
+        values, source = trainer_logprobs(policy, rollouts, temperature, batch_size), "trainer"
+    else:
+        values = torch.nan_to_num(rollouts.logprobs, nan=0.0)
+        source = "engine-unchecked" if recompute else "engine"
+    rollouts.logprobs = torch.where(kept, values, torch.zeros_like(values))
+    return source

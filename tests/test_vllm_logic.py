@@ -1,0 +1,632 @@
+"""The vLLM backend without vLLM or a GPU: requests, result mapping, weight sync, parity.
+
+`FakeLLM` stands in for `vllm.LLM` behind the real adapter (`VLLMEngine`): it samples token by
+token from its own copy of the tiny model, reports log-probs as vLLM's ``processed_logprobs``
+(after temperature) or ``raw_logprobs`` (before it), and loads weights through
+``apply_model(lambda model: model.load_weights(...))``. Variants that silently skip the load,
+report nothing loaded or hang exercise the sync guard.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from coscale.logprobs import sequence_logprobs
+from coscale.rollout import SamplingParams, build_backend
+from coscale.rollout import vllm_engine as ve
+from coscale.rollout.vllm import VLLMBackend
+from coscale.rollout.vllm_parity import fill_logprobs, parity_verdict
+from coscale.rollout.vllm_requests import (
+    Completion,
+    Request,
+    assemble_rollouts,
+    build_requests,
+    collect_completions,
+    derived_seed,
+    engine_params,
+    logprobs_trusted,
+    sampled_logprobs,
+)
+from coscale.rollout.vllm_sync import (
+    ParityError,
+    SyncBook,
+    WeightSyncError,
+    WeightSyncTimeout,
+    call_with_timeout,
+)
+from coscale.rollout.weights import (
+    buckets,
+    clean_name,
+    gathered_parameters,
+    is_sharded,
+    select_weights,
+)
+
+PROMPTS = ["Compute 2+3.", "What is 7*6?\n", "x"]
+EOS = (2,)
+
+
+class FakeSamplingParams:
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+class FakeLLM:
+    """`vllm.LLM`'s surface over a private copy of a HF model (see the module docstring)."""
+
+    def __init__(self, hf, tok, mode="processed_logprobs", copy_weights=True, report=True,
+                 delay=0.0, **engine_kwargs):  # fmt: skip
+        self.model, self.tokenizer, self.kwargs = copy.deepcopy(hf).eval(), tok, engine_kwargs
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(logprobs_mode=mode))
+        self.copy_weights, self.report, self.delay = copy_weights, report, delay
+        self.calls: list = []
+        self.requests: list = []
+        self.unseeded = torch.Generator().manual_seed(123)
+
+    def generate(self, prompts, params, use_tqdm=True):
+        self.requests += [(p["prompt_token_ids"], sp) for p, sp in zip(prompts, params)]
+        return [
+            SimpleNamespace(
+                outputs=[self._sample(p["prompt_token_ids"], sp, j) for j in range(sp.n)]
+            )
+            for p, sp in zip(prompts, params)
+        ]
+
+    def _sample(self, ids, sp, index):
+        gen = self.unseeded if sp.seed is None else torch.Generator().manual_seed(sp.seed)
+        tokens, positions = [], []
+        for _ in range(sp.max_tokens):
+            with torch.inference_mode():
+                logits = self.model(torch.tensor([list(ids) + tokens])).logits[0, -1].float()
+            scaled = logits / sp.temperature if sp.temperature > 0 else logits
+            if sp.temperature == 0:
+                token = int(scaled.argmax())
+            else:
+                token = int(torch.multinomial(scaled.softmax(-1), 1, generator=gen))
+            shown = (
+                scaled
+                if self.llm_engine.model_config.logprobs_mode == "processed_logprobs"
+                else logits
+            )
+            positions.append({token: SimpleNamespace(logprob=float(shown.log_softmax(-1)[token]))})
+            tokens.append(token)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True) if sp.stop else ""
+            hit = [s for s in sp.stop if s in text]
+            if token in sp.stop_token_ids or hit:
+                return SimpleNamespace(index=index, token_ids=tokens, logprobs=positions,
+                                       finish_reason="stop", stop_reason=hit[0] if hit else token)  # fmt: skip
+        return SimpleNamespace(index=index, token_ids=tokens, logprobs=positions,
+                               finish_reason="length", stop_reason=None)  # fmt: skip
+
+    def apply_model(self, fn):
+        return [fn(self)]
+
+    def load_weights(self, weights):  # called as model.load_weights inside apply_model
+        time.sleep(self.delay)
+        params = dict(self.model.named_parameters())
+        for name, value in weights:
+            if self.copy_weights:
+                params[name].data.copy_(value)
+        self.calls.append(("load", len(weights)))
+        return {name for name, _ in weights} if self.report else set()
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+        if level == 2:  # the weights are gone
+            for p in self.model.parameters():
+                p.data.zero_()
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake", tuple(tags)))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset",))
+
+
+def _backend(policy, tokenizer, fake_options=None, **options) -> VLLMBackend:
+    fakes = []
+
+    def factory(**kwargs):
+        fakes.append(FakeLLM(policy, tokenizer, **(fake_options or {}), **kwargs))
+        return ve.VLLMEngine(fakes[-1], FakeSamplingParams)
+
+    backend = VLLMBackend("unused/path", tokenizer, policy, engine_factory=factory, **options)
+    backend.fake = lambda: (backend.engine, fakes[0])[1]
+    return backend
+
+
+@pytest.fixture
+def policy(tiny_model):
+    return copy.deepcopy(tiny_model)
+
+
+def _perturb(model: nn.Module, scale: float = 0.5) -> None:
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def _same_weights(a: nn.Module, b: nn.Module) -> bool:
+    pb = dict(b.named_parameters())
+    return all(torch.equal(p, pb[n]) for n, p in a.named_parameters())
+
+
+# --- requests and results ------------------------------------------------------------------
+
+
+def test_engine_params_map_every_setting():
+    sampling = SamplingParams(max_new_tokens=9, temperature=0.7, top_p=0.9, stop=("##",))
+    assert engine_params(sampling, EOS, n=3, seed=5) == {
+        "n": 3, "max_tokens": 9, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "seed": 5,
+        "stop": ["##"], "include_stop_str_in_output": True, "stop_token_ids": [2], "logprobs": 0,
+        "skip_special_tokens": True,
+    }  # fmt: skip
+    assert engine_params(SamplingParams(top_k=4), EOS)["top_k"] == 4
+
+
+def test_requests_fan_out_by_mode():
+    ids, counts = [[5, 6], [7]], [3, 2]
+    unseeded = build_requests(ids, counts, SamplingParams(), EOS)
+    assert [(r.prompt, r.n, r.copies, r.params["seed"]) for r in unseeded] == [
+        (0, 3, 1, None), (1, 2, 1, None)
+    ]  # fmt: skip
+    seeded = build_requests(ids, counts, SamplingParams(seed=4), EOS)
+    assert [(r.prompt, r.n, r.token_ids) for r in seeded] == [(0, 1, (5, 6))] * 3 + [
+        (1, 1, (7,))
+    ] * 2
+    seeds = [r.params["seed"] for r in seeded]
+    assert seeds == [derived_seed(4, i, j) for i, j in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]]
+    assert len(set(seeds)) == 5 and all(0 <= s < 2**31 - 1 for s in seeds)
+    assert derived_seed(4, 0, 0) != derived_seed(5, 0, 0)
+    greedy = build_requests(ids, counts, SamplingParams(temperature=0, seed=4), EOS)
+    assert [(r.prompt, r.n, r.copies) for r in greedy] == [(0, 1, 3), (1, 1, 2)]
+    ignored = build_requests(ids, counts, SamplingParams(seed=4), EOS, honor_seed=False)
+    assert [r.n for r in ignored] == [3, 2] and ignored[0].params["seed"] is None
+
+
+def _out(index, tokens, finish="length", stop_reason=None, lps=None):
+    positions = [
+        {t: SimpleNamespace(logprob=v)} for t, v in zip(tokens, lps or [-1.0] * len(tokens))
+    ]
+    return SimpleNamespace(index=index, token_ids=tokens, logprobs=positions,
+                           finish_reason=finish, stop_reason=stop_reason)  # fmt: skip
+
+
+def test_collect_completions_orders_copies_and_rejects_bad_outputs():
+    requests = [Request(0, (5,), 2, {}), Request(1, (6,), 1, {}, copies=2)]
+    outputs = [
+        SimpleNamespace(outputs=[_out(1, [9]), _out(0, [8], "stop", 2)]),  # out of index order
+        SimpleNamespace(outputs=[_out(0, [7, 2], "stop")]),
+    ]
+    found = collect_completions(requests, outputs)
+    assert [(c.prompt, c.tokens, c.finish) for c in found] == [
+        (0, (8,), "stop"), (0, (9,), "length"), (1, (7, 2), "stop"), (1, (7, 2), "stop")
+    ]  # fmt: skip
+    with pytest.raises(RuntimeError, match="returned 1 outputs for 2 requests"):
+        collect_completions(requests, outputs[:1])
+    with pytest.raises(RuntimeError, match="1 completions for prompt 0, asked for n=2"):
+        collect_completions(requests[:1], [SimpleNamespace(outputs=[_out(0, [8])])])
+    with pytest.raises(RuntimeError, match="finish_reason='abort'"):
+        collect_completions(requests[1:], [SimpleNamespace(outputs=[_out(0, [8], "abort")])])
+
+
+def test_sampled_logprobs_read_the_sampled_token_and_mark_gaps():
+    positions = [{4: SimpleNamespace(logprob=-0.5)}, {9: -1.25}, {1: SimpleNamespace(logprob=-3.0)}]
+    values = sampled_logprobs([4, 9, 7], positions)
+    assert values[:2] == (-0.5, -1.25) and math.isnan(values[2])  # token 7 not in its map
+    assert all(math.isnan(v) for v in sampled_logprobs([4, 5], None))
+
+
+def test_assemble_cuts_at_eos_stop_string_and_fills_gaps(char_tokenizer):
+    enc = char_tokenizer.convert_tokens_to_ids
+    a, b, c, z = enc("a"), enc("b"), enc("c"), enc("z")
+    prompts = [[a, b], [c]]
+    completions = [
+        Completion(0, (z, a, 2, b), (-1.0, -2.0, -3.0, -4.0), "stop", 2),  # EOS then junk
+        Completion(1, (a, b), (-1.0, -1.5), "length"),
+        Completion(1, (z, a, b, c), (-1.0,) * 4, "stop", "ab"),  # stop string "ab"
+        Completion(0, (b,), (-0.5,), "stop", 2),  # vLLM left the EOS out of token_ids
+    ]
+    decode = lambda ids: char_tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    ro = assemble_rollouts(prompts, completions, 0, EOS, ("ab",), decode)
+    assert ro.prompt_length == 2 and ro.prompt_index.tolist() == [0, 1, 1, 0]
+    assert ro.input_ids.tolist() == [
+        [a, b, z, a, 2], [0, c, a, b, 0], [0, c, z, a, b], [a, b, b, 2, 0]
+    ]  # fmt: skip
+    assert ro.attention_mask[:, :2].tolist() == [[1, 1], [0, 1], [0, 1], [1, 1]]
+    assert ro.completion_mask.tolist() == [[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0]]
+    assert ro.texts == ["za", "ab", "zab", "b"]  # row 1: "ab" completes the stop string too
+    assert ro.finish_reasons == ["stop", "stop", "stop", "stop"]
+    assert ro.logprobs[0].tolist() == [-1.0, -2.0, -3.0] and ro.logprobs[1].tolist() == [
+        -1,
+        -1.5,
+        0,
+    ]
+    assert ro.logprobs[3, 0] == -0.5 and math.isnan(ro.logprobs[3, 1])  # filled in later
+    plain = assemble_rollouts(prompts, completions[1:2], 0, EOS, (), decode)
+    assert plain.finish_reasons == ["length"] and plain.texts == ["ab"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "sampling", "trusted"),
+    [
+        ("raw_logprobs", SamplingParams(temperature=1.0, top_k=5), True),
+        ("raw_logprobs", SamplingParams(temperature=0), True),
+        ("raw_logprobs", SamplingParams(temperature=0.7), False),
+        ("processed_logprobs", SamplingParams(temperature=0.7), True),
+        ("processed_logprobs", SamplingParams(temperature=0.7, top_p=0.9), False),
+        ("processed_logprobs", SamplingParams(temperature=1.0, top_k=5), False),
+        ("processed_logprobs", SamplingParams(temperature=0), False),
+        ("raw_logits", SamplingParams(), False),
+        (None, SamplingParams(), False),
+    ],
+)
+def test_logprobs_trusted(mode, sampling, trusted):
+    assert logprobs_trusted(mode, sampling) is trusted
+
+
+# --- weights, timeouts, bookkeeping, parity ------------------------------------------------
+
+
+def test_weight_names_are_cleaned_and_selected():
+    assert clean_name(
+        "_fsdp_wrapped_module.policy.model.layers.0._checkpoint_wrapped_module.mlp.w"
+    ) == ("policy.model.layers.0.mlp.w")
+    named = [("policy.a", 1), ("ref_policy.a", 2), ("_orig_mod.policy.b", 3), ("x._flat_param", 4)]
+    assert select_weights(named, "policy.") == [("a", 1), ("b", 3)]
+    assert select_weights([("a", 1)], "policy.") == [("a", 1)]  # a bare policy has no prefix
+    with pytest.raises(ValueError, match="repeated names"):
+        select_weights([("policy.a", 1), ("_orig_mod.policy.a", 2)], "policy.")
+    with pytest.raises(ValueError, match="no parameters"):
+        select_weights([], "policy.")
+
+
+def test_gathered_parameters_of_a_container_and_buckets(tiny_model):
+    holder = nn.Module()
+    holder.policy, holder.ref_policy = tiny_model, copy.deepcopy(tiny_model)
+    with gathered_parameters(holder) as named:
+        assert [n for n, _ in named] == [n for n, _ in tiny_model.named_parameters()]
+    assert not is_sharded(holder)  # plain modules: no collective forward, no padding passes
+    sizes = [
+        ("a", torch.zeros(4)),
+        ("b", torch.zeros(4)),
+        ("c", torch.zeros(16)),
+        ("d", torch.zeros(2)),
+    ]
+    groups = [[n for n, _ in g] for g in buckets(sizes, max_bytes=40)]  # float32: 16, 16, 64, 8 B
+    assert groups == [["a", "b"], ["c"], ["d"]]
+
+
+def test_call_with_timeout_returns_raises_and_times_out():
+    assert (
+        call_with_timeout(lambda: 3, 1.0, "x") == 3 and call_with_timeout(lambda: 4, None, "x") == 4
+    )
+    with pytest.raises(KeyError):
+        call_with_timeout(lambda: {}["missing"], 1.0, "x")
+    start = time.monotonic()
+    with pytest.raises(WeightSyncTimeout, match=r"loading did not finish within 0\.1 s"):
+        call_with_timeout(lambda: time.sleep(2), 0.1, "loading")
+    assert time.monotonic() - start < 1.0
+    with pytest.raises(WeightSyncTimeout, match="no time left"):
+        call_with_timeout(lambda: 1, 0.0, "loading")
+
+
+def test_sync_book_guards_names_counts_and_parity_schedule():
+    book = SyncBook(parity_every=2)
+    for version in (1, 2, 3):
+        book.begin(["b", "a"])
+        record = book.finish(2, 64, 0.1, [[1], [1]])
+        assert record.version == version and record.engine_loaded == [2]
+        assert book.parity_pending is (version != 2)  # syncs 1 and 3
+    with pytest.raises(WeightSyncError, match=r"missing \['b'\], new \['c'\]"):
+        book.begin(["a", "c"])
+    with pytest.raises(WeightSyncError, match="loaded \\[1\\] tensors per worker, sync #1 loaded"):
+        book.finish(2, 64, 0.1, [[1]])
+    with pytest.raises(WeightSyncError, match="loading 0 tensors"):
+        SyncBook().finish(1, 4, 0.1, [[0]])
+    assert SyncBook().finish(1, 4, 0.1, [[None]]).engine_loaded == [None]  # old vLLM says nothing
+
+
+def test_parity_verdict_mean_max_and_nan():
+    engine = torch.tensor([[-1.0, -2.0, 0.0], [-1.5, -0.5, -9.0]])
+    trainer = torch.tensor([[-1.1, -2.0, 0.0], [-1.0, -0.5, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    result = parity_verdict(engine, trainer, mask, atol=0.2)  # |diffs| 0.1, 0, 0.5, 0
+    assert result.tokens == 4 and result.ok
+    assert result.mean_abs == pytest.approx(0.15) and result.max_abs == pytest.approx(0.5)
+    assert not parity_verdict(engine, trainer, mask, atol=0.1).ok
+    engine[0, 1] = float("nan")
+    assert not parity_verdict(engine, trainer, mask, atol=10.0).ok
+
+
+# --- the backend over a fake engine --------------------------------------------------------
+
+
+def test_backend_samples_per_prompt_n_with_the_policy_logprobs(policy, char_tokenizer):
+    backend = _backend(policy, char_tokenizer, parity_tokens=4)
+    sampling = SamplingParams(max_new_tokens=6, seed=0)
+    ro = backend.generate(PROMPTS, [3, 1, 2], sampling)
+    assert ro.prompt_index.tolist() == [0, 0, 0, 1, 2, 2] and ro.prompt_length == 13
+    assert backend.last_logprob_source == "engine" and backend.last_parity.ok  # checked at start
+    with torch.no_grad():
+        expected = sequence_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_length)
+    torch.testing.assert_close(ro.logprobs, expected, rtol=0, atol=1e-4)
+    for ids, n, text in zip(ro.completion_ids, ro.lengths, ro.texts):
+        assert text == char_tokenizer.decode(ids[:n], skip_special_tokens=True)
+    again = backend.generate(PROMPTS, [3, 1, 2], sampling)
+    assert torch.equal(again.input_ids, ro.input_ids)
+    assert backend.fake().kwargs["logprobs_mode"] == "processed_logprobs"
+
+
+def test_untrusted_engine_logprobs_are_recomputed_by_the_trainer(policy, char_tokenizer):
+    backend = _backend(policy, char_tokenizer, {"mode": "raw_logprobs"}, parity_tokens=4)
+    sampling = SamplingParams(max_new_tokens=6, temperature=0.7, seed=1)
+    ro = backend.generate(PROMPTS, 2, sampling)
+    assert backend.last_logprob_source == "trainer"
+    with torch.no_grad():
+        expected = sequence_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_length, 0.7)
+    torch.testing.assert_close(ro.logprobs, expected, rtol=0, atol=1e-6)
+
+
+def test_greedy_and_unseeded_requests(policy, char_tokenizer):
+    backend = _backend(policy, char_tokenizer, parity_every=0)
+    greedy = backend.generate(PROMPTS, [2, 3, 1], SamplingParams(max_new_tokens=4, temperature=0))
+    for i in range(3):
+        rows = greedy.input_ids[greedy.prompt_index == i]
+        assert torch.all(rows == rows[0])
+    fake = backend.fake()
+    assert [sp.n for _, sp in fake.requests] == [1, 1, 1]  # one request per prompt, copied
+    fake.requests.clear()
+    backend.generate(PROMPTS, [2, 3, 1], SamplingParams(max_new_tokens=4))
+    assert [sp.n for _, sp in fake.requests] == [2, 3, 1] and backend.last_parity is None
+
+
+def test_sync_loads_the_new_weights_and_parity_passes(policy, char_tokenizer):
+    backend = _backend(policy, char_tokenizer, parity_tokens=4)
+    fake = backend.fake()  # the engine starts from the policy's current weights
+    _perturb(policy)
+    holder = nn.Module()
+    holder.policy = policy  # a container, as a LightningModule holds its policy
+    backend.update_weights(holder)
+    assert _same_weights(fake.model, policy) and backend.book.version == 1
+    assert fake.calls[-2:] == [("load", len(list(policy.parameters()))), ("reset",)]
+    backend.generate(PROMPTS, 2, SamplingParams(max_new_tokens=4, seed=0))
+    assert backend.last_parity.ok and backend.last_parity.tokens > 0
+
+
+def test_silent_noop_sync_is_caught_by_the_parity_check(policy, char_tokenizer):
+    backend = _backend(policy, char_tokenizer, {"copy_weights": False})
+    backend.fake()
+    _perturb(policy)
+    backend.update_weights(policy)
+    with pytest.raises(ParityError, match=r"disagree after weight sync #1: mean"):
+        backend.generate(PROMPTS, 2, SamplingParams(max_new_tokens=8, seed=0))
+
+
+def test_sync_reporting_nothing_loaded_or_hanging_is_an_error(policy, char_tokenizer):
+    with pytest.raises(WeightSyncError, match="loading 0 tensors"):
+        _backend(policy, char_tokenizer, {"report": False}).update_weights(policy)
+    slow = _backend(policy, char_tokenizer, {"delay": 2.0}, sync_timeout_s=0.2)
+    with pytest.raises(WeightSyncTimeout, match="sync #1"):
+        slow.update_weights(policy)
+
+
+def test_stale_policy_is_synced_or_refused(policy, char_tokenizer):
+    sampling = SamplingParams(max_new_tokens=4, seed=0)
+    strict = _backend(policy, char_tokenizer, on_stale="error", parity_every=0)
+    strict.generate(PROMPTS, 1, sampling)
+    _perturb(policy, 0.01)  # an optimiser step without update_weights
+    with pytest.raises(WeightSyncError, match="changed since the last weight sync"):
+        strict.generate(PROMPTS, 1, sampling)
+    auto = _backend(policy, char_tokenizer, parity_every=0)
+    _perturb(policy, 0.01)
+    auto.generate(PROMPTS, 1, sampling)
+    assert auto.book.version == 1 and _same_weights(auto.fake().model, policy)
+
+
+def test_sleep_levels_free_and_restore_the_engine(policy, char_tokenizer):
+    sampling = SamplingParams(max_new_tokens=4, seed=0)
+    one = _backend(policy, char_tokenizer, sleep_level=1, parity_every=0)
+    one.generate(PROMPTS, 1, sampling)
+    one.update_weights(policy)
+    one.generate(PROMPTS, 1, sampling)
+    n = len(list(policy.parameters()))
+    assert one.fake().calls == [
+        ("sleep", 1), ("wake", ("weights",)), ("load", n), ("reset",), ("wake", ("kv_cache",)),
+        ("sleep", 1),
+    ]  # fmt: skip
+    two = _backend(policy, char_tokenizer, sleep_level=2, parity_every=0)
+    two.generate(PROMPTS, 1, sampling)
+    assert two.needs_sync and not _same_weights(two.fake().model, policy)
+    two.generate(PROMPTS, 1, sampling)  # one process: synced from the policy first
+    assert two.book.version == 1 and two.fake().calls[1:3] == [("wake", ("weights",)), ("load", n)]
+
+
+def test_fill_logprobs_without_a_policy_keeps_engine_values():
+    ro = SimpleNamespace(
+        completion_mask=torch.tensor([[1.0, 1.0, 0.0]]),
+        logprobs=torch.tensor([[-1.0, float("nan"), float("nan")]]),
+    )
+    assert fill_logprobs(ro, True, None, 1.0, 4) == "engine-unchecked"
+    assert ro.logprobs.tolist() == [[-1.0, 0.0, 0.0]]
+
+
+# --- engine adapter, construction, choice --------------------------------------------------
+
+
+def _fake_vllm(monkeypatch, reject_logprobs_mode=False):
+    built = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            if reject_logprobs_mode and "logprobs_mode" in kwargs:
+                raise TypeError("__init__() got an unexpected keyword argument 'logprobs_mode'")
+            built.append(kwargs)
+
+    module = SimpleNamespace(LLM=LLM, SamplingParams=FakeSamplingParams)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(ve.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    return built
+
+
+def test_build_engine_defaults_and_old_vllm_fallback(monkeypatch):
+    built = _fake_vllm(monkeypatch, reject_logprobs_mode=True)
+    args = ve.engine_args("m", None, sleep_level=1, extra={"enforce_eager": True, "seed": 3})
+    assert args == {
+        "model": "m", "tokenizer": "m", "dtype": "auto", "gpu_memory_utilization": 0.3,
+        "seed": 3, "enable_sleep_mode": True, "generation_config": "vllm",
+        "logprobs_mode": "processed_logprobs", "enforce_eager": True,
+    }  # fmt: skip
+    monkeypatch.setattr(ve.dist, "is_initialized", lambda: True)  # rank 3 of 4, 2-way TP
+    monkeypatch.setattr(ve.dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(ve.dist, "get_rank", lambda: 3)
+    replica = ve.engine_args("m", seed=5, extra={"tensor_parallel_size": 2})
+    assert replica["distributed_executor_backend"] == "external_launcher" and replica["seed"] == 6
+    engine = ve.build_engine(**args)
+    assert "logprobs_mode" not in built[0] and built[0]["enable_sleep_mode"]
+    assert ve.os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # in-process engine
+    assert engine.logprobs_mode is None  # this fake says nothing: log-probs get recomputed
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")  # undo leaves it unset again
+
+
+def test_adapter_translates_calls():
+    class Mode:
+        value = "raw_logprobs"
+
+    class LLM:
+        llm_engine = SimpleNamespace(model_config=SimpleNamespace(logprobs_mode=Mode()))
+
+        def __init__(self):
+            self.woken = []
+
+        def generate(self, prompts, params, use_tqdm=True):
+            return [(p, sp.__dict__, use_tqdm) for p, sp in zip(prompts, params)]
+
+        def apply_model(self, fn):
+            return [
+                fn(SimpleNamespace(load_weights=lambda w: {n for n, _ in w})),
+                fn(SimpleNamespace(load_weights=lambda w: None)),
+            ]
+
+        def wake_up(self, **kwargs):
+            if kwargs:
+                raise TypeError("no tags in this version")
+            self.woken.append("all")
+
+    llm = LLM()
+    engine = ve.VLLMEngine(llm, FakeSamplingParams)
+    out = engine.generate([Request(0, (5, 6), 2, {"n": 2})])
+    assert out == [({"prompt_token_ids": [5, 6]}, {"n": 2}, False)]
+    assert engine.load_weights(iter([("a", torch.zeros(1)), ("b", torch.zeros(1))])) == [2, None]
+    engine.wake_up(["weights"])
+    assert llm.woken == ["all"] and engine.logprobs_mode == "raw_logprobs"
+    engine.reset_prefix_cache()  # absent on this LLM: nothing to do
+
+
+def test_choosing_vllm_without_vllm_says_how_to_install(monkeypatch, char_tokenizer):
+    monkeypatch.setattr(ve.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(
+        ImportError, match=r"install coscale\[vllm\] to use the vLLM rollout backend"
+    ):
+        build_backend("vllm", None, char_tokenizer, "some/model")
+    with pytest.raises(ImportError, match=r"install coscale\[vllm\]"):
+        VLLMBackend("some/model", char_tokenizer)
+
+
+def test_bad_settings_and_choices_are_named(char_tokenizer, tiny_model):
+    with pytest.raises(ValueError) as err:
+        VLLMBackend("m", char_tokenizer, gpu_memory_utilization=1.5, logprobs="x", sleep_level=3,
+                    parity_tokens=0, parity_every=-1, parity_atol=float("nan"), sync_timeout_s=0,
+                    on_stale="maybe", engine_factory=object)  # fmt: skip
+    for name in ("gpu_memory_utilization", "logprobs", "sleep_level", "parity_tokens",
+                 "parity_every", "parity_atol", "sync_timeout_s", "on_stale"):  # fmt: skip
+        assert f"{name} must" in str(err.value)
+    with pytest.raises(ValueError, match="rollout_backend must be one of hf, vllm, got 'sglang'"):
+        build_backend("sglang", tiny_model, char_tokenizer)
+    with pytest.raises(ValueError, match="rollout_backend='vllm' needs model_path"):
+        build_backend("vllm", tiny_model, char_tokenizer)
+    assert build_backend("hf", tiny_model, char_tokenizer).model is tiny_model
+
+
+def test_importing_coscale_never_imports_vllm():
+    import coscale.evaluate
+    import coscale.rollout.vllm
+
+    assert coscale.evaluate.eval_command and coscale.rollout.vllm.VLLMBackend
+    assert "vllm" not in sys.modules or not hasattr(sys.modules["vllm"], "__file__")
+
+
+# --- real sharding: 2 CPU ranks (gloo) ------------------------------------------------------
+
+
+def _sharded_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import json
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from coscale.rollout.vllm_parity import trainer_logprobs
+    from coscale.rollout.weights import full_tensor
+    from coscale.tiny import build_char_tokenizer, build_tiny_model
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    tok = build_char_tokenizer()
+    ref = {n: p.detach().clone() for n, p in build_tiny_model(tok).named_parameters()}
+    wrap = {"device_id": torch.device("cpu"), "use_orig_params": True}
+    holder = nn.Module()
+    holder.policy = build_tiny_model(tok)
+    root = FSDP(holder, auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}), **wrap)
+    sharded = any(p.numel() == 0 for p in root.parameters())  # rank 1 holds empty views
+    sharded &= is_sharded(root.policy)
+    with gathered_parameters(root) as named:
+        fsdp1 = sorted(n for n, _ in named) == sorted(ref)
+        fsdp1 &= all(torch.equal(full_tensor(p), ref[n]) for n, p in named)
+    model2 = build_tiny_model(tok)
+    for layer in model2.model.layers:
+        fully_shard(layer)
+    fully_shard(model2)
+    with gathered_parameters(model2) as named:
+        fsdp2 = all(torch.equal(full_tensor(p), ref[n]) for n, p in named)
+    # uneven R per rank: 5 rows in chunks of 2 (3 passes) vs 1 row (1 pass + 2 padding passes)
+    policy = FSDP(build_tiny_model(tok), **wrap)
+    rows = 5 if rank == 0 else 1
+    ids = torch.randint(4, 60, (rows, 9), generator=torch.Generator().manual_seed(rank))
+    ro = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids), prompt_length=4,
+                         num_rollouts=rows, logprobs=torch.zeros(rows, 5))  # fmt: skip
+    lp = trainer_logprobs(policy, ro, 1.0, batch_size=2)
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump({"sharded": sharded, "fsdp1": fsdp1, "fsdp2": fsdp2, "shape": list(lp.shape)}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_gather_and_recompute_under_real_fsdp_sharding(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_sharded_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert results[1]["sharded"]  # really sharded, not NO_SHARD
+    assert all(r["fsdp1"] and r["fsdp2"] for r in results)
+    assert [r["shape"] for r in results] == [[5, 5], [1, 5]]  # no hang on uneven R
