@@ -73,16 +73,22 @@ def stage_models(cfg: Any, results: dict[str, Any]) -> dict[str, str]:
 
 
 def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, k: int) -> dict[str, Any]:
-    """pass@1 and pass@k with intervals per (model, held-out set)."""
+    """The table: base and final model, pass@1 and pass@k with intervals on every set. The
+    curve: pass@1 of every stage's model (intermediate ones on half the problems, k/2 samples)."""
     sets = {name: tiers.problems(name, n_test, seed=1, held_out=True) for name in SETS}
-    report: dict[str, Any] = {"k": k, "n_test": n_test, "models": {}}
+    report: dict[str, Any] = {"k": k, "n_test": n_test, "models": {}, "curve": {}}
     for label, path in stage_models(cfg, results).items():
-        report["models"][label] = {name: _measure(path, probs, k) for name, probs in sets.items()}
+        full = label in ("base", "final")
+        kk, use = (
+            (k, sets) if full else (max(1, k // 2), {n: p[: n_test // 2] for n, p in sets.items()})
+        )
+        row = {name: _measure(path, probs, kk) for name, probs in use.items()}
+        if full:
+            report["models"][label] = row
+        report["curve"][label] = {name: est["pass@1"] for name, est in row.items()}
         print(
             f"[coscale] evaluated {label}: "
-            + ", ".join(
-                f"{n} {v['pass@1'].mean * 100:.1f}" for n, v in report["models"][label].items()
-            ),
+            + ", ".join(f"{n} {v['pass@1'].mean * 100:.1f}" for n, v in row.items()),
             flush=True,
         )
     return report

@@ -44,10 +44,10 @@ def _pools(run_dir: str, results: dict[str, Any]) -> str:
 def _accuracy(run_dir: str, report: dict[str, Any]) -> str:
     import matplotlib.pyplot as plt
 
-    labels = list(report["models"])
+    labels = list(report["curve"])
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for name in (*tiers.BENCHMARKS, tiers.EASY):
-        rows = [report["models"][lab][name]["pass@1"] for lab in labels]
+        rows = [report["curve"][lab][name] for lab in labels]
         ax.errorbar(
             labels,
             [r.mean * 100 for r in rows],

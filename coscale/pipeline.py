@@ -42,6 +42,8 @@ class PipelineConfig:
         warmup_problems: Problems whose first solution forms the warm-up (format) SFT set.
         eval_k: Samples per problem when measuring accuracy for the pools.
         eval_max_problems: Measure at most this many problems per evaluation (None: all).
+        rl_eval_every: Also re-measure the pools with K fresh samples every this many RL epochs;
+            0 relies on the RL rollouts themselves (each epoch's tally relabels the pools).
         sft_epochs: Epochs of every SFT stage.
         rl_epochs: Epochs of every RL stage (the solvable set is rebuilt each epoch).
         final_retrain: Retrain from the initial model at the end.
@@ -61,6 +63,7 @@ class PipelineConfig:
     warmup_problems: int = 16
     eval_k: int = 16
     eval_max_problems: int | None = None
+    rl_eval_every: int = 0
     sft_epochs: int = 2
     rl_epochs: int = 2
     final_retrain: bool = True
@@ -168,7 +171,9 @@ class Pipeline:
             return
         self.dm.mode = "rl"
         module = GRPOModule(model=self.current, **self.grpo_args)
-        callbacks = [RolloutNSchedule(**self.cfg.schedule), self._evaluator()]
+        callbacks: list = [RolloutNSchedule(**self.cfg.schedule)]
+        if self.cfg.rl_eval_every:
+            callbacks.append(self._evaluator(every_n_epochs=self.cfg.rl_eval_every))
         if redistill:
             sft = self._stage_sft_args()
             callbacks.append(
@@ -257,8 +262,12 @@ class Pipeline:
             **{k: v for k, v in self.cfg.trainer.items() if k in ("accelerator", "precision")},
         }
 
-    def _evaluator(self) -> PassRateEvaluation:
-        return PassRateEvaluation(k=self.cfg.eval_k, max_problems=self.cfg.eval_max_problems)
+    def _evaluator(self, every_n_epochs: int = 1) -> PassRateEvaluation:
+        return PassRateEvaluation(
+            k=self.cfg.eval_k,
+            max_problems=self.cfg.eval_max_problems,
+            every_n_epochs=every_n_epochs,
+        )
 
     def close_logger(self) -> None:
         """Flushes and closes the W&B run so that its files are complete when ``run`` returns."""

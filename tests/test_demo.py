@@ -17,11 +17,12 @@ def test_quick_demo_writes_table_plots_and_wandb_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "== stage it1/rl |" in out and "== stage final |" in out
     table = (run_dir / "results.md").read_text()
-    for label in ("| base |", "| iteration 1 |", "| final |"):
+    for label in ("| base |", "| final |"):
         assert label in table
     for name in SETS:
         assert f"{name} pass@1" in table
     report = json.loads((run_dir / "results.json").read_text())["report"]
+    assert set(report["curve"]) == {"base", "iteration 1", "final"}
     base = report["base"]["T3"]["pass@1"]
     assert 0 <= base["low"] <= base["mean"] <= base["high"] <= 1
     for png in ("pools.png", "accuracy.png", "n_per_group.png"):

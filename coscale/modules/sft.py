@@ -4,18 +4,34 @@ The loss is the token mean over the solution tokens only (the prompt is context,
 Used for the warm-up, for data scaling (many solutions per hard problem), re-distillation and
 the final retrain; batches are lists of ``{"question", "solution"}`` dicts from
 :class:`~coscale.datamodules.ProblemDataModule` or any loader that yields the same.
+
+``forgetting_guard`` (off by default) masks each step's gradient against the gradient of a
+mastered set (:mod:`coscale.forgetting`). Per optimiser step the order is: backward (DDP has
+averaged the gradients) -> ``on_before_optimizer_step``: refresh the mastered gradient when due,
+zero the conflicting coordinates -> gradient clipping (it sees the masked gradient) -> the
+optimiser step -> the frozen coordinates are put back (momentum and weight decay do not move
+them either).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import time
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from coscale.forgetting import (
+    ForgettingGuard,
+    guarded_parameters,
+    mastered_items,
+    mean_loss,
+    reference_gradient,
+)
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
 from coscale.prompting import PromptFormat, as_prompt_format
@@ -42,6 +58,16 @@ class SFTModule(PolicyMixin, L.LightningModule):
         val_samples: Samples per held-out problem in validation (pass@k up to this k).
         val_temperature: Sampling temperature in validation.
         val_max_new_tokens: Token limit of a validation sample.
+        forgetting_guard: ``none`` (off), or freeze the coordinates whose gradient opposes the
+            mastered set's per ``parameter`` or per ``neuron`` (output row); see
+            :mod:`coscale.forgetting`. Logs ``train/masked_frac`` and the mastered-set loss
+            (``train/mastered_loss_start`` / ``_end``; also in :attr:`guard_report`).
+        guard_refresh_every: Optimiser steps between recomputations of the mastered gradient.
+        guard_batch_size: Mastered pairs per recomputation, all ranks together (the set is
+            cycled through in a fixed shuffled order); also the batch of the loss measurement.
+        mastered: The mastered set as ``{"question", "solution"}`` dicts. Default: the
+            ``solved`` problems of the trainer's ProblemDataModule with their latest correct
+            rollout (else first bank solution). Not saved in the hyper-parameters.
     """
 
     def __init__(
@@ -61,16 +87,23 @@ class SFTModule(PolicyMixin, L.LightningModule):
         val_samples: int = 8,
         val_temperature: float = 1.0,
         val_max_new_tokens: int = 256,
+        forgetting_guard: Literal["none", "parameter", "neuron"] = "none",
+        guard_refresh_every: int = 1,
+        guard_batch_size: int = 16,
+        mastered: list[dict[str, str]] | None = None,
     ) -> None:
         super().__init__()
+        errors = _guard_errors(forgetting_guard, guard_refresh_every, guard_batch_size)
         if lr <= 0 or max_length < 2 or val_samples < 1:
-            raise ValueError(
-                f"SFTModule: lr must be > 0 (got {lr}), max_length >= 2 (got {max_length}), "
-                f"val_samples >= 1 (got {val_samples})"
+            errors.insert(
+                0,
+                f"lr must be > 0 (got {lr}), max_length >= 2 (got {max_length}), "
+                f"val_samples >= 1 (got {val_samples})",
             )
-        self.save_hyperparameters(
-            ignore=["model", "reward"] if not isinstance(model, (str, os.PathLike)) else ["reward"]
-        )
+        if errors:
+            raise ValueError("SFTModule: " + "; ".join(errors))
+        in_memory = not isinstance(model, (str, os.PathLike))
+        self.save_hyperparameters(ignore=["model"] * in_memory + ["reward", "mastered"])
         prompt = as_prompt_format(prompt)
         self.prompt, self.lr, self.betas = prompt, lr, betas
         self.weight_decay, self.warmup_steps, self.max_length = (
@@ -83,6 +116,11 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self.val_sampling = SamplingParams(
             max_new_tokens=val_max_new_tokens, temperature=val_temperature
         )
+        self.forgetting_guard, self.mastered = forgetting_guard, mastered
+        self.guard_refresh_every, self.guard_batch_size = guard_refresh_every, guard_batch_size
+        self.guard_report: dict[str, float] = {}  # mastered-set figures of the last fit
+        self._guard: ForgettingGuard | None = None
+        self._mastered_cycle: list[dict] = []
         self._init_policy(model, tokenizer, dtype, trust_remote_code, gradient_checkpointing)
 
     @override
@@ -117,6 +155,125 @@ class SFTModule(PolicyMixin, L.LightningModule):
         return adamw_with_warmup(
             self.policy, self.lr, self.betas, self.weight_decay, self.warmup_steps
         )
+
+    # ---------------------------------------------------------- forgetting guard
+    @override
+    def on_train_start(self) -> None:
+        self._guard, self.guard_report = None, {}
+        if self.forgetting_guard == "none":
+            return
+        _check_strategy(self.trainer.strategy, self.forgetting_guard)
+        items = list(self.mastered) if self.mastered is not None else self._datamodule_mastered()
+        if not items:
+            rank_zero_warn(
+                "SFTModule: forgetting_guard is on but the mastered set is empty (no `mastered` "
+                "given and no solved problem in the datamodule); training without the guard"
+            )
+            return
+        random.Random(0).shuffle(items)  # the same cycle on every rank and every run
+        self._mastered_cycle, self._cursor, self._masked = items, 0, [0.0, 0]
+        self._guard = ForgettingGuard(self.policy, self.forgetting_guard)
+        self._report({"mastered_examples": float(len(items))})
+        self._report({"mastered_loss_start": self.mastered_loss()})
+
+    @override
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        if self._guard is None:
+            return
+        if (
+            self._guard.reference is None
+            or self.trainer.global_step % self.guard_refresh_every == 0
+        ):
+            rows = self._next_mastered()
+            grads, _ = reference_gradient(
+                guarded_parameters(self.policy), [rows] if rows else [], self._loss_sum
+            )
+            self._guard.set_reference(grads)
+        frac = self._guard.mask_gradients()
+        self._masked[0] += frac
+        self._masked[1] += 1
+        self.log("train/masked_frac", frac)
+
+    @override
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        if self._guard is not None:
+            self._guard.restore()  # the frozen coordinates back to their pre-step values
+
+    @override
+    def on_train_end(self) -> None:
+        if self._guard is None:
+            return
+        self._report({"mastered_loss_end": self.mastered_loss()})
+        if self._masked[1]:
+            self._report({"masked_frac_mean": self._masked[0] / self._masked[1]})
+
+    def mastered_loss(self, items: list[dict] | None = None) -> float:
+        """Token-mean loss on ``items`` (default: the mastered set of the running fit).
+
+        Under DDP each rank scores its share and the sums are all-reduced.
+        """
+        source = self._mastered_cycle if items is None else items
+        if not source:
+            raise ValueError("mastered_loss: items is empty and this fit has no mastered set")
+        rank, world = self._rank_world()
+        mine = list(source)[rank::world]
+        size = self.guard_batch_size
+        batches = [mine[i : i + size] for i in range(0, len(mine), size)]
+        return mean_loss(batches, self._loss_sum, self.device)
+
+    def _loss_sum(self, rows: list[dict]) -> tuple[torch.Tensor, int]:
+        enc = self.encode(rows)
+        out = self.policy(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+        loss, n_tokens = token_mean_loss(out.logits, enc["labels"])
+        return loss * n_tokens, n_tokens
+
+    def _next_mastered(self) -> list[dict]:
+        """This rank's share of the next ``guard_batch_size`` pairs of the mastered cycle."""
+        cycle, n = self._mastered_cycle, min(self.guard_batch_size, len(self._mastered_cycle))
+        rows = [cycle[(self._cursor + i) % len(cycle)] for i in range(n)]
+        self._cursor = (self._cursor + n) % len(cycle)
+        rank, world = self._rank_world()
+        return rows[rank::world]
+
+    def _datamodule_mastered(self) -> list[dict]:
+        """Solved problems of the trainer's ProblemDataModule (none without one)."""
+        dm = getattr(self.trainer, "datamodule", None)
+        if all(hasattr(dm, a) for a in ("problems", "pools", "bank")):
+            return mastered_items(dm.problems, dm.pools, dm.bank)
+        return []
+
+    def _report(self, values: dict[str, float]) -> None:
+        """Keeps ``values`` in :attr:`guard_report` and logs them as ``train/<key>``."""
+        self.guard_report |= values
+        if self.trainer.is_global_zero:
+            for logger in self.trainer.loggers:
+                logger.log_metrics({f"train/{k}": v for k, v in values.items()}, self.global_step)
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self._trainer  # None outside a fit: one process
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+
+def _check_strategy(strategy: Any, guard: str) -> None:
+    """The guard needs whole, unsharded parameters and gradients: single device or DDP."""
+    name = type(strategy).__name__
+    if any(sharded in name for sharded in ("FSDP", "DeepSpeed", "ModelParallel")):
+        raise ValueError(
+            f"SFTModule: forgetting_guard={guard!r} works on one device or with DDP, not with "
+            f"{name} (sharded parameters); set forgetting_guard: none or strategy: ddp"
+        )
+
+
+def _guard_errors(guard: Any, refresh_every: Any, batch_size: Any) -> list[str]:
+    """Messages for bad forgetting-guard settings (empty when they are fine)."""
+    errors = []
+    if guard not in ("none", "parameter", "neuron"):
+        errors.append(f"forgetting_guard must be one of none, parameter, neuron; got {guard!r}")
+    for name, value in (("guard_refresh_every", refresh_every), ("guard_batch_size", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            errors.append(f"{name} must be an int >= 1, got {value!r}")
+    return errors
 
 
 def _default_reward() -> Any:

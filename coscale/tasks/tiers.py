@@ -108,20 +108,28 @@ def canonical_solution(question: str) -> str:
 def solutions(question: str) -> Iterator[str]:
     """Distinct correct solutions, the canonical left-to-right one first.
 
-    Variants: the terms after the first in every order, and each term of two digits that is
-    not a multiple of ten optionally added in two steps, tens then units (``+54`` as
-    ``+50``, ``+4``). A four-term problem has up to 6 x 8 = 48 solutions.
+    Variants: the terms after the first in every order, and each two-digit term that is not a
+    multiple of ten optionally added in two steps, tens then units (``+54`` as ``+50``, ``+4``).
+    Reorderings come first, then solutions with one split, two splits, ...: the closer a
+    solution is to the canonical style, the earlier it comes. A four-term problem has up to
+    6 x 8 = 48 solutions.
     """
     terms = _terms_of(question)
-    for rest in itertools.permutations(terms[1:]):
-        splittable = [i for i, (_, v) in enumerate(rest) if v >= 10 and v % 10]
-        for chosen in itertools.product((False, True), repeat=len(splittable)):
-            split = {i for i, on in zip(splittable, chosen) if on}
-            expanded = []
-            for i, (sign, value) in enumerate(rest):
-                pieces = (value - value % 10, value % 10) if i in split else (value,)
-                expanded += [(sign, piece) for piece in pieces]
-            yield _steps([terms[0], *expanded])
+    orders = list(itertools.permutations(terms[1:]))
+    for n_splits in range(len(terms)):
+        for rest in orders:
+            splittable = [i for i, (_, v) in enumerate(rest) if v >= 10 and v % 10]
+            for split in itertools.combinations(splittable, n_splits):
+                yield _steps([terms[0], *_expand(rest, set(split))])
+
+
+def _expand(rest: Sequence[tuple[int, int]], split: set[int]) -> list[tuple[int, int]]:
+    """The terms with those at the ``split`` positions written as tens, then units."""
+    out = []
+    for i, (sign, value) in enumerate(rest):
+        pieces = (value - value % 10, value % 10) if i in split else (value,)
+        out += [(sign, piece) for piece in pieces]
+    return out
 
 
 class TierTeacher(SolutionSource):
