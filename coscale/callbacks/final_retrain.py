@@ -89,7 +89,7 @@ class FinalRetrain(Callback):
             self.results = self._measure(trainer, pl_module, problems, "before")
             items = sft_set(dm, "all", dm.redistill_per_problem, dm.redistill_max_total)
             if items:
-                retrain_from_initial(self, pl_module, items, seed=getattr(dm, "seed", 0))
+                retrain_from_initial(self, pl_module, items, seed=getattr(dm, "seed", 0), dm=dm)
                 self.runs += 1
                 self.results |= self._measure(trainer, pl_module, problems, "after")
             else:

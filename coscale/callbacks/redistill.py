@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from coscale.callbacks import sft_stage
+from coscale.forgetting import mastered_items
 
 _SHARED = ("prompt", "tokenizer", "reward")  # the SFT stage takes these from the policy module
 _SHARED_HPARAMS = ("dtype", "trust_remote_code", "gradient_checkpointing")  # and these
@@ -81,7 +82,7 @@ class ReDistillation(Callback):
         if not items:
             rank_zero_warn("ReDistillation: empty re-distillation set; the policy is left as is")
             return 0
-        retrain_from_initial(self, pl_module, items, seed=getattr(dm, "seed", 0))
+        retrain_from_initial(self, pl_module, items, seed=getattr(dm, "seed", 0), dm=dm)
         self.runs += 1
         if self.export_dir and getattr(trainer, "is_global_zero", True):
             pl_module.export(self.export_dir)
@@ -116,7 +117,9 @@ def initial_weights(owner: Any, pl_module: Any) -> str | os.PathLike:
     return initial
 
 
-def retrain_from_initial(owner: Any, pl_module: Any, items: list[dict], seed: int) -> None:
+def retrain_from_initial(
+    owner: Any, pl_module: Any, items: list[dict], seed: int, dm: Any = None
+) -> None:
     """SFT from ``owner``'s initial weights with its ``sft`` / ``trainer_kwargs``, into the policy.
 
     It uses the policy module's prompt, tokenizer, reward, dtype, ``trust_remote_code`` and
@@ -130,7 +133,11 @@ def retrain_from_initial(owner: Any, pl_module: Any, items: list[dict], seed: in
     same |= {k: hparams[k] for k in _SHARED_HPARAMS if k in hparams}
     trainer_kwargs = {"accelerator": "cpu"} | place | owner.trainer_kwargs
     initial = initial_weights(owner, pl_module)
-    module = sft_stage.run_sft(initial, items, same | owner.sft, trainer_kwargs, seed)
+    sft = same | owner.sft
+    if sft.get("forgetting_guard", "none") != "none" and "mastered" not in sft and dm is not None:
+        # the nested fit has no DataModule: hand it the solved problems to protect
+        sft["mastered"] = mastered_items(dm.problems, dm.pools, dm.bank)
+    module = sft_stage.run_sft(initial, items, sft, trainer_kwargs, seed)
     sft_stage.copy_weights(module, pl_module)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         for tensor in pl_module.policy.state_dict().values():
