@@ -28,7 +28,7 @@ QUICK = [
     "--pipeline.eval_k",
     "8",
     "--data.train",
-    "builtin:tiers?T3=24&T3v=24&T3w=24&T3x=24",
+    "builtin:tiers?T3=4&T3v=4&T3w=4&T3x=4",
 ]
 SETS = (*tiers.BENCHMARKS, tiers.EASY)
 
@@ -44,7 +44,7 @@ def run_demo(rest: list[str]) -> dict[str, Any]:
 
     quick = "--quick" in rest
     rest = [a for a in rest if a != "--quick"]
-    n_test = 32 if quick else 128
+    n_test = 16 if quick else 128
     parser = pipeline_parser()
     cfg = parser.parse_args(["--config", demo_config(), *(QUICK if quick else []), *rest])
     init = parser.instantiate_classes(cfg)
