@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument(
         "--chain-fraction",
         type=float,
-        default=0.015,
+        default=0.003,
         help="share of four-term chains in pre-training (puts them at the boundary)",
     )
     parser.add_argument("--seed", type=int, default=0)
