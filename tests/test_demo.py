@@ -11,6 +11,7 @@ from coscale.demo import SETS
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_quick_demo_writes_table_plots_and_wandb_run(tmp_path, capsys):
     run_dir = tmp_path / "demo"
     assert main(["demo", "--quick", "--pipeline.run_dir", str(run_dir)]) == 0

@@ -26,6 +26,7 @@ def _wandb_bytes(run_dir: Path) -> bytes:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_tiny_pipeline_runs_every_stage(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert main(["run", "--config", str(TINY), "--pipeline.run_dir", str(run_dir)]) == 0
@@ -64,6 +65,7 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_sigkill_mid_rl_then_same_command_resumes(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [
