@@ -13,7 +13,9 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers.cache_utils import DynamicCache
 
 
 def effective_temperature(temperature: float) -> float:
@@ -61,10 +63,12 @@ def sequence_logprobs(
     attention_mask: Tensor,
     prompt_length: int,
     temperature: float = 1.0,
+    trim_padding: bool = True,
+    prompt_index: Tensor | None = None,
 ) -> Tensor:
     """Teacher-forced log-probs of the completion tokens of left-padded sequences.
 
-    One forward pass with the positions `generate` used, so it reproduces the log-probs seen
+    A forward pass with the positions `generate` used, so it reproduces the log-probs seen
     at sampling time. Gradients flow if enabled; train/eval mode is left as it is.
 
     Args:
@@ -73,6 +77,14 @@ def sequence_logprobs(
         attention_mask: [R, P+T] 1 on prompt and kept completion tokens, 0 elsewhere.
         prompt_length: P, the number of prompt columns.
         temperature: Sampling temperature of the completions; 0 (greedy) counts as 1.
+        trim_padding: Skip the columns that are padding in every row (leading prompt padding,
+            trailing completion padding). Masked columns add nothing to the attention, so
+            this changes only the float rounding (~1e-7), not what is computed.
+        prompt_index: [R], the prompt each row answers (rows of one prompt have the same
+            prompt columns, as in `Rollouts`). When given and some prompt has several rows,
+            each distinct prompt runs through the model once and its KV cache (gathered per
+            row, so gradients flow back into it) feeds the completions' pass: the same
+            log-probs for fewer FLOPs. Ignored under gradient checkpointing (no cache then).
 
     Returns:
         [R, T] float32 log-probs; 0 where `attention_mask[:, P:]` is 0.
@@ -83,24 +95,101 @@ def sequence_logprobs(
     total = input_ids.shape[1]
     if not 1 <= prompt_length < total:
         raise ValueError(f"prompt_length must be in [1, {total - 1}], got {prompt_length}")
-    num_completion = total - prompt_length
+    start, stop = _used_columns(attention_mask, prompt_length) if trim_padding else (0, total)
+    ids, mask = input_ids[:, start:stop], attention_mask[:, start:stop]  # [R, P'+T']
+    prompt_length = prompt_length - start
+    logits = None
+    if prompt_index is not None:
+        logits = _shared_prompt_logits(model, ids, mask, prompt_length, prompt_index)
+    if logits is None:
+        logits = _completion_logits(model, ids, mask, prompt_length)  # [R, T', V]
+    logprobs = token_logprobs(logits, ids[:, prompt_length:], temperature)  # [R, T']
+    keep = mask[:, prompt_length:].bool()  # [R, T']
+    logprobs = torch.where(keep, logprobs, torch.zeros_like(logprobs))
+    return F.pad(logprobs, (0, total - stop))  # [R, T]
+
+
+def _completion_logits(model: nn.Module, ids: Tensor, mask: Tensor, prompt_length: int) -> Tensor:
+    """One pass over prompt + completion -> [R, T, V] logits; column t predicts token t."""
+    num_completion = ids.shape[1] - prompt_length
     out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=position_ids_from_mask(mask),
         use_cache=False,
-        **_keep_last_logits(model, num_completion + 1),
+        **keep_last_logits(model, num_completion + 1),
     )
-    logits = out.logits[:, -(num_completion + 1) : -1]  # [R, T, V]; position t predicts token t+1
-    logprobs = token_logprobs(logits, input_ids[:, prompt_length:], temperature)  # [R, T]
-    keep = attention_mask[:, prompt_length:].bool()  # [R, T]
-    return torch.where(keep, logprobs, torch.zeros_like(logprobs))
+    return out.logits[:, -(num_completion + 1) : -1]  # position t predicts t+1
 
 
-def _keep_last_logits(model: nn.Module, count: int) -> dict[str, int]:
+def _shared_prompt_logits(
+    model: nn.Module, ids: Tensor, mask: Tensor, prompt_length: int, prompt_index: Tensor
+) -> Tensor | None:
+    """[R, T, V] logits like `_completion_logits`, each distinct prompt run once; None when
+    no prompt has two rows or the model recomputes activations (gradient checkpointing)."""
+    distinct, row_prompt = torch.unique(prompt_index, return_inverse=True)  # [U], [R]
+    if len(distinct) == len(prompt_index) or _checkpointing(model):
+        return None
+    rows = torch.arange(len(row_prompt), device=ids.device)
+    first = torch.zeros_like(distinct).scatter_(0, row_prompt, rows)  # [U] a row per prompt
+    p_ids, p_mask = ids[first, :prompt_length], mask[first, :prompt_length]  # [U, P]
+    cache = DynamicCache()
+    kwargs = {**cache_kwargs(model, cache), **keep_last_logits(model, 1)}
+    out = model(
+        input_ids=p_ids,
+        attention_mask=p_mask,
+        position_ids=position_ids_from_mask(p_mask),
+        **kwargs,
+    )
+    head = out.logits[:, -1:][row_prompt]  # [R, 1, V] predicts completion token 0
+    if ids.shape[1] - prompt_length == 1:
+        return head
+    cache.batch_select_indices(row_prompt)  # [U, ...] -> [R, ...], differentiable gather
+    fed = ids[:, prompt_length:-1]  # [R, T-1] the last token is only a target
+    positions = position_ids_from_mask(mask)[:, prompt_length:-1]  # [R, T-1]
+    out = model(
+        input_ids=fed,
+        attention_mask=mask[:, :-1],
+        position_ids=positions,
+        **cache_kwargs(model, cache),
+    )
+    return torch.cat([head, out.logits], dim=1)  # [R, T, V]
+
+
+def cache_kwargs(model: nn.Module, cache: object) -> dict:
+    """Keywords that make `model` read and extend `cache`: ``cache`` in transformers 5
+    signatures, ``past_key_values`` before."""
+    name = "cache" if _takes(model, "cache") else "past_key_values"
+    return {name: cache, "use_cache": True}
+
+
+def _used_columns(attention_mask: Tensor, prompt_length: int) -> tuple[int, int]:
+    """[start, stop) of the columns some row attends to, keeping >= 1 prompt and completion
+    column (so an all-padding batch still has a valid layout)."""
+    used = attention_mask.bool().any(0).nonzero().squeeze(1)  # [L'] columns in use
+    if len(used) == 0:
+        return prompt_length - 1, prompt_length + 1
+    start = min(int(used[0]), prompt_length - 1)
+    stop = max(int(used[-1]) + 1, prompt_length + 1)
+    return start, stop
+
+
+def keep_last_logits(model: nn.Module, count: int) -> dict[str, int]:
     """`logits_to_keep=count` when `model.forward` takes it (skips the prompt's logits)."""
+    return {"logits_to_keep": count} if _takes(model, "logits_to_keep") else {}
+
+
+def _checkpointing(model: nn.Module) -> bool:
+    """Whether activation (gradient) checkpointing is on; HF then runs without a cache."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+def _takes(model: nn.Module, name: str) -> bool:
+    """Whether `model.forward` has a parameter `name`."""
     try:
-        accepted = "logits_to_keep" in inspect.signature(model.forward).parameters
+        return name in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
-        accepted = False
-    return {"logits_to_keep": count} if accepted else {}
+        return False

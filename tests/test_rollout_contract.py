@@ -17,6 +17,7 @@ import torch
 
 from coscale.logprobs import sequence_logprobs
 from coscale.rollout import (
+    CachedDecodeBackend,
     HFGenerateBackend,
     RolloutBackend,
     Rollouts,
@@ -41,14 +42,21 @@ def _hf(policy, tokenizer, model_dir) -> RolloutBackend:
     return HFGenerateBackend(policy, tokenizer)
 
 
+def _cached(policy, tokenizer, model_dir) -> RolloutBackend:
+    return CachedDecodeBackend(policy, tokenizer)  # every speed path on (the defaults)
+
+
 def _vllm(policy, tokenizer, model_dir) -> RolloutBackend:
     vllm_backend = pytest.importorskip("coscale.rollout.vllm", reason="no vLLM backend yet")
-    return vllm_backend.VLLMBackend(str(model_dir))  # issue 6: adapt to its constructor
+    return vllm_backend.VLLMBackend(
+        str(model_dir), tokenizer, policy, dtype="float32", gpu_memory_utilization=0.2
+    )
 
 
 _NO_VLLM = importlib.util.find_spec("vllm") is None or not torch.cuda.is_available()
 CASES = [
     pytest.param(Case(_hf, 1e-5), id="hf"),
+    pytest.param(Case(_cached, 1e-5), id="cached"),
     pytest.param(
         Case(_vllm, 1e-3),
         id="vllm",

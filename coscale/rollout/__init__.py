@@ -16,12 +16,14 @@ from coscale.rollout.base import (
     SamplingParams,
     normalize_n_per_prompt,
 )
+from coscale.rollout.cached import CachedDecodeBackend
 from coscale.rollout.factory import BACKENDS, build_backend
 from coscale.rollout.hf import HFGenerateBackend
 
 __all__ = [
     "BACKENDS",
     "FINISH_REASONS",
+    "CachedDecodeBackend",
     "HFGenerateBackend",
     "RolloutBackend",
     "Rollouts",

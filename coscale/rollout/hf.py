@@ -78,15 +78,26 @@ class HFGenerateBackend(RolloutBackend):
         step = self.batch_size or len(prompt_index)
         with _seeded(sampling.seed, device), _sampling_mode(self.model):
             pieces = [
-                self._sample(prompt_ids[i : i + step], prompt_mask[i : i + step], sampling)
+                self._sample(
+                    prompt_ids[i : i + step],
+                    prompt_mask[i : i + step],
+                    sampling,
+                    prompt_index[i : i + step],
+                )
                 for i in range(0, len(prompt_index), step)
             ]
         tokens = _pad_cat([p[0] for p in pieces], self.tokenizer.pad_token_id)  # [R, T]
         logprobs = _pad_cat([p[1] for p in pieces], 0.0)  # [R, T]
         return self._assemble(prompt_index, prompt_ids, prompt_mask, tokens, logprobs, sampling)
 
-    def _sample(self, ids: Tensor, mask: Tensor, sampling: SamplingParams) -> tuple[Tensor, Tensor]:
-        """One `generate` call -> (completion ids [n, T_c], their log-probs [n, T_c])."""
+    def _sample(
+        self, ids: Tensor, mask: Tensor, sampling: SamplingParams, prompt_index: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """One `generate` call -> (completion ids [n, T_c], their log-probs [n, T_c]).
+
+        `prompt_index` ([n], which prompt each row repeats) is unused here; backends that
+        share work between the rows of one prompt override this method.
+        """
         config = GenerationConfig(
             max_new_tokens=sampling.max_new_tokens,
             do_sample=not sampling.greedy,

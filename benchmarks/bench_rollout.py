@@ -1,0 +1,196 @@
+"""New tokens/s of the rollout backends, and the share of the matmul-bound rate they reach.
+
+Side A is `CachedDecodeBackend` (all speed paths on), side B is `HFGenerateBackend`
+(`model.generate`), on the same model and prompts: batch b is b/8 distinct prompts with N=8
+rollouts each (batch 1: one prompt, N=1), `--new-tokens` per completion, temperature 1, random
+weights (so some rows meet EOS early, as in RL). Tokens/s counts kept completion tokens per
+second of wall time. The matmul-bound rate is this machine's fp32 matmul peak (the best of
+the 1024^3 matmuls timed before each batch row, same threads) divided by the model's FLOPs
+per new token (2 x the non-embedding weights incl. the LM head, plus attention over the
+average context). Then each speed path is switched off in turn (and bf16 autocast switched
+on) at one batch, to show what each one buys.
+Peak memory: see `paired.py` (live tensor bytes above the weights, one untimed run per side).
+
+Run: `.venv/bin/python benchmarks/bench_rollout.py [--size 30M] [--batches 1,8,64,256]
+[--new-tokens 32] [--pairs 5] [--threads 1] [--ablation-size 4M] [--ablation-batch 64]`;
+`--compile` runs only the `torch.compile` check (its first call compiles for minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from paired import (
+    build,
+    count_params,
+    header,
+    matmul_peak,
+    mib,
+    paired,
+    peak_tensor_bytes,
+    ratio_cell,
+    timed,
+)
+
+from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, SamplingParams
+
+PROMPT = "Q{k}: what is {a}+{b}?\n"
+
+
+def prompts_for(batch: int) -> tuple[list[str], int]:
+    """(distinct prompts, N): b/8 prompts x 8 rollouts, or one prompt x 1 for batch < 8."""
+    if batch < 8:
+        return [PROMPT.format(k=0, a=12, b=30)] * batch, 1
+    return [PROMPT.format(k=k, a=7 * k + 11, b=3 * k + 40) for k in range(batch // 8)], 8
+
+
+def flops_per_token(model, context: float) -> float:
+    """2 x matmul weights (non-embedding + LM head) + 4 x layers x width x context."""
+    cfg = model.config
+    weights = count_params(model) - cfg.vocab_size * cfg.hidden_size  # tied: embedding once
+    lm_head = cfg.vocab_size * cfg.hidden_size
+    return 2 * (weights + lm_head) + 4 * cfg.num_hidden_layers * cfg.hidden_size * context
+
+
+def rate_runner(backend, prompts: list[str], n: int, sampling: SamplingParams, tokens: list):
+    """A run: one `generate` call -> seconds per kept token (so B/A is a tokens/s ratio)."""
+
+    def run() -> float:
+        kept = []
+        seconds = timed(
+            lambda: kept.append(int(backend.generate(prompts, n, sampling).lengths.sum()))
+        )
+        tokens.append(kept[0] / seconds)
+        return seconds / kept[0]
+
+    return run
+
+
+def compare(a, b, prompts, n, sampling, pairs: int) -> tuple[list, list, object]:
+    """Paired runs of backends a and b -> (a tokens/s, b tokens/s, Paired)."""
+    rates_a, rates_b = [], []
+    result = paired(
+        rate_runner(a, prompts, n, sampling, rates_a),
+        rate_runner(b, prompts, n, sampling, rates_b),
+        pairs,
+    )
+    return rates_a[1:], rates_b[1:], result  # [0] is the warm-up
+
+
+def memory(backend, prompts: list[str], n: int, sampling: SamplingParams) -> int:
+    """Peak live tensor bytes of one `generate` call."""
+    return peak_tensor_bytes(lambda: backend.generate(prompts, n, sampling))
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def batch_table(args, peaks: list[float]) -> None:
+    """Rows per batch size; the bound uses the best matmul peak measured during the table."""
+    model, tok = build(args.size)
+    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
+    fast, ref = CachedDecodeBackend(model, tok), HFGenerateBackend(model, tok)
+    rows = []
+    for batch in args.batches:
+        prompts, n = prompts_for(batch)
+        peaks.append(matmul_peak())  # the load moves; the best peak seen is the bound
+        rates_a, rates_b, result = compare(fast, ref, prompts, n, sampling, args.pairs)
+        mems = [memory(x, prompts, n, sampling) for x in (ref, fast)]
+        rows.append((batch, median(rates_b), median(rates_a), result, mems))
+    peaks.append(matmul_peak())
+    bound = max(peaks) / flops_per_token(model, 20 + args.new_tokens / 2)
+    print(
+        f"\n## {args.size} model ({count_params(model) / 1e6:.1f}M parameters), "
+        f"{args.new_tokens} new tokens, matmul-bound rate {bound:,.0f} tok/s "
+        f"(best fp32 peak of the table, {max(peaks) / 1e9:.0f} GFLOP/s)"
+    )
+    print("| batch | HF generate tok/s | cached tok/s | cached/HF (per pair) | HF % of bound | "
+          "cached % of bound | peak mem HF | peak mem cached |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for batch, rb, ra, result, (mem_b, mem_a) in rows:
+        print(
+            f"| {batch} | {rb:,.0f} | {ra:,.0f} | {ratio_cell(result)} | {rb / bound:.0%} | "
+            f"{ra / bound:.0%} | {mib(mem_b)} | {mib(mem_a)} |"
+        )
+
+
+def ablation_table(args) -> None:
+    model, tok = build(args.ablation_size)
+    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
+    prompts, n = prompts_for(args.ablation_batch)
+    fast = CachedDecodeBackend(model, tok)
+    print(
+        f"\n## Each speed path: {args.ablation_size} model, batch {args.ablation_batch} "
+        f"({len(prompts)} prompts x {n}), {args.new_tokens} new tokens; A = all paths on"
+    )
+    print("| B = A with | A tok/s | B tok/s | A/B (per pair) | peak mem A | peak mem B |")
+    print("|---|---|---|---|---|---|")
+    variants = {
+        "share_prefix off": {"share_prefix": False},
+        "drop_finished off": {"drop_finished": False},
+        "static_cache off (HF DynamicCache)": {"static_cache": False},
+        "all three off (plain loop)": dict.fromkeys(
+            ("share_prefix", "drop_finished", "static_cache"), False
+        ),
+        "bf16 autocast ON (changes numerics)": {"autocast": "bfloat16"},
+    }
+    mem_a = memory(fast, prompts, n, sampling)
+    for label, options in variants.items():
+        other = CachedDecodeBackend(model, tok, **options)
+        rates_a, rates_b, result = compare(fast, other, prompts, n, sampling, args.pairs)
+        mem_b = memory(other, prompts, n, sampling)
+        print(
+            f"| {label} | {median(rates_a):,.0f} | {median(rates_b):,.0f} | "
+            f"{ratio_cell(result)} | {mib(mem_a)} | {mib(mem_b)} |",
+            flush=True,
+        )
+
+
+def compile_check(args) -> None:
+    """A `torch.compile`d model (dynamic shapes) under the cached backend vs the eager one."""
+    model, tok = build(args.ablation_size)
+    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
+    prompts, n = prompts_for(args.ablation_batch)
+    eager = CachedDecodeBackend(model, tok)
+    compiled = CachedDecodeBackend(torch.compile(model, dynamic=True), tok)
+    first = timed(lambda: compiled.generate(prompts, n, sampling))
+    rates_a, rates_b, result = compare(compiled, eager, prompts, n, sampling, args.pairs)
+    print(
+        f"\n## torch.compile: {args.ablation_size} model, batch {args.ablation_batch}; first "
+        f"call (compiling) {first:.0f} s; then compiled {median(rates_a):,.0f} tok/s, eager "
+        f"{median(rates_b):,.0f} tok/s, compiled/eager {ratio_cell(result)}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="30M")
+    parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--ablation-size", default="4M")
+    parser.add_argument("--ablation-batch", type=int, default=64)
+    parser.add_argument("--compile", action="store_true", help="only the torch.compile check")
+    args = parser.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",")]
+    header(args.threads)
+    peak = matmul_peak()
+    print(
+        f"# fp32 matmul peak (1024^3, best of 5): {peak / 1e9:.0f} GFLOP/s; "
+        f"bf16: {matmul_peak(torch.bfloat16) / 1e9:.0f} GFLOP/s"
+    )
+    if args.compile:
+        compile_check(args)
+        return
+    peaks = [peak]
+    batch_table(args, peaks)
+    ablation_table(args)
+    peaks.append(matmul_peak())
+    print(f"# fp32 matmul peaks measured (GFLOP/s): {' '.join(f'{p / 1e9:.0f}' for p in peaks)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""One SFT step of coscale's `SFTModule` against TRL's `SFTTrainer`, same model, same work.
+
+Both sides train an identical freshly built model on the same (prompt, solution) pairs in the
+same order: `--batch` pairs per optimizer step, EOS appended to the solution, the loss the token
+mean over the solution tokens only (TRL: a prompt-completion data set, `completion_only_loss`),
+no packing, no padding-free batches, fp32, AdamW at lr 1e-5 (constant), grad-norm clip 1.0
+(Lightning `gradient_clip_val=1.0`). TRL runs on CPU as its docs ask: `use_cpu=True,
+bf16=False, gradient_checkpointing=False, report_to="none"`; its data set is tokenized when
+the trainer is built (off the clock), coscale tokenizes inside its step (on the clock).
+
+A run is one fit of `--steps` steps with a fresh trainer; its figure is the median time
+between step ends. Pairs, ratios and peak memory: see `paired.py`.
+
+Run: `.venv/bin/python benchmarks/bench_sft.py [--sizes 0.5M,4M,30M] [--batch 8] [--pairs 5]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import random
+import statistics
+import tempfile
+import time
+import warnings
+
+import lightning as L
+from paired import build, count_params, header, mib, paired, peak_tensor_bytes, ratio_cell
+from torch.utils.data import DataLoader
+
+from coscale.modules import SFTModule
+
+
+def pairs_data(count: int, seed: int = 0) -> list[dict[str, str]]:
+    """Arithmetic questions with worked solutions of 60-200 characters (lengths vary)."""
+    rng = random.Random(seed)
+    rows = []
+    for k in range(count):
+        a, b = rng.randint(10, 999), rng.randint(10, 999)
+        steps = " ".join(
+            f"Step {i}: carry the digits of {a} and {b}." for i in range(rng.randint(1, 4))
+        )
+        solution = f"{steps} So {a}+{b}={a + b}, and the answer is \\boxed{{{a + b}}}."
+        rows.append({"question": f"Q{k}: what is {a}+{b}?\n", "solution": solution})
+    return rows
+
+
+class _NoReward:
+    """SFT validation is not run here; avoids building the default math-verify reward."""
+
+    def __call__(self, completions, answers, **_):
+        return [0.0] * len(completions)
+
+
+class LightningTimer(L.Callback):
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.ends.append(time.perf_counter())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.ends.append(time.perf_counter())
+
+
+def _median_step(ends: list[float]) -> float:
+    return statistics.median(b - a for a, b in itertools.pairwise(ends))
+
+
+def coscale_run(size: str, data: list[dict], args):
+    """A function running one fit of `args.steps` steps -> median step seconds."""
+    model, tok = build(size)
+    module = SFTModule(model=model, tokenizer=tok, lr=1e-5, max_length=1024, reward=_NoReward())
+
+    def run(steps: int = args.steps) -> float:
+        timer = LightningTimer()
+        trainer = L.Trainer(
+            max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[timer],
+            gradient_clip_val=1.0, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, limit_val_batches=0,
+        )  # fmt: skip
+        loader = DataLoader(data, batch_size=args.batch, collate_fn=list)
+        trainer.fit(module, train_dataloaders=loader)
+        return _median_step(timer.ends)
+
+    return run
+
+
+def trl_run(size: str, data: list[dict], args):
+    """The same for TRL's SFTTrainer."""
+    from datasets import Dataset, disable_progress_bar
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    class Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_train_begin(self, *_, **__):
+            self.ends.append(time.perf_counter())
+
+        def on_step_end(self, *_, **__):
+            self.ends.append(time.perf_counter())
+
+    disable_progress_bar()
+    model, tok = build(size)
+    rows = [{"prompt": r["question"], "completion": r["solution"]} for r in data]
+    dataset = Dataset.from_list(rows)
+    out_dir = tempfile.mkdtemp(prefix="bench_sft_trl_")
+
+    def run(steps: int = args.steps) -> float:
+        config = SFTConfig(
+            output_dir=out_dir, max_steps=steps, per_device_train_batch_size=args.batch,
+            gradient_accumulation_steps=1, max_length=1024, packing=False, padding_free=False,
+            completion_only_loss=True, learning_rate=1e-5, lr_scheduler_type="constant",
+            max_grad_norm=1.0, use_cpu=True, bf16=False, gradient_checkpointing=False,
+            report_to="none", save_strategy="no", logging_steps=10_000, disable_tqdm=True,
+            shuffle_dataset=False, dataloader_num_workers=0, seed=0,
+        )  # fmt: skip
+        timer = Timer()
+        trainer = SFTTrainer(
+            model=model, args=config, train_dataset=dataset, processing_class=tok,
+            callbacks=[timer],
+        )  # fmt: skip
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+        return _median_step(timer.ends)
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="0.5M,4M,30M")
+    parser.add_argument("--batch", type=int, default=8, help="pairs per optimizer step")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    header(args.threads)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    data = pairs_data(512)
+    mean_len = statistics.mean(len(r["question"]) + len(r["solution"]) + 1 for r in data)
+    print(f"\n## SFT step: {args.batch} pairs per step, ~{mean_len:.0f} tokens per pair")
+    print("| model | coscale step | TRL step | TRL/coscale (per pair) | peak mem coscale | "
+          "peak mem TRL |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for size in [s for s in args.sizes.split(",") if s]:
+        fast, trl = coscale_run(size, data, args), trl_run(size, data, args)
+        result = paired(fast, trl, args.pairs)
+        mem_a, mem_b = (peak_tensor_bytes(lambda r=r: r(1)) for r in (fast, trl))
+        params = count_params(build(size)[0]) / 1e6
+        print(
+            f"| {size} ({params:.1f}M) | {statistics.median(result.a) * 1e3:,.0f} ms | "
+            f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} | "
+            f"{mib(mem_a)} | {mib(mem_b)} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

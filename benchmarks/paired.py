@@ -1,0 +1,138 @@
+"""What the speed benchmarks share: model sizes, paired A/B runs, peak memory, the header.
+
+Timing: A and B alternate (A B A B ...) in one process after one warm-up run of each, so a
+load change on the shared machine hits both sides alike; the figure of merit is the median of
+the per-pair ratios B/A (> 1: A is faster), printed with every pair's ratio.
+
+Peak memory: the peak of live torch tensor bytes during one run, from the allocation and free
+events of `torch.profiler` (`profile_memory=True`), counted from what was live when the run
+started (so model weights made before the run are left out, while optimizer state, activations,
+rollouts and KV caches made during it are in). Chosen over `ru_maxrss`, which cannot be reset
+between runs (it only ever grows in one process) and counts what glibc keeps after a free, and
+over `tracemalloc`, which does not see torch's allocations. It is measured in a separate,
+untimed run of each side, because the profiler slows the run down.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+SIZES: dict[str, dict[str, int]] = {
+    "0.5M": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512},
+    "4M": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024},
+    "30M": {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "intermediate_size": 1792},
+}
+"""Llama shapes of the three model sizes (char vocabulary of 98 tokens, tied embeddings)."""
+
+
+def build(size: str, seed: int = 0):
+    """(model, tokenizer) of a named size, built from a config (random weights)."""
+    from coscale.tiny import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    return build_tiny_model(tok, seed=seed, **SIZES[size]), tok
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def header(threads: int) -> None:
+    """Prints the date, the command, the machine and the library versions; sets the threads."""
+    torch.set_num_threads(threads)
+    import transformers
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv])
+    print(f"# date: {stamp}")
+    print(f"# command: {command}")
+    print(
+        f"# CPU cores: {len(os.sched_getaffinity(0))}; torch threads: {threads}; "
+        f"load average at start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    try:
+        import trl
+
+        versions += f", trl {trl.__version__}"
+    except ImportError:
+        pass
+    print(f"# {versions}", flush=True)
+
+
+@dataclass
+class Paired:
+    """Per-run seconds of side A and side B, in run order (pairs line up by index)."""
+
+    a: list[float] = field(default_factory=list)
+    b: list[float] = field(default_factory=list)
+
+    @property
+    def ratios(self) -> list[float]:
+        """B / A per pair: how many times faster A was in that pair."""
+        return [b / a for a, b in zip(self.a, self.b)]
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+
+def paired(run_a: Callable[[], float], run_b: Callable[[], float], pairs: int) -> Paired:
+    """One untimed warm-up of each side, then `pairs` x (A, B); each run returns its seconds."""
+    run_a(), run_b()
+    result = Paired()
+    for _ in range(pairs):
+        result.a.append(run_a())
+        result.b.append(run_b())
+    return result
+
+
+def peak_tensor_bytes(fn: Callable[[], object]) -> int:
+    """Peak of live torch tensor bytes while `fn()` runs, above what was live before it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]"
+    ]
+    live = peak = 0
+    for _, nbytes in sorted(events):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall-clock seconds of `fn()`."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def ratio_cell(result: Paired) -> str:
+    """The median ratio with every pair's ratio, e.g. ``2.10x (2.0 2.1 2.3 1.9 2.2)``."""
+    return f"{result.ratio:.2f}x ({' '.join(f'{r:.2f}' for r in result.ratios)})"
+
+
+def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of the best of `repeats` n x n x n matmuls in `dtype` (after one warm-up)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    best = min(timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n**3 / best

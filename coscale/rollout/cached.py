@@ -1,0 +1,190 @@
+"""Fast rollouts: a decode loop over the HF model's own forward pass and its KV cache.
+
+`CachedDecodeBackend` returns the same `Rollouts` as `HFGenerateBackend` (same log-prob
+definition, masks, stop strings and EOS handling) but does less work per completion. Each
+speed path is a switch, on by default, and none changes what is computed:
+
+- `share_prefix`: every distinct prompt runs through the model once; its KV cache is then
+  copied to its N rollouts (prefill costs B prompts instead of R rows).
+- `drop_finished`: rows that emitted EOS leave the decode batch. The batch is compacted once
+  at least 1/8 of its rows are done, so a copy of the cache is not paid on every step.
+- `static_cache`: keys and values go into buffers allocated once per call and written in
+  place (`kv_cache.PreallocatedLayer`), instead of HF `DynamicCache`'s `torch.cat`, which
+  copies the whole cache on every token.
+- `autocast`: optional bf16 autocast of the forward passes; off by default because it
+  changes the numerics (log-probs move by ~1e-2, greedy tokens can change).
+
+Sampling is batch-invariant: at every step one uniform number is drawn for each row of the
+chunk, finished or not, and the token is picked by inverse CDF. So the same seed yields the
+same completions with any combination of switches (up to float rounding of the logits), and
+the tests can hold every speed path to the plain one. The draws differ from `generate`'s,
+so a seed gives other samples than `HFGenerateBackend` (same distribution); greedy decoding
+gives the same tokens. A `torch.compile`d decode step did not pay on the 2-core CPU build
+machine (see `benchmarks/results/bench_rollout.txt`), so it is not offered.
+
+Shapes: n rows of one chunk, U distinct prompts in it, P prompt tokens, T new tokens, V vocab.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from coscale.logprobs import cache_kwargs, keep_last_logits, position_ids_from_mask, token_logprobs
+from coscale.rollout.base import SamplingParams
+from coscale.rollout.hf import HFGenerateBackend
+from coscale.rollout.kv_cache import new_cache
+
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+DROP_FRACTION = 8
+"""Compact the decode batch once at least 1/DROP_FRACTION of its rows have finished."""
+
+
+class CachedDecodeBackend(HFGenerateBackend):
+    """Samples from the module being trained with a KV-cached decode loop of its own.
+
+    Args:
+        model: An HF causal LM (`*ForCausalLM`) whose forward takes a cache object.
+        tokenizer: Its tokenizer; needs a pad token. Prompts are always left-padded.
+        batch_size: Most rows decoded together; None decodes all R at once. Seeded results
+            depend on it (same seed + same batch_size = same tokens).
+        share_prefix: Prefill each distinct prompt once and copy its cache to its rows.
+        drop_finished: Remove finished rows from the decode batch.
+        static_cache: Write keys/values into preallocated buffers (models whose layers all
+            use full attention; others fall back to `DynamicCache`).
+        autocast: None (default, model dtype) or "bfloat16" / "float16" autocast.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int | None = None,
+        share_prefix: bool = True,
+        drop_finished: bool = True,
+        static_cache: bool = True,
+        autocast: str | None = None,
+    ) -> None:
+        if autocast is not None and autocast not in AUTOCAST_DTYPES:
+            raise ValueError(
+                f"autocast must be None or one of {sorted(AUTOCAST_DTYPES)}, got {autocast!r}"
+            )
+        super().__init__(model, tokenizer, batch_size)
+        self.share_prefix, self.drop_finished = share_prefix, drop_finished
+        self.static_cache, self.autocast = static_cache, autocast
+        self._kwargs: dict = {}  # forward keywords (with the cache) of the chunk being decoded
+
+    def _sample(
+        self, ids: Tensor, mask: Tensor, sampling: SamplingParams, prompt_index: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Decodes one chunk -> (completion ids [n, T_c], their log-probs [n, T_c])."""
+        try:
+            with self._autocast(ids.device):
+                return self._decode_chunk(ids, mask, sampling, prompt_index)
+        finally:
+            self._kwargs = {}  # drop the cache buffers as soon as the chunk is done
+
+    def _decode_chunk(
+        self, ids: Tensor, mask: Tensor, sampling: SamplingParams, prompt_index: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Prefill, then one token per step for the rows still decoding, until all are done."""
+        (n, p), t_max = ids.shape, sampling.max_new_tokens
+        cache = new_cache(self.model, p + t_max, self.static_cache)
+        self._kwargs = {**cache_kwargs(self.model, cache), **keep_last_logits(self.model, 1)}
+        logits = self._prefill(ids, mask, prompt_index, cache)  # [n, V]
+        attn = torch.cat([mask, mask.new_ones(n, t_max)], dim=1)  # [n, P+T]
+        next_pos = mask.sum(-1)  # [n] position of the first new token
+        tokens = ids.new_full((n, t_max), self.tokenizer.pad_token_id)  # [n, T]
+        logprobs = torch.zeros(n, t_max, device=ids.device)  # [n, T]
+        eos = torch.tensor(self.eos_token_ids, device=ids.device)
+        rows = torch.arange(n, device=ids.device)  # [m] rows still in the decode batch
+        done = torch.zeros(n, dtype=torch.bool, device=ids.device)  # [n]
+        for t in range(t_max):
+            # one draw per chunk row every step, used or not: the stream never depends on
+            # which rows are still decoding
+            u = None if sampling.greedy else 1.0 - torch.rand(n, device=ids.device)  # (0, 1]
+            picked = pick_tokens(logits, sampling, None if u is None else u[rows])  # [m]
+            tokens[rows, t] = picked
+            logprobs[rows, t] = token_logprobs(logits, picked, sampling.temperature)
+            done[rows] |= torch.isin(picked, eos)
+            if t + 1 == t_max or bool(done.all()):
+                break
+            rows, picked = self._maybe_drop(rows, picked, done, cache)
+            pos = (next_pos[rows] + t).unsqueeze(1)  # [m, 1]
+            logits = self._forward(picked.unsqueeze(1), attn[rows, : p + t + 1], pos)
+        return tokens[:, : t + 1], logprobs[:, : t + 1]
+
+    def _prefill(self, ids: Tensor, mask: Tensor, prompt_index: Tensor, cache) -> Tensor:
+        """Runs the prompts into `cache` -> last-position logits [n, V] of every row."""
+        if not self.share_prefix:
+            return self._forward(ids, mask, position_ids_from_mask(mask))
+        _, counts = torch.unique_consecutive(prompt_index, return_counts=True)  # [U]
+        first = counts.cumsum(0) - counts  # [U] first row of each prompt
+        logits = self._forward(ids[first], mask[first], position_ids_from_mask(mask[first]))
+        rows_of = torch.repeat_interleave(torch.arange(len(counts), device=ids.device), counts)
+        cache.batch_select_indices(rows_of)  # [U, ...] -> [n, ...]: copy each prompt's cache
+        return logits[rows_of]
+
+    def _maybe_drop(self, rows: Tensor, picked: Tensor, done: Tensor, cache) -> tuple[Tensor, ...]:
+        """Removes finished rows from the batch (and the cache) once enough of them are done."""
+        finished = done[rows]  # [m]
+        count = int(finished.sum())
+        if not self.drop_finished or count == 0 or count * DROP_FRACTION < len(rows):
+            return rows, picked
+        keep = (~finished).nonzero().squeeze(1)  # [m']
+        cache.batch_select_indices(keep)
+        return rows[keep], picked[keep]
+
+    def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+        """One forward pass that appends to the chunk's cache -> logits of the last position [m, V]."""
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **self._kwargs)
+        return out.logits[:, -1]
+
+    def _autocast(self, device: torch.device):
+        if self.autocast is None:
+            return nullcontext()
+        return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[self.autocast])
+
+
+def pick_tokens(logits: Tensor, sampling: SamplingParams, uniform: Tensor | None) -> Tensor:
+    """Next tokens: argmax when greedy, else the inverse CDF of the filtered distribution.
+
+    Args:
+        logits: [m, V] raw logits.
+        sampling: Temperature, top-k and top-p (applied in that order, as `generate` does).
+        uniform: [m] numbers in (0, 1], one per row; None for greedy decoding.
+
+    Returns:
+        [m] long token ids; a token removed by top-k / top-p is never picked.
+    """
+    if uniform is None:
+        return logits.argmax(-1)
+    scaled = filter_logits(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p)
+    cdf = torch.softmax(scaled, dim=-1).cumsum(-1)  # [m, V], non-decreasing per row
+    target = (uniform.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)  # [m, 1] in (0, total]
+    # first index whose cdf reaches the target; that token has mass > 0 since target > 0
+    picked = torch.searchsorted(cdf, target).squeeze(1)  # [m]
+    return picked.clamp(max=logits.shape[-1] - 1)
+
+
+def filter_logits(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Sets the logits outside the top-k, then outside the top-p mass, to -inf.
+
+    Top-k keeps every token tied with the k-th largest logit. Top-p keeps, in descending
+    order, each token whose preceding mass is still below `top_p` (at least one token).
+    """
+    vocab = scaled.shape[-1]
+    if 0 < top_k < vocab:
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]  # [m, 1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        ordered, order = scaled.sort(dim=-1, descending=True)  # [m, V]
+        probs = torch.softmax(ordered, dim=-1)
+        before = probs.cumsum(-1) - probs  # [m, V] mass of the better tokens
+        drop = before >= top_p
+        drop[:, 0] = False
+        scaled = scaled.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+    return scaled

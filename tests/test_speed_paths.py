@@ -1,0 +1,252 @@
+"""Every speed path computes what the plain path computes; only the time differs.
+
+Rollouts: `CachedDecodeBackend` with each switch on or off against the plain loop (all off)
+and against HF `generate`: same tokens for greedy decoding, same tokens for seeded sampling,
+log-probs within 1e-5 in fp32. Updates: trimmed padding columns, one prompt pass shared by
+a prompt's rollouts and length-sorted micro-batches give the same log-probs, gradients and
+weights after a GRPO step; the rollout log-probs serve as the old log-probs (no second
+forward pass when num_iterations == 1).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from coscale.logprobs import sequence_logprobs
+from coscale.modules import GRPOModule
+from coscale.modules import grpo as grpo_module
+from coscale.modules.grpo import micro_batches
+from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, SamplingParams
+from coscale.rollout.cached import filter_logits, pick_tokens
+
+PROMPTS = ["Compute 2+3.", "What is 7*6?\n", "x"]
+COUNTS = [4, 6, 2]  # R = 12, prompts of different lengths (left padding), N per prompt
+SWITCHES = ("share_prefix", "drop_finished", "static_cache")
+COMBOS = [dict(zip(SWITCHES, flags)) for flags in itertools.product([False, True], repeat=3)]
+PLAIN = dict.fromkeys(SWITCHES, False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: these tiny models only pay thread sync, and on the shared 2-core
+    machine a second thread that waits for a busy core made this file ~10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _ids(combo: dict) -> str:
+    return "-".join(name for name, on in combo.items() if on) or "plain"
+
+
+@pytest.fixture(scope="module")
+def dot_stops(tiny_model, char_tokenizer):
+    """The tiny model, with "." as a second EOS: its greedy text for PROMPTS[0] is "....",
+    the others repeat one other character, so some rows finish at once and some never do."""
+    model = copy.deepcopy(tiny_model)
+    model.generation_config.eos_token_id = [
+        char_tokenizer.eos_token_id,
+        char_tokenizer(".")["input_ids"][0],
+    ]
+    return model
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(dot_stops, char_tokenizer):
+    greedy = SamplingParams(max_new_tokens=40, temperature=0)
+    return HFGenerateBackend(dot_stops, char_tokenizer).generate(PROMPTS, COUNTS, greedy)
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=_ids)
+def test_greedy_tokens_equal_hf_generate(combo, greedy_reference, dot_stops, char_tokenizer):
+    backend = CachedDecodeBackend(dot_stops, char_tokenizer, **combo)
+    out = backend.generate(PROMPTS, COUNTS, SamplingParams(max_new_tokens=40, temperature=0))
+    assert torch.equal(out.input_ids, greedy_reference.input_ids)
+    assert out.finish_reasons == greedy_reference.finish_reasons
+    assert "stop" in out.finish_reasons and "length" in out.finish_reasons  # rows drop early
+    torch.testing.assert_close(out.logprobs, greedy_reference.logprobs, rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def sampled_plain(tiny_model, char_tokenizer):
+    sampling = SamplingParams(max_new_tokens=48, temperature=0.9, top_k=40, top_p=0.95, seed=3)
+    return CachedDecodeBackend(tiny_model, char_tokenizer, **PLAIN).generate(
+        PROMPTS, COUNTS, sampling
+    )
+
+
+@pytest.mark.parametrize("combo", COMBOS[1:], ids=_ids)
+def test_seeded_sampling_is_the_same_with_every_switch(
+    combo, sampled_plain, tiny_model, char_tokenizer
+):
+    sampling = SamplingParams(max_new_tokens=48, temperature=0.9, top_k=40, top_p=0.95, seed=3)
+    out = CachedDecodeBackend(tiny_model, char_tokenizer, **combo).generate(
+        PROMPTS, COUNTS, sampling
+    )
+    assert torch.equal(out.input_ids, sampled_plain.input_ids)
+    assert out.texts == sampled_plain.texts
+    torch.testing.assert_close(out.logprobs, sampled_plain.logprobs, rtol=0, atol=1e-5)
+
+
+def test_seeded_sampling_reproduces_and_chunks_split_groups(tiny_model, char_tokenizer):
+    sampling = SamplingParams(max_new_tokens=20, seed=11)
+    fast = CachedDecodeBackend(tiny_model, char_tokenizer, batch_size=5)  # 5+5+2: groups split
+    plain = CachedDecodeBackend(tiny_model, char_tokenizer, batch_size=5, **PLAIN)
+    a, b = fast.generate(PROMPTS, COUNTS, sampling), fast.generate(PROMPTS, COUNTS, sampling)
+    assert torch.equal(a.input_ids, b.input_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=0)
+    ref = plain.generate(PROMPTS, COUNTS, sampling)
+    assert torch.equal(a.input_ids, ref.input_ids)
+    torch.testing.assert_close(a.logprobs, ref.logprobs, rtol=0, atol=1e-5)
+
+
+def test_inverse_cdf_pick_matches_hand_computed_tokens():
+    # probs at temperature 1: softmax(log [0.1, 0.2, 0.3, 0.4]) = [0.1, 0.2, 0.3, 0.4];
+    # cdf = [0.1, 0.3, 0.6, 1.0]: u = 0.05 -> 0, 0.29 -> 1, 0.31 -> 2, 1.0 (the total) -> 3
+    logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(4, 4)
+    u = torch.tensor([0.05, 0.29, 0.31, 1.0])
+    assert pick_tokens(logits, SamplingParams(), u).tolist() == [0, 1, 2, 3]
+    # top_k=2 keeps [0.3, 0.4] -> renormalised cdf [0, 0, 3/7, 1]; u=0.05 -> 2, u=0.5 -> 3
+    two = pick_tokens(logits[:2], SamplingParams(top_k=2), torch.tensor([0.05, 0.5]))
+    assert two.tolist() == [2, 3]
+    # a uniform grid of u reproduces the distribution: counts 10/20/30/40 out of 100
+    grid = (torch.arange(100) + 0.5) / 100
+    counts = torch.bincount(pick_tokens(logits[:1].expand(100, 4), SamplingParams(), grid))
+    assert counts.tolist() == [10, 20, 30, 40]
+
+
+def test_top_k_top_p_filters_keep_the_documented_tokens():
+    scaled = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()  # probs 0.4, 0.3, 0.2, 0.1
+    kept = lambda k, p: torch.isfinite(filter_logits(scaled, k, p))[0].tolist()  # noqa: E731
+    assert kept(2, 1.0) == [True, True, False, False]
+    assert kept(0, 0.5) == [True, True, False, False]  # 0.4 < 0.5, so the 0.3 token stays
+    assert kept(0, 0.69) == [True, True, False, False]  # 0.4 + 0.3 = 0.7 reaches top_p
+    assert kept(0, 0.71) == [True, True, True, False]
+    assert kept(0, 0.01) == [True, False, False, False]  # at least one token
+
+
+def test_bf16_autocast_is_opt_in_and_runs(tiny_model, char_tokenizer):
+    with pytest.raises(ValueError, match="autocast must be None or one of"):
+        CachedDecodeBackend(tiny_model, char_tokenizer, autocast="int8")
+    sampling = SamplingParams(max_new_tokens=8, seed=0)
+    out = CachedDecodeBackend(tiny_model, char_tokenizer, autocast="bfloat16").generate(
+        PROMPTS, COUNTS, sampling
+    )
+    kept = out.completion_mask.bool()
+    assert out.logprobs.dtype == torch.float32 and torch.all(out.logprobs[kept] < 0)
+    assert CachedDecodeBackend(tiny_model, char_tokenizer).autocast is None  # off by default
+
+
+def test_trimmed_padding_gives_the_same_logprobs(tiny_model, sampled_plain):
+    ro = sampled_plain
+    rows = torch.tensor([0, 5, 11])  # prompts of three lengths, completions of three lengths
+    args = (tiny_model, ro.input_ids[rows], ro.attention_mask[rows], ro.prompt_length, 0.9)
+    with torch.no_grad():
+        full = sequence_logprobs(*args, trim_padding=False)
+        trimmed = sequence_logprobs(*args)
+    assert trimmed.shape == full.shape == (3, ro.input_ids.shape[1] - ro.prompt_length)
+    torch.testing.assert_close(trimmed, full, rtol=0, atol=1e-5)
+    assert torch.all(trimmed[ro.completion_mask[rows] == 0] == 0)
+
+
+def test_shared_prompt_pass_gives_the_same_logprobs_and_gradients(tiny_model, sampled_plain):
+    ro, model = sampled_plain, copy.deepcopy(tiny_model).train()
+    weights = torch.randn(ro.logprobs.shape, generator=torch.Generator().manual_seed(0))
+
+    def logprobs_and_grads(**options):
+        model.zero_grad()
+        args = (model, ro.input_ids, ro.attention_mask, ro.prompt_length, 0.9)
+        logprobs = sequence_logprobs(*args, **options)
+        (logprobs * weights).sum().backward()
+        return logprobs.detach(), [p.grad.clone() for p in model.parameters()]
+
+    plain, plain_grads = logprobs_and_grads(trim_padding=False)
+    shared, shared_grads = logprobs_and_grads(prompt_index=ro.prompt_index)
+    torch.testing.assert_close(shared, plain, rtol=0, atol=1e-5)
+    for a, b in zip(shared_grads, plain_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert sum(float(g.abs().sum()) for g in plain_grads) > 1  # the gradient is not trivial
+
+
+def test_micro_batches_sort_longest_first_and_keep_every_row():
+    rows = torch.tensor([0, 2, 3, 5, 6])
+    lengths = torch.tensor([3, 9, 1, 7, 9, 2, 5])  # rows 0..6
+    chunks = micro_batches(rows, lengths, 2)
+    assert [c.tolist() for c in chunks] == [[3, 6], [0, 5], [2]]  # lengths 7,5 | 3,2 | 1
+    assert [c.tolist() for c in micro_batches(rows, lengths, 2, False)] == [[0, 2], [3, 5], [6]]
+
+
+class _SpreadReward:
+    """A reward with spread on a random model: the share of distinct characters."""
+
+    def __call__(self, completions, answers, **_):
+        return [len(set(c)) / (len(c) + 1) for c in completions]
+
+
+def _grpo_step(tiny_model, char_tokenizer, **options):
+    module = GRPOModule(
+        model=copy.deepcopy(tiny_model),
+        tokenizer=char_tokenizer,
+        reward=_SpreadReward(),
+        max_new_tokens=16,
+        temperature=1.0,
+        micro_batch_size=3,
+        **options,
+    )
+    params = [p for p in module.policy.parameters() if p.requires_grad]
+    module.configure_optimizers = lambda: torch.optim.SGD(params, lr=0.5)  # weights = -lr * grad
+    problems = [
+        {"id": str(i), "question": q, "answer": "1", "n": n}
+        for i, (q, n) in enumerate(zip(PROMPTS, COUNTS))
+    ]
+    loader = DataLoader(problems, batch_size=3, collate_fn=list)
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, train_dataloaders=loader)
+    return module, trainer
+
+
+def test_sorted_shared_prompt_update_gives_the_same_weights(
+    tiny_model, char_tokenizer, monkeypatch
+):
+    calls = []
+    original = grpo_module.sequence_logprobs
+    monkeypatch.setattr(
+        grpo_module, "sequence_logprobs", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
+    plain, _ = _grpo_step(
+        tiny_model, char_tokenizer, sort_micro_batches=False, share_prompt_in_update=False
+    )
+    assert len(calls) == 4  # 12 rollouts / 3 per micro-batch, num_iterations = 1: no extra pass
+    fast, trainer = _grpo_step(tiny_model, char_tokenizer)
+    changed = 0
+    for (name, a), b in zip(plain.policy.named_parameters(), fast.policy.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+        changed += not torch.equal(a, tiny_model.get_parameter(name))
+    assert changed == len(list(tiny_model.parameters()))
+    # the ratio is computed against the rollout log-probs: 1 at the sampling weights
+    assert abs(float(trainer.callback_metrics["train/ratio_mean"]) - 1) < 1e-5
+
+
+def test_grpo_defaults_to_the_fast_backend(tiny_model, char_tokenizer):
+    kwargs = {
+        "model": copy.deepcopy(tiny_model),
+        "tokenizer": char_tokenizer,
+        "reward": _SpreadReward(),
+    }
+    assert isinstance(GRPOModule(**kwargs).backend, CachedDecodeBackend)
+    slow = GRPOModule(**kwargs, fast_rollouts=False)
+    assert type(slow.backend) is HFGenerateBackend
