@@ -68,6 +68,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         share_prompt_in_update: In each micro-batch, run every distinct prompt through the
             policy once and feed its KV cache to its rollouts' completions (gradients flow back
             through it); same loss and gradient up to float rounding, fewer FLOPs.
+        rollout_backend: ``hf`` (in-process, the default) or ``vllm`` (a colocated engine that
+            gets the policy's weights after every optimiser step; needs ``coscale[vllm]``).
+        rollout_options: Arguments of the chosen backend (e.g. ``gpu_memory_utilization``).
     """
 
     def __init__(
@@ -99,6 +102,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         fast_rollouts: bool = True,
         sort_micro_batches: bool = True,
         share_prompt_in_update: bool = True,
+        rollout_backend: str = "hf",
+        rollout_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         _check(scale_rewards, lr, num_iterations, micro_batch_size, temperature, val_samples)
@@ -132,16 +137,20 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             max_new_tokens=max_new_tokens, temperature=val_temperature
         )
         self.log_completions_every = log_completions_every
+        self.rollout_backend = rollout_backend
+        self.rollout_options = dict(rollout_options or {})
         self._init_policy(model, tokenizer, dtype, trust_remote_code, gradient_checkpointing)
         self.sort_micro_batches = sort_micro_batches
         self.share_prompt_in_update = share_prompt_in_update
-        if fast_rollouts:
+        if fast_rollouts and rollout_backend == "hf":
             self.backend = CachedDecodeBackend(self.policy, self.tokenizer)
         self.ref_policy = _frozen_copy(self.policy) if self.loss_fn.beta > 0 else None
 
     @override
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
         start = time.perf_counter()
+        if getattr(self.backend, "needs_sync", False):  # e.g. a vLLM engine woken from sleep
+            self.backend.update_weights(self.policy)
         sampling = SamplingParams(**{**self.sampling.__dict__, "seed": self._step_seed()})
         rollouts, rewards = self.sample(batch, [p["n"] for p in batch], sampling)  # R rollouts
         rollouts = rollouts.to(self.device)
@@ -187,6 +196,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             opt.step()
             if (sched := self.lr_schedulers()) is not None:
                 sched.step()
+        self.backend.update_weights(self.policy)  # an engine with its own copy (vLLM) follows
         return stats
 
     def _micro_step(self, ro: Rollouts, adv, mask, ref, idx, n_seq, n_tok) -> tuple[dict, float]:
@@ -276,6 +286,10 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             from coscale.modules.tables import log_completions
 
             log_completions(self, batch, rollouts, rewards, adv.advantages)
+
+    @override
+    def on_train_start(self) -> None:
+        self.backend.update_weights(self.policy)  # a resumed policy reaches the engine
 
     @override
     def on_train_epoch_start(self) -> None:
