@@ -12,15 +12,18 @@ speed path is a switch, on by default, and none changes what is computed:
   place (`kv_cache.PreallocatedLayer`), instead of HF `DynamicCache`'s `torch.cat`, which
   copies the whole cache on every token.
 - `autocast`: optional bf16 autocast of the forward passes; off by default because it
-  changes the numerics (log-probs move by ~1e-2, greedy tokens can change).
+  changes the numerics (log-probs move by up to ~1e-2 on the tiny models, greedy tokens can
+  change).
 
 Sampling is batch-invariant: at every step one uniform number is drawn for each row of the
 chunk, finished or not, and the token is picked by inverse CDF. So the same seed yields the
 same completions with any combination of switches (up to float rounding of the logits), and
 the tests can hold every speed path to the plain one. The draws differ from `generate`'s,
 so a seed gives other samples than `HFGenerateBackend` (same distribution); greedy decoding
-gives the same tokens. A `torch.compile`d decode step did not pay on the 2-core CPU build
-machine (see `benchmarks/results/bench_rollout.txt`), so it is not offered.
+gives the same tokens. A `torch.compile`d model was measured on the 2-core CPU build
+machine (`benchmarks/bench_rollout.py --compile`): ~1.13x faster decoding after a first call
+that compiles for about a minute, so it pays only after hundreds of rollout calls; it is not
+offered.
 
 Shapes: n rows of one chunk, U distinct prompts in it, P prompt tokens, T new tokens, V vocab.
 """
