@@ -49,11 +49,13 @@ def run_demo(rest: list[str]) -> dict[str, Any]:
     cfg = parser.parse_args(["--config", demo_config(), *(QUICK if quick else []), *rest])
     init = parser.instantiate_classes(cfg)
     pipeline = Pipeline(init.pipeline, init.data)
-    results = pipeline.run(close_logger=False)
-    report = evaluate_stages(init.pipeline, results, n_test, k=8)
-    write_report(init.pipeline.run_dir, results, report)
-    log_to_wandb(pipeline.logger, init.pipeline.run_dir, report)
-    pipeline.close_logger()
+    try:
+        results = pipeline.run(close_logger=False)
+        report = evaluate_stages(init.pipeline, results, n_test, k=8)
+        write_report(init.pipeline.run_dir, results, report)
+        log_to_wandb(pipeline.logger, init.pipeline.run_dir, report)
+    finally:
+        pipeline.close_logger()  # a W&B run left open would leak into the next one
     return {"pipeline": results, "report": report}
 
 
@@ -63,9 +65,12 @@ def stage_models(cfg: Any, results: dict[str, Any]) -> dict[str, str]:
 
     models = {"base": resolve_model_path(cfg.model)}
     for it in range(1, cfg.iterations + 1):
-        folder = os.path.join(cfg.run_dir, f"it{it}", "rl", "model")
-        if os.path.exists(folder):
-            models[f"iteration {it}"] = folder
+        # the RL stage's model; its SFT model when no problem was solvable (RL skipped)
+        for stage in ("rl", "sft"):
+            folder = os.path.join(cfg.run_dir, f"it{it}", stage, "model")
+            if os.path.exists(folder):
+                models[f"iteration {it}"] = folder
+                break
     final = os.path.join(cfg.run_dir, "final", "model")
     if os.path.exists(final):
         models["final"] = final
