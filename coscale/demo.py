@@ -160,6 +160,9 @@ def write_report(run_dir: str, results: dict[str, Any], report: dict[str, Any]) 
         label: {s: {m: vars(e) for m, e in row.items()} for s, row in rows.items()}
         for label, rows in report["models"].items()
     }
+    plain["curve"] = {
+        label: {s: vars(e) for s, e in row.items()} for label, row in report["curve"].items()
+    }
     with open(os.path.join(run_dir, "results.json"), "w") as f:
         json.dump({"report": plain, "pipeline": results}, f, indent=1, default=str)
     plot_all(run_dir, results, report)
