@@ -95,7 +95,11 @@ def log_to_wandb(rows: Sequence[dict[str, Any]], config: EvalConfig) -> None:
     from coscale.logging_setup import wandb_mode
 
     run = wandb.init(
-        project=config.project, name=config.run_name, config=asdict(config), mode=wandb_mode()
+        project=config.project,
+        name=config.run_name,
+        config=asdict(config),
+        mode=wandb_mode(),
+        dir=os.getcwd(),  # explicit: an earlier run in this process must not pick the folder
     )
     metrics = {
         f"eval/{row['benchmark']}/{key}": value

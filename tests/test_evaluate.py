@@ -196,7 +196,7 @@ def test_8gpu_fsdp_pipeline_config_instantiates_with_a_tiny_model():
     assert SFTModule(model=TINY, **pipe.sft).max_length == 4096
 
 
-# --- GRPO with a vLLM-style backend: the sync the lead wires into GRPOModule ---------------
+# --- GRPO with a vLLM-style backend: GRPOModule keeps the engine in sync ---------------
 
 
 class HasDigitReward:
@@ -204,22 +204,12 @@ class HasDigitReward:
         return [float(any(ch.isdigit() for ch in c)) for c in completions]
 
 
-class SyncedGRPO(GRPOModule):
-    """GRPOModule plus the one call issue 6 adds: sync the engine after the optimiser steps."""
-
-    def update(self, rollouts, advantages, keep):
-        stats = super().update(rollouts, advantages, keep)
-        if "skipped" not in stats:
-            self.backend.update_weights(self.policy)
-        return stats
-
-
 def test_grpo_steps_keep_a_colocated_engine_in_sync(tiny_model_dir):
     from test_vllm_logic import _backend, _same_weights
 
     from coscale.datamodules import ProblemDataModule
 
-    module = SyncedGRPO(model=str(tiny_model_dir), reward=HasDigitReward(), lr=1e-2,
+    module = GRPOModule(model=str(tiny_model_dir), reward=HasDigitReward(), lr=1e-2,
                         max_new_tokens=4, temperature=1.0, micro_batch_size=64)  # fmt: skip
     initial = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     module.backend = _backend(module.policy, module.tokenizer, parity_tokens=4)
@@ -229,6 +219,7 @@ def test_grpo_steps_keep_a_colocated_engine_in_sync(tiny_model_dir):
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     trainer.fit(module, datamodule=data)
     backend = module.backend
-    assert backend.book.version == 2 and backend.last_parity.ok  # checked after sync #1
+    # one sync at train start, one after each of the 2 optimiser steps
+    assert backend.book.version == 3 and backend.last_parity.ok
     assert _same_weights(backend.fake().model, module.policy)  # the engine follows the policy
     assert any(not torch.equal(p, initial[n]) for n, p in module.policy.named_parameters())
