@@ -48,7 +48,6 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys):
         b"sched/n_group0",
         b"sched/n_eff_group0",
         b"train/reward",
-        b"val/final_after_pass@1",
         b"completions/step_",
     ]:
         assert key in data, key
