@@ -26,7 +26,6 @@ should stay under ~10 minutes on the 2-core machine, hence two commands:
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import statistics
 import tempfile
@@ -34,7 +33,17 @@ import time
 import warnings
 
 import lightning as L
-from paired import build, count_params, header, mib, paired, peak_tensor_bytes, ratio_cell
+from paired import (
+    LightningTimer,
+    build,
+    count_params,
+    header,
+    median_step,
+    mib,
+    paired,
+    peak_tensor_bytes,
+    ratio_cell,
+)
 from torch.utils.data import DataLoader
 
 from coscale.losses import GRPOLoss
@@ -66,21 +75,6 @@ def trl_reward(prompts, completions, **_):
     return spread(completions)
 
 
-class LightningTimer(L.Callback):
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.ends.append(time.perf_counter())
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.ends.append(time.perf_counter())
-
-
-def _median_step(ends: list[float]) -> float:
-    return statistics.median(b - a for a, b in itertools.pairwise(ends))
-
-
 def coscale_run(size: str, n: int, args, **options):
     """A function running one fit of `args.steps` steps -> median step seconds."""
     model, tok = build(size)
@@ -102,7 +96,7 @@ def coscale_run(size: str, n: int, args, **options):
         )  # fmt: skip
         loader = DataLoader(problems, batch_size=args.prompts, collate_fn=list)
         trainer.fit(module, train_dataloaders=loader)
-        return _median_step(timer.ends)
+        return median_step(timer.ends)
 
     return run
 
@@ -147,7 +141,7 @@ def trl_run(size: str, n: int, args):
         )  # fmt: skip
         trainer.remove_callback(PrinterCallback)  # no metrics dict printed at the end
         trainer.train()
-        return _median_step(timer.ends)
+        return median_step(timer.ends)
 
     return run
 

@@ -17,7 +17,6 @@ Run: `.venv/bin/python benchmarks/bench_sft.py [--sizes 0.5M,4M,30M] [--batch 8]
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import random
 import statistics
@@ -26,7 +25,17 @@ import time
 import warnings
 
 import lightning as L
-from paired import build, count_params, header, mib, paired, peak_tensor_bytes, ratio_cell
+from paired import (
+    LightningTimer,
+    build,
+    count_params,
+    header,
+    median_step,
+    mib,
+    paired,
+    peak_tensor_bytes,
+    ratio_cell,
+)
 from torch.utils.data import DataLoader
 
 from coscale.modules import SFTModule
@@ -53,21 +62,6 @@ class _NoReward:
         return [0.0] * len(completions)
 
 
-class LightningTimer(L.Callback):
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.ends.append(time.perf_counter())
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.ends.append(time.perf_counter())
-
-
-def _median_step(ends: list[float]) -> float:
-    return statistics.median(b - a for a, b in itertools.pairwise(ends))
-
-
 def coscale_run(size: str, data: list[dict], args):
     """A function running one fit of `args.steps` steps -> median step seconds."""
     model, tok = build(size)
@@ -82,7 +76,7 @@ def coscale_run(size: str, data: list[dict], args):
         )  # fmt: skip
         loader = DataLoader(data, batch_size=args.batch, collate_fn=list)
         trainer.fit(module, train_dataloaders=loader)
-        return _median_step(timer.ends)
+        return median_step(timer.ends)
 
     return run
 
@@ -125,7 +119,7 @@ def trl_run(size: str, data: list[dict], args):
         )  # fmt: skip
         trainer.remove_callback(PrinterCallback)
         trainer.train()
-        return _median_step(timer.ends)
+        return median_step(timer.ends)
 
     return run
 

@@ -16,6 +16,7 @@ untimed run of each side, because the profiler slows the run down.
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import shlex
 import statistics
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import lightning as L
 import torch
 
 SIZES: dict[str, dict[str, int]] = {
@@ -136,3 +138,21 @@ def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int 
     a @ b
     best = min(timed(lambda: a @ b) for _ in range(repeats))
     return 2 * n**3 / best
+
+
+class LightningTimer(L.Callback):
+    """Wall-clock time at train start and after every training batch."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.ends.append(time.perf_counter())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.ends.append(time.perf_counter())
+
+
+def median_step(ends: list[float]) -> float:
+    """Median seconds between consecutive timer marks (one training step each)."""
+    return statistics.median(b - a for a, b in itertools.pairwise(ends))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from coscale.solution_sources import Request, SolutionSource
 from coscale.tasks.problem import Problem
+from coscale.tasks.tiers import terms_of
 
 
 def make_problem(rng: random.Random, terms: int, index: int, prefix: str) -> Problem:
@@ -81,21 +82,8 @@ class ArithmeticTeacher(SolutionSource):
     def propose(self, requests: Sequence[Request], known) -> dict[str, list[str]]:
         out = {}
         for problem, k in requests:
-            terms = _parse_terms(problem.question)
+            terms = terms_of(problem.question)
             p = Problem(problem.id, problem.question, problem.answer, meta={"terms": terms})
             have = set(known(problem.id))
             out[problem.id] = [s for s in solutions_of(p, limit=10_000) if s not in have][:k]
         return out
-
-
-def _parse_terms(question: str) -> list[tuple[int, int]]:
-    terms, sign, digits = [], 1, ""
-    for ch in question + "+":
-        if ch.isdigit():
-            digits += ch
-            continue
-        if digits:
-            terms.append((sign, int(digits)))
-            digits = ""
-        sign = -1 if ch == "-" else 1
-    return terms

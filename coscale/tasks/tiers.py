@@ -53,7 +53,8 @@ BENCHMARKS = ("T3", "T3v", "T3w", "T3x")
 EASY = "T1"
 
 
-def _terms_of(question: str) -> list[tuple[int, int]]:
+def terms_of(question: str) -> list[tuple[int, int]]:
+    """``"38+71-12"`` -> ``[(1, 38), (1, 71), (-1, 12)]``: the signed terms of a chain."""
     terms, sign, digits = [], 1, ""
     for ch in question + "+":
         if ch.isdigit():
@@ -85,7 +86,7 @@ def problems(tier: str, n: int, seed: int, held_out: bool) -> list[Problem]:
         if q in seen or is_held_out(q) != held_out:
             continue
         seen.add(q)
-        answer = sum(s * v for s, v in _terms_of(q))
+        answer = sum(s * v for s, v in terms_of(q))
         side = "test" if held_out else "train"
         out.append(Problem(f"{tier}-{side}-{len(out)}", q, str(answer), meta={"tier": tier}))
     return out
@@ -102,7 +103,7 @@ def _steps(terms: Sequence[tuple[int, int]]) -> str:
 
 def canonical_solution(question: str) -> str:
     """Left-to-right solution (the style the base model is pre-trained on)."""
-    return _steps(_terms_of(question))
+    return _steps(terms_of(question))
 
 
 def solutions(question: str) -> Iterator[str]:
@@ -114,7 +115,7 @@ def solutions(question: str) -> Iterator[str]:
     solution is to the canonical style, the earlier it comes. A four-term problem has up to
     6 x 8 = 48 solutions.
     """
-    terms = _terms_of(question)
+    terms = terms_of(question)
     orders = list(itertools.permutations(terms[1:]))
     for n_splits in range(len(terms)):
         for rest in orders:
