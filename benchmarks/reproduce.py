@@ -4,6 +4,7 @@ Arms, all from the same shipped base model on the built-in task (coscale.tasks.t
   (a) base model
   (b) SFT, 1 solution for each of many problems         (dataset scaling)
   (c) SFT, k solutions for each of few problems          (solution scaling), same SFT size as (b)
+      (both: as many distinct pairs as (f)'s solution bank, on fresh training-side problems)
   (d) plain GRPO, fixed N, on all training problems
   (e) SFT (b), then plain GRPO
   (f) CoScale-RL: the demo pipeline (coscale/configs/demo.yaml)
@@ -13,24 +14,25 @@ as many rollouts, (e) splits the same two budgets. Every SFT arm mixes in the sa
 as (f). Reports per-set pass@1 with 95% intervals, the ratio of the 4-set average over the base,
 the trained problems' pass@16 for (b) vs (c), and the budget of every arm.
 
-Run: .venv/bin/python benchmarks/reproduce.py [--quick] [--out benchmarks/results]
+Run: .venv/bin/python benchmarks/reproduce.py [--quick] [--from-run runs/demo] [--no-sweep]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import sys
 import time
 
-import lightning as L
+from lr_n_sweep import plain_grpo, sweep
+from lr_n_sweep import write as write_sweep
 
 from coscale import budget
 from coscale.callbacks import run_sft
 from coscale.cli import pipeline_parser
-from coscale.datamodules import ProblemDataModule
 from coscale.demo import QUICK, _measure, average, demo_config, table
-from coscale.modules import GRPOModule
 from coscale.pipeline import Pipeline, instantiate
 from coscale.policy import resolve_model_path
 from coscale.tasks import tiers
@@ -44,13 +46,46 @@ def coscale_arm(run_dir: str, quick: bool):
     init = parser.instantiate_classes(cfg)
     before = budget.snapshot()
     Pipeline(init.pipeline, init.data).run()
-    spent = _delta(before)
+    spent = budget.since(before)
     return os.path.join(run_dir, "final", "model"), spent, init.pipeline, init.data
 
 
+def finished_arm(run_dir: str, quick: bool):
+    """(f) from a finished ``coscale demo`` run (same config): its final model and its spend,
+    read from the run's ``pipeline_state.json``, instead of running the pipeline again."""
+    path = os.path.join(run_dir, "pipeline_state.json")
+    with open(path) as f:
+        state = json.load(f)
+    stages = state["results"].get("spend", {})
+    if "final" not in state["done"] or not stages:
+        raise SystemExit(f"--from-run: {path} is not a finished run with per-stage spend")
+    parser = pipeline_parser()
+    args = ["--config", demo_config(), "--pipeline.run_dir", run_dir, "--pipeline.logger", "none"]
+    init = parser.instantiate_classes(parser.parse_args([*args, *(QUICK if quick else [])]))
+    init.data.load()
+    init.data.load_state_dict(state["data"])
+    spent = {k: sum(s[k] for s in stages.values()) for k in ("sft_examples", "rollouts")}
+    return os.path.join(run_dir, "final", "model"), spent, init.pipeline, init.data
+
+
+def fresh_problems(count: int, exclude: set[str]) -> list:
+    """``count`` training-side problems of the four patterns, none of (f)'s, interleaved."""
+    per = -(-count // len(tiers.BENCHMARKS))
+    sets = [
+        [
+            p
+            for p in tiers.problems(t, per + len(exclude), seed=3, held_out=False)
+            if p.question not in exclude
+        ][:per]
+        for t in tiers.BENCHMARKS
+    ]
+    return [p for group in zip(*sets) for p in group][:count]
+
+
 def sft_arm(base: str, problems: list, per_problem: int, size: int, cfg, data, seed: int):
-    """SFT from the base on ``per_problem`` teacher solutions of as many problems as fit ``size``."""
-    chosen = problems[: max(1, size // per_problem)]
+    """SFT from the base on ``per_problem`` teacher solutions of each of ``len(problems) //
+    per_problem`` problems (as many new pairs as (f)'s bank), for ``size`` examples in all."""
+    chosen = problems[: max(1, len(problems) // per_problem)]
     items = [
         {"id": p.id, "question": p.question, "solution": s}
         for p in chosen
@@ -65,28 +100,18 @@ def sft_arm(base: str, problems: list, per_problem: int, size: int, cfg, data, s
 
 
 def grpo_arm(start: str, problems: list, rollouts: int, cfg, data, out: str) -> str:
-    """Plain GRPO with a fixed N on all ``problems`` for about ``rollouts`` rollouts."""
-    dm = ProblemDataModule(
-        train=[p.to_dict() for p in problems],
-        batch_size=data.batch_size,
-        rollout_n=data.rollout_n,
-        rl_unmeasured=True,
-        low=0.0,
+    """Plain GRPO with (f)'s first N, fixed, on all ``problems`` for about ``rollouts`` rollouts."""
+    return plain_grpo(
+        start,
+        problems,
+        rollouts,
+        data.rollout_n,
+        instantiate(cfg.grpo),
+        data.batch_size,
+        out,
         seed=cfg.seed,
+        precision=cfg.trainer.get("precision"),
     )
-    module = GRPOModule(model=start, **instantiate(cfg.grpo))
-    steps = max(1, rollouts // (data.batch_size * data.rollout_n))
-    trainer = L.Trainer(
-        max_steps=steps,
-        max_epochs=-1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
-    trainer.fit(module, datamodule=dm)
-    return module.export(out)
 
 
 def trained_pass16(path: str, problems: list) -> float:
@@ -94,37 +119,43 @@ def trained_pass16(path: str, problems: list) -> float:
     return _measure(path, problems, 16)["pass@16"].mean
 
 
-def _delta(before: dict) -> dict:
-    now = budget.snapshot()
-    return {k: now.get(k, 0) - before.get(k, 0) for k in ("sft_examples", "rollouts")}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny budget, to check the script")
     parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--k", type=int, default=4, help="solutions per problem in arm (c)")
+    parser.add_argument(
+        "--from-run",
+        default=None,
+        help="take (f) from this finished `coscale demo` run folder instead of running it again",
+    )
+    parser.add_argument(
+        "--sweep", action=argparse.BooleanOptionalAction, default=True, help="also the lr/N sweep"
+    )
+    parser.add_argument("--k", type=int, default=6, help="solutions per problem in arm (c)")
     args = parser.parse_args()
     work = os.path.join("runs", "reproduce")
     start = time.time()
-    final_f, spent_f, cfg, data = coscale_arm(os.path.join(work, "coscale"), args.quick)
+    f_dir = args.from_run or os.path.join(work, "coscale")
+    arm = finished_arm if args.from_run else coscale_arm
+    final_f, spent_f, cfg, data = arm(f_dir, args.quick)
     base = resolve_model_path(cfg.model)
     problems = list(data.problems.values())
     random.Random(0).shuffle(problems)
+    fresh = fresh_problems(data.bank.total(), {p.question for p in problems})
     models, spend = {"(a) base": base}, {"(a) base": {"sft_examples": 0, "rollouts": 0}}
     before = budget.snapshot()
-    b, _ = sft_arm(base, problems, 1, spent_f["sft_examples"], cfg, data, seed=1)
+    b, _ = sft_arm(base, fresh, 1, spent_f["sft_examples"], cfg, data, seed=1)
     models["(b) SFT 1 x many"] = b.export(os.path.join(work, "b"))
-    spend["(b) SFT 1 x many"] = _delta(before)
+    spend["(b) SFT 1 x many"] = budget.since(before)
     before = budget.snapshot()
-    c, c_problems = sft_arm(base, problems, args.k, spent_f["sft_examples"], cfg, data, seed=1)
+    c, c_problems = sft_arm(base, fresh, args.k, spent_f["sft_examples"], cfg, data, seed=1)
     models[f"(c) SFT {args.k} x few"] = c.export(os.path.join(work, "c"))
-    spend[f"(c) SFT {args.k} x few"] = _delta(before)
+    spend[f"(c) SFT {args.k} x few"] = budget.since(before)
     before = budget.snapshot()
     models["(d) GRPO N fixed"] = grpo_arm(
         base, problems, spent_f["rollouts"], cfg, data, os.path.join(work, "d")
     )
-    spend["(d) GRPO N fixed"] = _delta(before)
+    spend["(d) GRPO N fixed"] = budget.since(before)
     before = budget.snapshot()
     models["(e) SFT (b) + GRPO"] = grpo_arm(
         models["(b) SFT 1 x many"],
@@ -135,7 +166,7 @@ def main() -> None:
         os.path.join(work, "e"),
     )
     spend["(e) SFT (b) + GRPO"] = {
-        **_delta(before),
+        **budget.since(before),
         "sft_examples": spend["(b) SFT 1 x many"]["sft_examples"],
     }
     models["(f) CoScale-RL"], spend["(f) CoScale-RL"] = final_f, spent_f
@@ -145,6 +176,23 @@ def main() -> None:
         "(c)": trained_pass16(models[f"(c) SFT {args.k} x few"], c_problems),
     }
     write(args, report, spend, potential, time.time() - start)
+    if args.sweep:
+        run_sweep(args, os.path.join(f_dir, "it1", "sft", "model"), problems, cfg, work)
+
+
+def run_sweep(args, start: str, pool: list, cfg, work: str) -> None:
+    """The lr/N sweep from (f)'s first SFT model on (f)'s training problems."""
+    quick = {"rollouts": 256, "grid": [(2e-4, 4), (2e-4, 16)], "k": 4} if args.quick else {}
+    result = sweep(
+        start,
+        pool,
+        instantiate(cfg.grpo),
+        os.path.join(work, "sweep"),
+        precision=cfg.trainer.get("precision"),
+        **quick,
+    )
+    suffix = " --quick" if args.quick else ""
+    write_sweep(result, args.out, f".venv/bin/python benchmarks/reproduce.py{suffix}")
 
 
 def evaluate(models: dict, n_test: int) -> dict:
@@ -176,7 +224,7 @@ def write(args, report, spend, potential, seconds) -> None:
     text = "\n".join(
         [
             f"# reproduce.py ({'quick' if args.quick else 'full'}), {time.strftime('%Y-%m-%d')}, {seconds / 60:.1f} min",
-            f"command: .venv/bin/python benchmarks/reproduce.py {'--quick' if args.quick else ''}".rstrip(),
+            "command: .venv/bin/python " + " ".join(sys.argv),
             "",
             "\n".join(lines),
             "",

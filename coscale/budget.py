@@ -21,3 +21,9 @@ def spend(kind: str, amount: int) -> None:
 def snapshot() -> dict[str, int]:
     """A copy of the totals so far."""
     return dict(BUDGET)
+
+
+def since(before: dict[str, int]) -> dict[str, int]:
+    """What was spent after ``before`` (a :func:`snapshot`): SFT examples and rollouts."""
+    now = snapshot()
+    return {k: now.get(k, 0) - before.get(k, 0) for k in ("sft_examples", "rollouts")}

@@ -100,13 +100,22 @@ def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, k: int) -> d
 
 
 def _measure(path: str, problems: list, k: int) -> dict[str, Estimate]:
+    correct = correct_counts(path, problems, k)
+    return {
+        "pass@1": pass_at_k_estimate(k, correct, 1),
+        f"pass@{k}": pass_at_k_estimate(k, correct, k),
+    }
+
+
+def correct_counts(path: str, problems: list, k: int, seed: int = 0) -> list[int]:
+    """Correct samples out of ``k`` (temperature 1.0) of the model at ``path`` per problem."""
     from coscale.policy import load_policy
     from coscale.rewards import MathReward
     from coscale.rollout.hf import HFGenerateBackend
 
     model, tok = load_policy(path)
     backend, fmt = HFGenerateBackend(model, tok), PromptFormat(template=tiers.PROMPT)
-    sampling = SamplingParams(max_new_tokens=96, temperature=1.0, seed=0)
+    sampling = SamplingParams(max_new_tokens=96, temperature=1.0, seed=seed)
     correct: list[int] = []
     with MathReward() as reward:
         for start in range(0, len(problems), 64):
@@ -117,10 +126,7 @@ def _measure(path: str, problems: list, k: int) -> dict[str, Estimate]:
             for i, s in zip(ro.prompt_index.tolist(), scores):
                 counts[i] += int(s >= 1.0)
             correct += counts
-    return {
-        "pass@1": pass_at_k_estimate(k, correct, 1),
-        f"pass@{k}": pass_at_k_estimate(k, correct, k),
-    }
+    return correct
 
 
 def average(report: dict[str, Any], label: str, metric: str = "pass@1") -> float:

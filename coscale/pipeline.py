@@ -8,6 +8,7 @@
         re-distillation into the initial model (a callback of the RL fit)
     final retrain from the initial model on everything collected, pass@k before / after
 
+``results["spend"]`` holds the SFT examples and rollouts of every stage (coscale.budget).
 Progress survives a crash: after every stage the pools, bank, replay buffer and N per problem
 are written to ``<run_dir>/pipeline_state.json`` next to the stage's exported model, and a stage
 interrupted mid-fit resumes from its own ``last.ckpt``.
@@ -24,6 +25,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
+from coscale import budget
 from coscale.callbacks import FinalRetrain, PassRateEvaluation, ReDistillation, RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule, SFTModule
@@ -45,8 +47,15 @@ class PipelineConfig:
         rl_eval_every: Also re-measure the pools with K fresh samples every this many RL epochs;
             0 relies on the RL rollouts themselves (each epoch's tally relabels the pools).
         sft_epochs: Epochs of every SFT stage.
+        sft_max_steps: Cap on the optimiser steps of every SFT stage, the re-distillation and
+            final retrain included (None: ``sft_epochs`` alone decide). SFT sets grow with every
+            iteration; a cap keeps each stage's cost fixed.
         rl_epochs: Epochs of every RL stage (the solvable set is rebuilt each epoch).
         final_retrain: Retrain from the initial model at the end.
+        redistill_each_iteration: Re-distil into the initial model at the end of every RL stage.
+            Off, the next iteration's SFT (from the initial model, on the bank plus the
+            re-distilled set) is the re-distillation, and one SFT fit per iteration is saved;
+            the iteration's exported model is then its RL model.
         logger: ``wandb`` (offline without an API key), ``csv`` or ``none``.
         project: W&B project name.
         seed: Global seed.
@@ -65,8 +74,10 @@ class PipelineConfig:
     eval_max_problems: int | None = None
     rl_eval_every: int = 0
     sft_epochs: int = 2
+    sft_max_steps: int | None = None
     rl_epochs: int = 2
     final_retrain: bool = True
+    redistill_each_iteration: bool = True
     logger: LoggerKind = "wandb"
     project: str = "coscale"
     seed: int = 0
@@ -87,6 +98,8 @@ class PipelineConfig:
             ]
             if v < lo
         ]
+        if self.sft_max_steps is not None and self.sft_max_steps < 1:
+            errors.append(f"sft_max_steps must be >= 1 or null, got {self.sft_max_steps}")
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
 
@@ -128,7 +141,10 @@ class Pipeline:
             self.stage(f"it{it}/eval", self.measure)
             # the last iteration's re-distillation is the final retrain: do it once
             last = it == self.cfg.iterations and self.cfg.final_retrain
-            self.stage(f"it{it}/rl", lambda name, last=last: self.rl(name, redistill=not last))
+            redistill = not last and (
+                self.cfg.redistill_each_iteration or it == self.cfg.iterations
+            )
+            self.stage(f"it{it}/rl", lambda name, r=redistill: self.rl(name, redistill=r))
         if self.cfg.final_retrain:
             self.stage("final", self.final)
         self.results["pools"] = self.dm.pools.counts()
@@ -155,7 +171,7 @@ class Pipeline:
         if not self.dm.sft_items():
             return
         module = SFTModule(model=self.cfg.model, **self.sft_args)
-        self.fit(name, module, [], self.cfg.sft_epochs)
+        self.fit(name, module, [], self.cfg.sft_epochs, max_steps=self.cfg.sft_max_steps)
         self.current = module.export(os.path.join(self.cfg.run_dir, name, "model"))
 
     def measure(self, name: str) -> None:
@@ -206,20 +222,32 @@ class Pipeline:
             f"\n[coscale] == stage {name} | pools: {counts} | bank: {self.dm.bank.total()} ==",
             flush=True,
         )
+        before = budget.snapshot()
         fn(name)
+        # SFT examples and rollouts of this stage (a stage resumed mid-fit counts its rest)
+        self.results.setdefault("spend", {})[name] = budget.since(before)
         self.done.append(name)
         self._save()
 
-    def fit(self, name: str, module: L.LightningModule, callbacks: list, epochs: int) -> None:
+    def fit(
+        self,
+        name: str,
+        module: L.LightningModule,
+        callbacks: list,
+        epochs: int,
+        max_steps: int | None = None,
+    ) -> None:
         ckpt_dir = os.path.join(self.cfg.run_dir, name, "ckpt")
         ckpt = ModelCheckpoint(
             dirpath=ckpt_dir, save_last=True, every_n_train_steps=1, save_top_k=0
         )
-        trainer = self._trainer(name, [*callbacks, ckpt], max_epochs=epochs)
+        trainer = self._trainer(name, [*callbacks, ckpt], max_epochs=epochs, max_steps=max_steps)
         last = os.path.join(ckpt_dir, "last.ckpt")
         trainer.fit(module, datamodule=self.dm, ckpt_path=last if os.path.exists(last) else None)
 
-    def _trainer(self, name: str, callbacks: list, max_epochs: int) -> L.Trainer:
+    def _trainer(
+        self, name: str, callbacks: list, max_epochs: int, max_steps: int | None = None
+    ) -> L.Trainer:
         args = {
             "accelerator": "auto",
             "devices": 1,
@@ -235,6 +263,7 @@ class Pipeline:
             logger=self.logger,
             callbacks=[*callbacks, bar],
             max_epochs=max_epochs,
+            max_steps=-1 if max_steps is None else max_steps,
             **args,
         )
 
@@ -259,6 +288,7 @@ class Pipeline:
     def _sft_trainer_args(self) -> dict[str, Any]:
         return {
             "max_epochs": self.cfg.sft_epochs,
+            "max_steps": -1 if self.cfg.sft_max_steps is None else self.cfg.sft_max_steps,
             **{k: v for k, v in self.cfg.trainer.items() if k in ("accelerator", "precision")},
         }
 

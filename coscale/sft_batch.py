@@ -58,3 +58,19 @@ def token_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
         reduction="sum",
     )
     return loss / max(n, 1), n
+
+
+def solution_loss(model: torch.nn.Module, enc: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """:func:`token_mean_loss` of ``model`` on a :func:`tokenize_pairs` batch, with the output
+    head run only from the first solution token on (``logits_to_keep``) when the model takes it:
+    the prompt's logits are never needed, so they are never computed. Same loss as the full pass.
+    """
+    from coscale.logprobs import keep_last_logits
+
+    labels = enc["labels"]  # [B, L]
+    labelled = (labels != IGNORE).any(0).nonzero()  # [L'] columns with a label
+    keep = labels.size(1) - int(labelled[0]) + 1 if len(labelled) else labels.size(1)
+    kwargs = keep_last_logits(model, keep)
+    out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], **kwargs)
+    tail = labels[:, -out.logits.size(1) :]  # [B, keep] labels under the kept logits
+    return token_mean_loss(out.logits, tail)

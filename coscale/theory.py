@@ -15,7 +15,7 @@ returned.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from numbers import Integral, Real
 
 
@@ -57,6 +57,32 @@ def optimal_lr_over_n(mu_p: float, mu_n: float) -> float:
     mu_p = _real("mu_p", mu_p, low=0.0)
     mu_n = _real("mu_n", mu_n, low=0.0, open_low=True)
     return mu_p / (2.0 * mu_n)
+
+
+def fit_efficiency(lr_over_n: Sequence[float], gains: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``(mu_p, mu_n)`` of ``gain ~ x * mu_p - x**2 * mu_n`` (no intercept).
+
+    ``gains`` are measured efficiencies (e.g. accuracy gained at a fixed rollout budget) at the
+    ratios ``lr_over_n``. The fit is unconstrained, so a measured curve that is not concave
+    shows up as ``mu_n <= 0`` (no optimum inside the range): check before calling
+    :func:`optimal_lr_over_n`.
+    """
+    if len(lr_over_n) != len(gains) or len(gains) < 2:
+        raise ValueError(
+            f"fit_efficiency needs >= 2 (lr_over_n, gain) pairs of equal length, got "
+            f"{len(lr_over_n)} and {len(gains)}"
+        )
+    xs = [_real("lr_over_n", x, low=0.0) for x in lr_over_n]
+    # normal equations of [x, -x^2] @ [mu_p, mu_n] = gain
+    s2, s3, s4 = (sum(x**k for x in xs) for k in (2, 3, 4))
+    b1 = sum(x * g for x, g in zip(xs, gains))
+    b2 = -sum(x * x * g for x, g in zip(xs, gains))
+    det = s2 * s4 - s3 * s3
+    if det <= 0:
+        raise ValueError("fit_efficiency needs at least two distinct non-zero lr_over_n values")
+    mu_p = (s4 * b1 + s3 * b2) / det
+    mu_n = (s3 * b1 + s2 * b2) / det
+    return mu_p, mu_n
 
 
 def instability_threshold(mu_p: float, mu_n: float) -> float:

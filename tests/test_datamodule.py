@@ -253,6 +253,12 @@ def test_sft_items_all_swaps_rl_problems_bank_for_their_latest_rollout():
     assert dm.sft_items() == [_pair(dm, "c", C01), _pair(dm, "b", "rb2"), _pair(dm, "a", "ra")]
 
 
+def test_sft_items_all_keeps_rl_problems_bank_when_asked():
+    dm = _sft_dm("all", sft_keep_rl_bank=True)
+    bank = [_pair(dm, "a", S210), _pair(dm, "a", S012), _pair(dm, "c", C01)]
+    assert dm.sft_items() == [*bank, _pair(dm, "b", "rb2"), _pair(dm, "a", "ra")]
+
+
 # ------------------------------------------------------------------------------- RL items
 def _rl_dm(**kwargs) -> ProblemDataModule:
     rows = [{"id": i, "question": f"q{i}", "answer": f"ans{i}"} for i in "abcde"]

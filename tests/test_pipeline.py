@@ -105,3 +105,41 @@ def test_sigkill_mid_rl_then_same_command_resumes(tmp_path):
     assert "== stage it1/sft |" not in log  # finished stages are not run again
     final = json.loads((run_dir / "pipeline_state.json").read_text())
     assert final["done"][-1] == "it1/rl"
+
+
+def _stage_plan(tmp_path, **settings) -> list[tuple[str, bool | None]]:
+    """The stages a pipeline runs, each RL stage with whether it re-distils (fits stubbed)."""
+    from coscale.datamodules import ProblemDataModule
+    from coscale.pipeline import Pipeline, PipelineConfig
+
+    rows = [{"id": "a", "question": "1+1", "answer": "2"}]
+    cfg = PipelineConfig(model="unused", run_dir=str(tmp_path), logger="none", **settings)
+    pipe = Pipeline(cfg, ProblemDataModule(train=rows))
+    plan: list[tuple[str, bool | None]] = []
+    for stage in ("warmup", "scale_data", "sft", "measure", "final"):
+        setattr(pipe, stage, lambda name: plan.append((name, None)))
+    pipe.rl = lambda name, redistill: plan.append((name, redistill))
+    pipe.run()
+    return plan
+
+
+def test_redistillation_each_iteration_or_only_through_the_next_sft(tmp_path):
+    rl = [s for s in _stage_plan(tmp_path / "a", iterations=3) if s[0].endswith("/rl")]
+    assert rl == [("it1/rl", True), ("it2/rl", True), ("it3/rl", False)]  # last: final retrain
+    rl = [
+        s
+        for s in _stage_plan(tmp_path / "b", iterations=3, redistill_each_iteration=False)
+        if s[0].endswith("/rl")
+    ]
+    assert rl == [("it1/rl", False), ("it2/rl", False), ("it3/rl", False)]
+    plan = _stage_plan(
+        tmp_path / "c", iterations=2, redistill_each_iteration=False, final_retrain=False
+    )
+    assert ("it2/rl", True) in plan and not any(name == "final" for name, _ in plan)
+
+
+def test_sft_max_steps_must_be_positive():
+    from coscale.pipeline import PipelineConfig
+
+    with pytest.raises(ValueError, match="sft_max_steps must be >= 1"):
+        PipelineConfig(model="m", sft_max_steps=0)

@@ -9,6 +9,7 @@ import pytest
 from coscale.theory import (
     effective_rollouts,
     efficiency,
+    fit_efficiency,
     instability_threshold,
     n_for_lr_ratio,
     optimal_lr_over_n,
@@ -99,3 +100,26 @@ def test_n_for_lr_ratio():
 def test_rejects_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_fit_efficiency_recovers_a_quadratic_and_its_optimum():
+    xs = [1e-6, 3e-6, 1e-5, 3e-5, 1e-4]
+    gains = [efficiency(x, mu_p=2.0e4, mu_n=3.0e8) for x in xs]
+    mu_p, mu_n = fit_efficiency(xs, gains)
+    assert mu_p == pytest.approx(2.0e4, rel=1e-6)
+    assert mu_n == pytest.approx(3.0e8, rel=1e-6)
+    assert optimal_lr_over_n(mu_p, mu_n) == pytest.approx(2.0e4 / 6.0e8, rel=1e-6)
+
+
+def test_fit_efficiency_reports_a_convex_curve_as_non_positive_noise():
+    _, mu_n = fit_efficiency([1.0, 2.0, 3.0], [1.0, 4.0, 9.0])  # gain = x^2: no optimum
+    assert mu_n < 0
+
+
+@pytest.mark.parametrize(
+    ("xs", "gains", "match"),
+    [([1.0], [1.0], ">= 2"), ([1.0, 2.0], [1.0], "equal length"), ([0.0, 0.0], [0, 0], "distinct")],
+)
+def test_fit_efficiency_rejects_too_little_data(xs, gains, match):
+    with pytest.raises(ValueError, match=match):
+        fit_efficiency(xs, gains)

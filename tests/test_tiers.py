@@ -40,16 +40,23 @@ def test_problem_answers_and_tier_shapes():
 def test_teacher_solutions_are_distinct_correct_and_canonical_first():
     question = "89+38-37+54"
     sols = list(tiers.solutions(question))
-    # 3! orders of the last three terms x 2^3 optional tens/units splits (38, 37, 54 all split)
-    assert len(sols) == 48 == len(set(sols))
+    # 3 added leads x 3! orders of the other terms, x 2^3 optional tens/units splits of the
+    # three terms after the lead (all of 89, 38, 37, 54 can be split)
+    assert len(sols) == 144 == len(set(sols))
+    # the 18 reorderings come first: three steps each, no split
+    assert all(s.count("=") == 3 for s in sols[:18]) and sols[18].count("=") == 4
+    assert "38+89=127;127-37=90;90+54=144;\\boxed{144}" in sols[:18]
+    assert not any(s.startswith("37") for s in sols)  # a subtracted term never leads
     assert (
         sols[0]
         == tiers.canonical_solution(question)
         == "89+38=127;127-37=90;90+54=144;\\boxed{144}"
     )
     assert all(_check_steps(question, s) == 144 for s in sols)
-    # a multiple of ten is never split
-    assert len(list(tiers.solutions("50+40"))) == 1
+    # a multiple of ten is never split; equal terms give one order, not two
+    assert list(tiers.solutions("50+40")) == ["50+40=90;\\boxed{90}", "40+50=90;\\boxed{90}"]
+    assert len(list(tiers.solutions("50-30"))) == 1
+    assert len(list(tiers.solutions("20+20"))) == 1
 
 
 def test_tier_teacher_skips_known_and_caps_k():

@@ -36,7 +36,7 @@ from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
 from coscale.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import SamplingParams
-from coscale.sft_batch import token_mean_loss, tokenize_pairs
+from coscale.sft_batch import solution_loss, tokenize_pairs
 
 
 class SFTModule(PolicyMixin, L.LightningModule):
@@ -131,8 +131,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
     def training_step(self, batch: list[dict], batch_idx: int) -> torch.Tensor:
         start = time.perf_counter()
         enc = self.encode(batch)
-        out = self.policy(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
-        loss, n_tokens = token_mean_loss(out.logits, enc["labels"])
+        loss, n_tokens = solution_loss(self.policy, enc)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         self.log("train/solution_tokens", float(n_tokens), batch_size=len(batch))
         self.log(
@@ -223,9 +222,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         return mean_loss(batches, self._loss_sum, self.device)
 
     def _loss_sum(self, rows: list[dict]) -> tuple[torch.Tensor, int]:
-        enc = self.encode(rows)
-        out = self.policy(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
-        loss, n_tokens = token_mean_loss(out.logits, enc["labels"])
+        loss, n_tokens = solution_loss(self.policy, self.encode(rows))
         return loss * n_tokens, n_tokens
 
     def _next_mastered(self) -> list[dict]:

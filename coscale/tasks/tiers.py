@@ -109,19 +109,33 @@ def canonical_solution(question: str) -> str:
 def solutions(question: str) -> Iterator[str]:
     """Distinct correct solutions, the canonical left-to-right one first.
 
-    Variants: the terms after the first in every order, and each two-digit term that is not a
-    multiple of ten optionally added in two steps, tens then units (``+54`` as ``+50``, ``+4``).
-    Reorderings come first, then solutions with one split, two splits, ...: the closer a
-    solution is to the canonical style, the earlier it comes. A four-term problem has up to
-    6 x 8 = 48 solutions.
+    Variants: the terms in every order that starts with an added term (the running total then
+    starts from a number, as in the canonical style), and each two-digit term after the first
+    that is not a multiple of ten optionally added in two steps, tens then units (``+54`` as
+    ``+50``, ``+4``). All reorderings come first, then solutions with one split, two splits,
+    ...: the closer a solution is to the canonical style, the earlier it comes. ``a+b-c+d`` has
+    3 x 3! = 18 reorderings and up to 18 x 8 = 144 solutions.
     """
-    terms = terms_of(question)
-    orders = list(itertools.permutations(terms[1:]))
+    terms, seen = terms_of(question), set()
     for n_splits in range(len(terms)):
-        for rest in orders:
+        for lead, rest in _orders(terms):
             splittable = [i for i, (_, v) in enumerate(rest) if v >= 10 and v % 10]
             for split in itertools.combinations(splittable, n_splits):
-                yield _steps([terms[0], *_expand(rest, set(split))])
+                text = _steps([lead, *_expand(rest, set(split))])
+                if text not in seen:
+                    seen.add(text)
+                    yield text
+
+
+def _orders(terms: Sequence[tuple[int, int]]) -> list[tuple[tuple[int, int], tuple]]:
+    """(first term, the others in some order) for every order led by an added term; the
+    question's own order first."""
+    out = []
+    for i, lead in enumerate(terms):
+        if lead[0] > 0:
+            others = [t for j, t in enumerate(terms) if j != i]
+            out += [(lead, rest) for rest in itertools.permutations(others)]
+    return out
 
 
 def _expand(rest: Sequence[tuple[int, int]], split: set[int]) -> list[tuple[int, int]]:
