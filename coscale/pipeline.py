@@ -52,6 +52,8 @@ class PipelineConfig:
             iteration; a cap keeps each stage's cost fixed.
         rl_epochs: Epochs of every RL stage (the solvable set is rebuilt each epoch).
         final_retrain: Retrain from the initial model at the end.
+        final_keep: ``retrained`` (the paper) or ``better``: keep the final retrain only if it
+            does not lower pass@1 on the training problems (see ``FinalRetrain``).
         redistill_each_iteration: Re-distil into the initial model at the end of every RL stage.
             Off, the next iteration's SFT (from the initial model, on the bank plus the
             re-distilled set) is the re-distillation, and one SFT fit per iteration is saved;
@@ -78,6 +80,7 @@ class PipelineConfig:
     rl_epochs: int = 2
     final_retrain: bool = True
     redistill_each_iteration: bool = True
+    final_keep: str = "retrained"
     logger: LoggerKind = "wandb"
     project: str = "coscale"
     seed: int = 0
@@ -209,6 +212,7 @@ class Pipeline:
             trainer=self._sft_trainer_args(),
             initial_model=self.cfg.model,
             eval_k=min(8, self.cfg.eval_k),
+            keep=self.cfg.final_keep,
         )
         self.results["final"] = dict(retrain.run(module.trainer, module, datamodule=self.dm))
         self.current = module.export(os.path.join(self.cfg.run_dir, "final", "model"))

@@ -414,6 +414,32 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
         FinalRetrain(eval_k=0)
 
 
+@pytest.mark.parametrize("after_correct", [False, True])
+def test_final_retrain_keep_better_restores_the_fit_weights_when_the_retrain_is_worse(
+    tiny_model_dir, after_correct
+):
+    val = [{"id": f"v{i}", "question": f"v{i}?", "answer": "yes"} for i in range(3)]
+    dm = _dm(["a"], val=val)
+    dm.bank.add("a", "a solved")
+    policy = SFTModule(model=str(tiny_model_dir), reward=ToyReward(), val_max_new_tokens=8)
+    calls, count_correct = [], policy.count_correct
+
+    def spy(problems, n, sampling):  # before: the real counts (all correct); after: as set
+        calls.append(len(problems))
+        if len(calls) == 1 or after_correct:
+            return count_correct(problems, n, sampling)
+        return [0] * len(problems)
+
+    policy.count_correct = spy
+    fit_end = _weights(policy)
+    cb = FinalRetrain(sft=SFT, trainer=QUIET, eval_k=2, batch_size=3, keep="better")
+    results = cb.run(_trainer(dm, step=1), policy)
+    assert results["val/final_kept_retrained"] == float(after_correct)
+    assert _same(fit_end, _weights(policy)) == (not after_correct)
+    with pytest.raises(ValueError, match="keep must be one of"):
+        FinalRetrain(keep="best")
+
+
 def _fit_with_all_callbacks(model_dir, ids):
     rows = [{"id": i, "question": f"{i}?", "answer": a} for i, a in ids.items()]
     dm = ProblemDataModule(train=rows, batch_size=2, rollout_n=4)

@@ -250,3 +250,39 @@ def test_grpo_defaults_to_the_fast_backend(tiny_model, char_tokenizer):
     assert isinstance(GRPOModule(**kwargs).backend, CachedDecodeBackend)
     slow = GRPOModule(**kwargs, fast_rollouts=False)
     assert type(slow.backend) is HFGenerateBackend
+
+
+# ------------------------------------------------------------------------- update paths
+def test_sft_loss_from_solution_logits_only_equals_the_full_pass(tiny_model, char_tokenizer):
+    from coscale.sft_batch import solution_loss, token_mean_loss, tokenize_pairs
+
+    prompts, sols = ["Compute 2+3.", "x", "What is 7*6?\n"], ["5", "1+1=2 done", "42."]
+    enc = tokenize_pairs(char_tokenizer, prompts, sols, max_length=64)
+    full = tiny_model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+    want, n_want = token_mean_loss(full.logits, enc["labels"])
+    (g_want,) = torch.autograd.grad(want, tiny_model.lm_head.weight)
+    got, n_got = solution_loss(tiny_model, enc)
+    (g_got,) = torch.autograd.grad(got, tiny_model.lm_head.weight)
+    assert n_got == n_want > 0
+    assert torch.allclose(got, want, atol=1e-6)
+    assert torch.allclose(g_got, g_want, atol=1e-6)
+
+
+def test_fused_adamw_is_chosen_on_cpu_and_updates_like_the_loop(tiny_model):
+    from coscale.modules.optim import adamw_with_warmup
+
+    def three_steps(fused: bool | None) -> torch.Tensor:
+        model = copy.deepcopy(tiny_model)
+        if fused is None:
+            opt = adamw_with_warmup(model, 1e-3, (0.9, 0.99), 0.01, warmup_steps=0)["optimizer"]
+            assert opt.defaults["fused"] is True
+        else:
+            opt = torch.optim.AdamW(model.parameters(), 1e-3, (0.9, 0.99), weight_decay=0.01)
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    assert torch.allclose(three_steps(None), three_steps(False), atol=1e-6)

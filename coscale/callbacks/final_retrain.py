@@ -20,6 +20,14 @@ from coscale.callbacks import sft_stage
 from coscale.callbacks.redistill import initial_weights, retrain_from_initial, sft_set, stage_errors
 from coscale.rollout.base import SamplingParams
 
+KEEP = ("retrained", "better")
+"""What :class:`FinalRetrain` keeps: the retrained weights always, or the better of the two."""
+
+
+def _weights(pl_module: Any) -> dict[str, torch.Tensor]:
+    """A copy of the policy's weights (on their device)."""
+    return {k: v.detach().clone() for k, v in pl_module.policy.state_dict().items()}
+
 
 class FinalRetrain(Callback):
     """At ``on_fit_end``: evaluate -> SFT from the initial weights on the datamodule's
@@ -37,6 +45,11 @@ class FinalRetrain(Callback):
         export_dir: Save the retrained policy here in HF format.
         batch_size: Problems per sampling call of the evaluation.
         seed: Seed of the evaluation samples (the same before and after).
+        keep: ``retrained`` (the paper) keeps the retrained weights; ``better`` keeps them only
+            when their pass@1 in that evaluation is not lower than before, else restores the
+            weights the fit ended with (``val/final_kept_retrained`` says which was kept).
+            The evaluation runs on the datamodule's held-out problems, or its training problems
+            when it has none: never point it at the sets you report.
     """
 
     def __init__(
@@ -48,15 +61,18 @@ class FinalRetrain(Callback):
         export_dir: str | None = None,
         batch_size: int = 16,
         seed: int = 0,
+        keep: str = "retrained",
     ) -> None:
         super().__init__()
         errors = stage_errors(sft, trainer) + sft_stage.at_least(0, seed=seed)
+        if keep not in KEEP:
+            errors.append(f"keep must be one of {KEEP}, got {keep!r}")
         errors += sft_stage.at_least(1, eval_k=eval_k, batch_size=batch_size)
         if errors:
             raise ValueError("FinalRetrain: " + "; ".join(errors))
         self.sft, self.trainer_kwargs = dict(sft or {}), dict(trainer or {})
         self.initial_model, self.export_dir = initial_model, export_dir
-        self.eval_k, self.batch_size, self.seed = eval_k, batch_size, seed
+        self.eval_k, self.batch_size, self.seed, self.keep = eval_k, batch_size, seed, keep
         self.runs = 0  # retrains done
         self.results: dict[str, float] = {}  # val/final_{before,after}_pass@k of the last run
         self._device: torch.device | None = None
@@ -89,9 +105,11 @@ class FinalRetrain(Callback):
             self.results = self._measure(trainer, pl_module, problems, "before")
             items = sft_set(dm, "all", dm.redistill_per_problem, dm.redistill_max_total)
             if items:
+                fit_end = _weights(pl_module) if self.keep == "better" else None
                 retrain_from_initial(self, pl_module, items, seed=getattr(dm, "seed", 0), dm=dm)
                 self.runs += 1
                 self.results |= self._measure(trainer, pl_module, problems, "after")
+                self._keep_better(pl_module, fit_end)
             else:
                 rank_zero_warn("FinalRetrain: nothing to retrain on; the policy is left as is")
             if items and self.export_dir and getattr(trainer, "is_global_zero", True):
@@ -103,6 +121,17 @@ class FinalRetrain(Callback):
             "FinalRetrain: " + ", ".join(f"{k}={v:.4f}" for k, v in self.results.items())
         )
         return dict(self.results)
+
+    def _keep_better(self, pl_module: Any, fit_end: dict[str, torch.Tensor] | None) -> None:
+        """With ``keep="better"``: back to the fit's own weights if the retrain lowered pass@1."""
+        if fit_end is None:
+            return
+        before = self.results.get("val/final_before_pass@1", 0.0)
+        kept = self.results.get("val/final_after_pass@1", 0.0) >= before
+        if not kept:
+            pl_module.policy.load_state_dict(fit_end)
+            rank_zero_info("FinalRetrain: the retrain lowered pass@1; the fit's weights are kept")
+        self.results["val/final_kept_retrained"] = float(kept)
 
     def _measure(self, trainer: Any, pl_module: Any, problems: list[dict], when: str) -> dict:
         """``val/final_<when>_pass@1`` and ``@eval_k`` of the current policy on ``problems``."""
