@@ -43,7 +43,7 @@ def coscale_arm(run_dir: str, quick: bool):
     parser = pipeline_parser()
     args = ["--config", demo_config(), "--pipeline.run_dir", run_dir, "--pipeline.logger", "csv"]
     cfg = parser.parse_args([*args, *(QUICK if quick else [])])
-    init = parser.instantiate_classes(cfg)
+    init = parser.instantiate(cfg)
     before = budget.snapshot()
     Pipeline(init.pipeline, init.data).run()
     spent = budget.since(before)
@@ -61,7 +61,7 @@ def finished_arm(run_dir: str, quick: bool):
         raise SystemExit(f"--from-run: {path} is not a finished run with per-stage spend")
     parser = pipeline_parser()
     args = ["--config", demo_config(), "--pipeline.run_dir", run_dir, "--pipeline.logger", "none"]
-    init = parser.instantiate_classes(parser.parse_args([*args, *(QUICK if quick else [])]))
+    init = parser.instantiate(parser.parse_args([*args, *(QUICK if quick else [])]))
     init.data.load()
     init.data.load_state_dict(state["data"])
     spent = {k: sum(s[k] for s in stages.values()) for k in ("sft_examples", "rollouts")}

@@ -90,7 +90,7 @@ def run_command(argv: list[str]) -> dict[str, Any]:
         return {}
     parser = pipeline_parser()
     cfg = parser.parse_args(rest)
-    init = parser.instantiate_classes(cfg)
+    init = parser.instantiate(cfg)
     results = Pipeline(init.pipeline, init.data).run()
     print_results(results)
     return results

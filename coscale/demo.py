@@ -47,7 +47,7 @@ def run_demo(rest: list[str]) -> dict[str, Any]:
     n_test = 16 if quick else 128
     parser = pipeline_parser()
     cfg = parser.parse_args(["--config", demo_config(), *(QUICK if quick else []), *rest])
-    init = parser.instantiate_classes(cfg)
+    init = parser.instantiate(cfg)
     pipeline = Pipeline(init.pipeline, init.data)
     try:
         results = pipeline.run(close_logger=False)

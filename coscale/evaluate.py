@@ -180,5 +180,5 @@ def eval_parser():
 def eval_command(argv: list[str]) -> list[dict[str, Any]]:
     """``coscale eval --config eval.yaml [--eval.samples 4 ...]``."""
     parser = eval_parser()
-    init = parser.instantiate_classes(parser.parse_args(argv))
+    init = parser.instantiate(parser.parse_args(argv))
     return run_eval(init.eval)

@@ -32,12 +32,12 @@ def test_config_parses_and_instantiates(path, tmp_path, monkeypatch):
         from coscale.evaluate import EvalConfig, eval_parser
 
         parser = eval_parser()
-        init = parser.instantiate_classes(parser.parse_args(["--config", str(path)]))
+        init = parser.instantiate(parser.parse_args(["--config", str(path)]))
         assert isinstance(init.eval, EvalConfig)
         return
     if _is_pipeline(path):
         parser = pipeline_parser()
-        init = parser.instantiate_classes(parser.parse_args(["--config", str(path)]))
+        init = parser.instantiate(parser.parse_args(["--config", str(path)]))
         assert isinstance(init.pipeline, PipelineConfig)
         assert isinstance(init.data, ProblemDataModule)
         if str(init.data.train_source).startswith("builtin:"):  # hub data sets are not fetched
