@@ -50,6 +50,11 @@ def coscale_arm(run_dir: str, quick: bool):
     return os.path.join(run_dir, "final", "model"), spent, init.pipeline, init.data
 
 
+def _precision(cfg) -> dict:
+    """(f)'s Trainer precision (bf16 autocast in the demo), for every other arm too."""
+    return {k: v for k, v in cfg.trainer.items() if k == "precision"}
+
+
 def finished_arm(run_dir: str, quick: bool):
     """(f) from a finished ``coscale demo`` run (same config): its final model and its spend,
     read from the run's ``pipeline_state.json``, instead of running the pipeline again."""
@@ -95,7 +100,8 @@ def sft_arm(base: str, problems: list, per_problem: int, size: int, cfg, data, s
     random.Random(seed).shuffle(items)
     epochs = max(1, round(size / len(items)))
     sft = {**instantiate(cfg.sft), "batch_size": data.sft_batch_size}
-    module = run_sft(base, items, sft, {"max_epochs": epochs, "accelerator": "cpu"}, seed=seed)
+    trainer = {"max_epochs": epochs, "accelerator": "cpu", **_precision(cfg)}
+    module = run_sft(base, items, sft, trainer, seed=seed)
     return module, chosen
 
 
@@ -209,6 +215,13 @@ def evaluate(models: dict, n_test: int) -> dict:
 
 def write(args, report, spend, potential, seconds) -> None:
     os.makedirs(args.out, exist_ok=True)
+    raw = {
+        label: {s: {m: vars(e) for m, e in row.items()} for s, row in rows.items()}
+        for label, rows in report["models"].items()
+    }
+    name = "reproduce_quick" if args.quick else "reproduce"
+    with open(os.path.join(args.out, name + ".json"), "w") as f:
+        json.dump({"models": raw, "spend": spend, "pass16": potential}, f, indent=1)
     base = average(report, "(a) base")
     lines = [
         "| arm | avg pass@1 (4 sets) | x base | SFT examples | rollouts |",
@@ -230,7 +243,7 @@ def write(args, report, spend, potential, seconds) -> None:
             "",
             "per set (pass@1 / pass@8 in %, 95% intervals):",
             "",
-            table(report),
+            table(report, base="(a) base"),
             "",
             f"trained problems of (c), pass@16: (b) {potential['(b)'] * 100:.1f}%  (c) {potential['(c)'] * 100:.1f}%",
         ]

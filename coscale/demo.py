@@ -135,8 +135,9 @@ def average(report: dict[str, Any], label: str, metric: str = "pass@1") -> float
     return sum(row[name][metric].mean for name in tiers.BENCHMARKS) / len(tiers.BENCHMARKS)
 
 
-def table(report: dict[str, Any]) -> str:
-    """Markdown table: per set pass@1 and pass@k [95% CI] of every model, plus averages."""
+def table(report: dict[str, Any], base: str = "base") -> str:
+    """Markdown table: per set pass@1 and pass@k [95% CI] of every model, plus averages and
+    the ratio of each average over that of the model labelled ``base``."""
     k = report["k"]
     head = (
         "| model | "
@@ -144,11 +145,11 @@ def table(report: dict[str, Any]) -> str:
         + " | avg pass@1 (4 sets) | x base |"
     )
     lines = [head, "|" + "---|" * (2 * len(SETS) + 3)]
-    base = average(report, "base") or float("nan")
+    reference = average(report, base) or float("nan")
     for label, row in report["models"].items():
         cells = " | ".join(f"{row[s]['pass@1'].fmt()} | {row[s][f'pass@{k}'].fmt()}" for s in SETS)
         avg = average(report, label)
-        lines.append(f"| {label} | {cells} | {avg * 100:.1f} | {avg / base:.2f}x |")
+        lines.append(f"| {label} | {cells} | {avg * 100:.1f} | {avg / reference:.2f}x |")
     return "\n".join(lines)
 
 
