@@ -49,6 +49,8 @@ def plain_grpo(
         rollout_n=n,
         rl_unmeasured=True,
         low=0.0,
+        high=1.0,  # plain GRPO: a problem leaves only when every sample is right ...
+        max_rl_rounds=1_000_000,  # ... and never for having had many RL epochs
         seed=seed,
     )
     L.seed_everything(seed, workers=True)
