@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any
 
@@ -184,12 +185,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--start", required=True, help="start model folder (e.g. an SFT model)")
     parser.add_argument("--rollouts", type=int, default=2048)
+    parser.add_argument("--lrs", default="2.5e-5,1e-4,4e-4,1.6e-3", help="learning rates")
+    parser.add_argument("--ns", default="4,16", help="Rollout N values")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
+    grid = [(float(lr), int(n)) for n in args.ns.split(",") for lr in args.lrs.split(",")]
     pool = [p for t in tiers.BENCHMARKS for p in tiers.problems(t, 64, seed=0, held_out=False)]
     grpo = {"prompt": tiers.PROMPT, "max_new_tokens": 96, "temperature": 1.0}
-    result = sweep(args.start, pool, grpo, os.path.join("runs", "lr_n_sweep"), args.rollouts)
-    write(result, args.out, f".venv/bin/python benchmarks/lr_n_sweep.py --start {args.start}")
+    work = os.path.join("runs", "lr_n_sweep")
+    result = sweep(args.start, pool, grpo, work, args.rollouts, grid=grid)
+    write(result, args.out, ".venv/bin/python " + " ".join(sys.argv))
 
 
 def write(result: dict[str, Any], out: str, command: str) -> str:
