@@ -27,6 +27,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from coscale import budget
 from coscale.callbacks import FinalRetrain, PassRateEvaluation, ReDistillation, RolloutNSchedule
+from coscale.callbacks.final_retrain import KEEP
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.loggers import LoggerKind, make_logger
@@ -103,6 +104,8 @@ class PipelineConfig:
         ]
         if self.sft_max_steps is not None and self.sft_max_steps < 1:
             errors.append(f"sft_max_steps must be >= 1 or null, got {self.sft_max_steps}")
+        if self.final_keep not in KEEP:  # checked now, not after hours of training
+            errors.append(f"final_keep must be one of {KEEP}, got {self.final_keep!r}")
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
 

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from coscale.budget import spend
+from coscale.logprobs import keep_last_logits
 
 IGNORE = -100
 
@@ -65,8 +66,6 @@ def solution_loss(model: torch.nn.Module, enc: dict[str, torch.Tensor]) -> tuple
     head run only from the first solution token on (``logits_to_keep``) when the model takes it:
     the prompt's logits are never needed, so they are never computed. Same loss as the full pass.
     """
-    from coscale.logprobs import keep_last_logits
-
     labels = enc["labels"]  # [B, L]
     labelled = (labels != IGNORE).any(0).nonzero()  # [L'] columns with a label
     keep = labels.size(1) - int(labelled[0]) + 1 if len(labelled) else labels.size(1)

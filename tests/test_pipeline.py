@@ -143,3 +143,5 @@ def test_sft_max_steps_must_be_positive():
 
     with pytest.raises(ValueError, match="sft_max_steps must be >= 1"):
         PipelineConfig(model="m", sft_max_steps=0)
+    with pytest.raises(ValueError, match="final_keep must be one of"):
+        PipelineConfig(model="m", final_keep="best")
