@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,17 @@ TINY = ROOT / "configs" / "tiny.yaml"
 STAGES = ["warmup", "it1/scale", "it1/sft", "it1/eval", "it1/rl", "final"]
 
 
-def _wandb_bytes(run_dir: Path) -> bytes:
+def _wandb_bytes(run_dir: Path, keys: Sequence[bytes] = (), wait_s: float = 30.0) -> bytes:
+    """The run's .wandb file; W&B's service process may still be writing it after ``finish``
+    returns, so it is read again (up to ``wait_s``) until every one of ``keys`` is in it."""
     files = list((run_dir / "logs" / "wandb").glob("offline-run-*/*.wandb"))
     assert len(files) == 1, files
-    return files[0].read_bytes()
+    deadline = time.monotonic() + wait_s
+    while True:
+        data = files[0].read_bytes()
+        if all(k in data for k in keys) or time.monotonic() > deadline:
+            return data
+        time.sleep(0.5)
 
 
 @pytest.mark.slow
@@ -40,8 +48,7 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys):
     assert counts["solvable"] + counts["solved"] > 0  # SFT moved problems inside the boundary
     assert set(state["results"]["final"]) >= {"val/final_before_pass@1", "val/final_after_pass@1"}
     # the W&B offline run holds pool sizes, pass rates, N per group and a completions table
-    data = _wandb_bytes(run_dir)
-    for key in [
+    keys = [
         b"pool/solvable",
         b"pool/unsolvable",
         b"pool/pass@1",
@@ -49,7 +56,9 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys):
         b"sched/n_eff_group0",
         b"train/reward",
         b"completions/step_",
-    ]:
+    ]
+    data = _wandb_bytes(run_dir, keys)
+    for key in keys:
         assert key in data, key
     # every stage's model is a plain HF folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
