@@ -9,7 +9,8 @@ grad-norm clip 1.0, and the same rows per forward/backward pass (coscale `micro_
 TRL `per_device_train_batch_size`, TRL accumulating R / that many micro-batches). TRL runs on
 CPU as its docs ask: `use_cpu=True, bf16=False, gradient_checkpointing=False,
 report_to="none"`. coscale runs with its defaults (`fast_rollouts`, `sort_micro_batches` and
-`share_prompt_in_update` on); `--plain` adds a column with all three off.
+`share_prompt_in_update` on); `--plain` adds a column with all three off; `--compile` turns on
+`compile_rollouts` (its compiling happens in the warm-up runs, which are not timed).
 
 A run is one fit of `--steps` optimizer steps with a fresh Lightning `Trainer` / TRL trainer;
 its figure is the median of its step times (the time between step ends, so data loading,
@@ -82,7 +83,8 @@ def coscale_run(size: str, n: int, args, **options):
         model=model, tokenizer=tok, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2),
         scale_rewards="group", lr=1e-6, max_grad_norm=1.0, num_iterations=1,
         micro_batch_size=min(args.micro_batch, args.prompts * n),
-        max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, **options,
+        max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0,
+        **{"compile_rollouts": args.compile, **options},
     )  # fmt: skip
     problems = [
         {"id": str(i), "question": q, "answer": "", "n": n} for i, q in enumerate(QUESTIONS)
@@ -206,6 +208,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--plain", action="store_true", help="add coscale with speed paths off")
+    parser.add_argument("--compile", action="store_true", help="coscale with compile_rollouts")
     args = parser.parse_args()
     header(args.threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -7,13 +7,15 @@ weights (so some rows meet EOS early, as in RL). Tokens/s counts kept completion
 second of wall time. The matmul-bound rate is this machine's fp32 matmul peak (the best of
 the 1024^3 matmuls timed before each batch row, same threads) divided by the model's FLOPs
 per new token (2 x the non-embedding weights incl. the LM head, plus attention over the
-average context). Then each speed path is switched off in turn (and bf16 autocast switched
+average context). "Matmuls alone" times only the weight matmuls of one decode step at the batch's row count: the
+ceiling of any decode loop on this machine. Then each speed path is switched off in turn (and bf16 autocast switched
 on) at one batch, to show what each one buys.
 Peak memory: see `paired.py` (live tensor bytes above the weights, one untimed run per side).
 
 Run: `.venv/bin/python benchmarks/bench_rollout.py [--size 30M] [--batches 1,8,64,256]
 [--new-tokens 32] [--pairs 5] [--threads 1] [--ablation-size 4M] [--ablation-batch 64]`;
-`--compile` runs only the `torch.compile` check (its first call compiles for minutes).
+`--compile [--compile-sizes 0.5M,4M,30M]` runs only the `compile=True` check (its first call
+per size compiles, 10-30 s).
 """
 
 from __future__ import annotations
@@ -51,6 +53,21 @@ def flops_per_token(model, context: float) -> float:
     weights = count_params(model) - cfg.vocab_size * cfg.hidden_size  # tied: embedding once
     lm_head = cfg.vocab_size * cfg.hidden_size
     return 2 * (weights + lm_head) + 4 * cfg.num_hidden_layers * cfg.hidden_size * context
+
+
+def matmuls_alone(model, rows: int, repeats: int = 5) -> float:
+    """tok/s if a decode step were nothing but its weight matmuls at `rows` rows: every
+    `nn.Linear` of the model (and the tied LM head) applied once to random [rows, in] inputs,
+    best of `repeats`. No attention, no element-wise work, no finished rows: a ceiling."""
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(rows, w.shape[1]) for w in weights]
+
+    def step() -> None:
+        for x, w in zip(inputs, weights):
+            torch.nn.functional.linear(x, w)
+
+    step()
+    return rows / min(timed(step) for _ in range(repeats))
 
 
 def rate_runner(backend, prompts: list[str], n: int, sampling: SamplingParams, tokens: list):
@@ -98,7 +115,8 @@ def batch_table(args, peaks: list[float]) -> None:
         peaks.append(matmul_peak())  # the load moves; the best peak seen is the bound
         rates_a, rates_b, result = compare(fast, ref, prompts, n, sampling, args.pairs)
         mems = [memory(x, prompts, n, sampling) for x in (ref, fast)]
-        rows.append((batch, median(rates_b), median(rates_a), result, mems))
+        alone = matmuls_alone(model, batch)
+        rows.append((batch, median(rates_b), median(rates_a), result, mems, alone))
     peaks.append(matmul_peak())
     bound = max(peaks) / flops_per_token(model, 20 + args.new_tokens / 2)
     print(
@@ -107,13 +125,17 @@ def batch_table(args, peaks: list[float]) -> None:
         f"(best fp32 peak of the table, {max(peaks) / 1e9:.0f} GFLOP/s)"
     )
     print("| batch | HF generate tok/s | cached tok/s | cached/HF (per pair) | HF % of bound | "
-          "cached % of bound | peak mem HF | peak mem cached |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for batch, rb, ra, result, (mem_b, mem_a) in rows:
+          "cached % of bound | matmuls alone % of bound | peak mem HF | peak mem cached |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for batch, rb, ra, result, (mem_b, mem_a), alone in rows:
         print(
             f"| {batch} | {rb:,.0f} | {ra:,.0f} | {ratio_cell(result)} | {rb / bound:.0%} | "
-            f"{ra / bound:.0%} | {mib(mem_b)} | {mib(mem_a)} |"
+            f"{ra / bound:.0%} | {alone / bound:.0%} | {mib(mem_b)} | {mib(mem_a)} |"
         )
+    print(
+        "# matmuls alone: the step's weight matmuls only, timed at the batch's row count "
+        "(no attention, element-wise work or finished rows): the most any decode loop could reach"
+    )
 
 
 def ablation_table(args) -> None:
@@ -149,19 +171,28 @@ def ablation_table(args) -> None:
 
 
 def compile_check(args) -> None:
-    """A `torch.compile`d model (dynamic shapes) under the cached backend vs the eager one."""
-    model, tok = build(args.ablation_size)
+    """`CachedDecodeBackend(compile=True)` (A) against the eager backend (B), per model size."""
+    print(
+        f"\n## compile=True: batch {args.ablation_batch}, {args.new_tokens} new tokens; "
+        "A = compiled step over a static cache, B = eager (all speed paths on)"
+    )
+    print("| model | first call (compiles) | A tok/s | B tok/s | A/B (per pair) | peak mem A | "
+          "peak mem B |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
     prompts, n = prompts_for(args.ablation_batch)
-    eager = CachedDecodeBackend(model, tok)
-    compiled = CachedDecodeBackend(torch.compile(model, dynamic=True), tok)
-    first = timed(lambda: compiled.generate(prompts, n, sampling))
-    rates_a, rates_b, result = compare(compiled, eager, prompts, n, sampling, args.pairs)
-    print(
-        f"\n## torch.compile: {args.ablation_size} model, batch {args.ablation_batch}; first "
-        f"call (compiling) {first:.0f} s; then compiled {median(rates_a):,.0f} tok/s, eager "
-        f"{median(rates_b):,.0f} tok/s, compiled/eager {ratio_cell(result)}"
-    )
+    for size in args.compile_sizes.split(","):
+        model, tok = build(size)
+        eager = CachedDecodeBackend(model, tok)
+        compiled = CachedDecodeBackend(model, tok, compile=True)
+        first = timed(lambda c=compiled: c.generate(prompts, n, sampling))
+        rates_a, rates_b, result = compare(compiled, eager, prompts, n, sampling, args.pairs)
+        mems = [memory(x, prompts, n, sampling) for x in (compiled, eager)]
+        print(
+            f"| {size} | {first:.0f} s | {median(rates_a):,.0f} | {median(rates_b):,.0f} | "
+            f"{ratio_cell(result)} | {mib(mems[0])} | {mib(mems[1])} |",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -173,7 +204,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--ablation-size", default="4M")
     parser.add_argument("--ablation-batch", type=int, default=64)
-    parser.add_argument("--compile", action="store_true", help="only the torch.compile check")
+    parser.add_argument("--compile", action="store_true", help="only the compile=True check")
+    parser.add_argument("--compile-sizes", default="0.5M,4M,30M")
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     header(args.threads)

@@ -107,6 +107,35 @@ def test_seeded_sampling_reproduces_and_chunks_split_groups(tiny_model, char_tok
     torch.testing.assert_close(a.logprobs, ref.logprobs, rtol=0, atol=1e-5)
 
 
+def test_compiled_decode_step_computes_what_the_eager_loop_computes(
+    greedy_reference, sampled_plain, dot_stops, tiny_model, char_tokenizer
+):
+    """compile=True: a torch.compile'd step over a static cache; rows that finish stay in the
+    batch, yet their tokens past EOS are dropped, so greedy and seeded outputs are the same."""
+    greedy = CachedDecodeBackend(dot_stops, char_tokenizer, compile=True).generate(
+        PROMPTS, COUNTS, SamplingParams(max_new_tokens=40, temperature=0)
+    )
+    assert torch.equal(greedy.input_ids, greedy_reference.input_ids)
+    assert greedy.finish_reasons == greedy_reference.finish_reasons
+    torch.testing.assert_close(greedy.logprobs, greedy_reference.logprobs, rtol=0, atol=1e-5)
+    sampling = SamplingParams(max_new_tokens=48, temperature=0.9, top_k=40, top_p=0.95, seed=3)
+    backend = CachedDecodeBackend(tiny_model, char_tokenizer, compile=True)
+    sampled = backend.generate(PROMPTS, COUNTS, sampling)
+    assert torch.equal(sampled.input_ids, sampled_plain.input_ids)
+    torch.testing.assert_close(sampled.logprobs, sampled_plain.logprobs, rtol=0, atol=1e-5)
+    # a new model (e.g. after a reload) gets a step of its own
+    other = copy.deepcopy(tiny_model)
+    backend.update_weights(other)
+    assert backend._compiled.model is other
+
+
+def test_compile_refuses_models_with_sliding_window_layers(tiny_model, char_tokenizer):
+    model = copy.deepcopy(tiny_model)
+    model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
+    with pytest.raises(ValueError, match="compile=True needs a model whose layers all use full"):
+        CachedDecodeBackend(model, char_tokenizer, compile=True)
+
+
 def test_inverse_cdf_pick_matches_hand_computed_tokens():
     # probs at temperature 1: softmax(log [0.1, 0.2, 0.3, 0.4]) = [0.1, 0.2, 0.3, 0.4];
     # cdf = [0.1, 0.3, 0.6, 1.0]: u = 0.05 -> 0, 0.29 -> 1, 0.31 -> 2, 1.0 (the total) -> 3
@@ -250,6 +279,8 @@ def test_grpo_defaults_to_the_fast_backend(tiny_model, char_tokenizer):
     assert isinstance(GRPOModule(**kwargs).backend, CachedDecodeBackend)
     slow = GRPOModule(**kwargs, fast_rollouts=False)
     assert type(slow.backend) is HFGenerateBackend
+    assert GRPOModule(**kwargs).backend._compiled is None  # compile is opt-in
+    assert GRPOModule(**kwargs, compile_rollouts=True).backend._compiled is not None
 
 
 # ------------------------------------------------------------------------- update paths

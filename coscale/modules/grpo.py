@@ -63,6 +63,10 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         fast_rollouts: Sample with :class:`~coscale.rollout.CachedDecodeBackend` (shared prompt
             prefill, finished rows dropped, preallocated KV cache) instead of HF ``generate``:
             same distribution and log-probs, faster. Assigning ``module.backend`` overrides it.
+        compile_rollouts: With ``fast_rollouts``, run each decode step as one ``torch.compile``d
+            forward over a static KV cache (full-attention models only; finished rows stay in
+            the batch). Same tokens and log-probs; the first steps compile (seconds to a
+            minute), then small models decode ~1.2x faster on CPU (``bench_rollout.py --compile``).
         sort_micro_batches: Group rollouts of similar length into the update's micro-batches and
             skip each one's padding columns; same loss and gradient up to float rounding.
         share_prompt_in_update: In each micro-batch, run every distinct prompt through the
@@ -100,6 +104,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         val_temperature: float = 1.0,
         log_completions_every: int = 0,
         fast_rollouts: bool = True,
+        compile_rollouts: bool = False,
         sort_micro_batches: bool = True,
         share_prompt_in_update: bool = True,
         rollout_backend: str = "hf",
@@ -143,7 +148,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.sort_micro_batches = sort_micro_batches
         self.share_prompt_in_update = share_prompt_in_update
         if fast_rollouts and rollout_backend == "hf":
-            self.backend = CachedDecodeBackend(self.policy, self.tokenizer)
+            self.backend = CachedDecodeBackend(
+                self.policy, self.tokenizer, compile=compile_rollouts
+            )
         self.ref_policy = _frozen_copy(self.policy) if self.loss_fn.beta > 0 else None
 
     @override

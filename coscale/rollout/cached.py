@@ -14,16 +14,17 @@ speed path is a switch, on by default, and none changes what is computed:
 - `autocast`: optional bf16 autocast of the forward passes; off by default because it
   changes the numerics (log-probs move by up to ~1e-2 on the tiny models, greedy tokens can
   change).
+- `compile`: off by default. Decode steps run as one `torch.compile`d forward over HF's
+  `StaticCache` (`coscale.rollout.compiled`); rows stay in the batch until the chunk ends
+  (a changing row count would recompile), so `drop_finished` is ignored. The first calls
+  compile (seconds to a minute); it pays on long runs of small, overhead-bound models.
 
 Sampling is batch-invariant: at every step one uniform number is drawn for each row of the
 chunk, finished or not, and the token is picked by inverse CDF. So the same seed yields the
 same completions with any combination of switches (up to float rounding of the logits), and
 the tests can hold every speed path to the plain one. The draws differ from `generate`'s,
 so a seed gives other samples than `HFGenerateBackend` (same distribution); greedy decoding
-gives the same tokens. A `torch.compile`d model was measured on the 2-core CPU build
-machine (`benchmarks/bench_rollout.py --compile`): ~1.13x faster decoding after a first call
-that compiles for about a minute, so it pays only after hundreds of rollout calls; it is not
-offered.
+gives the same tokens.
 
 Shapes: n rows of one chunk, U distinct prompts in it, P prompt tokens, T new tokens, V vocab.
 """
@@ -38,6 +39,7 @@ from transformers import PreTrainedTokenizerBase
 
 from coscale.logprobs import cache_kwargs, keep_last_logits, position_ids_from_mask, token_logprobs
 from coscale.rollout.base import SamplingParams
+from coscale.rollout.compiled import CompiledDecodeStep
 from coscale.rollout.hf import HFGenerateBackend
 from coscale.rollout.kv_cache import new_cache
 
@@ -59,6 +61,8 @@ class CachedDecodeBackend(HFGenerateBackend):
         static_cache: Write keys/values into preallocated buffers (models whose layers all
             use full attention; others fall back to `DynamicCache`).
         autocast: None (default, model dtype) or "bfloat16" / "float16" autocast.
+        compile: Run decode steps as a `torch.compile`d step over a static cache (full
+            attention models only; finished rows stay in the batch).
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class CachedDecodeBackend(HFGenerateBackend):
         drop_finished: bool = True,
         static_cache: bool = True,
         autocast: str | None = None,
+        compile: bool = False,
     ) -> None:
         if autocast is not None and autocast not in AUTOCAST_DTYPES:
             raise ValueError(
@@ -78,7 +83,14 @@ class CachedDecodeBackend(HFGenerateBackend):
         super().__init__(model, tokenizer, batch_size)
         self.share_prefix, self.drop_finished = share_prefix, drop_finished
         self.static_cache, self.autocast = static_cache, autocast
+        self._compiled = CompiledDecodeStep(model) if compile else None
         self._kwargs: dict = {}  # forward keywords (with the cache) of the chunk being decoded
+
+    def update_weights(self, model: nn.Module) -> None:
+        """Points the backend (and its compiled step) at `model`."""
+        if self._compiled is not None and model is not self.model:
+            self._compiled = CompiledDecodeStep(model)
+        super().update_weights(model)
 
     def _sample(
         self, ids: Tensor, mask: Tensor, sampling: SamplingParams, prompt_index: Tensor
@@ -98,6 +110,9 @@ class CachedDecodeBackend(HFGenerateBackend):
         cache = new_cache(self.model, p + t_max, self.static_cache)
         self._kwargs = {**cache_kwargs(self.model, cache), **keep_last_logits(self.model, 1)}
         logits = self._prefill(ids, mask, prompt_index, cache)  # [n, V]
+        if self._compiled is not None:
+            cache = self._compiled.static_cache(cache, p + t_max)
+            self._kwargs = {}  # the prefill cache is copied; free it now
         attn = torch.cat([mask, mask.new_ones(n, t_max)], dim=1)  # [n, P+T]
         next_pos = mask.sum(-1)  # [n] position of the first new token
         tokens = ids.new_full((n, t_max), self.tokenizer.pad_token_id)  # [n, T]
@@ -117,7 +132,7 @@ class CachedDecodeBackend(HFGenerateBackend):
                 break
             rows, picked = self._maybe_drop(rows, picked, done, cache)
             pos = (next_pos[rows] + t).unsqueeze(1)  # [m, 1]
-            logits = self._forward(picked.unsqueeze(1), attn[rows, : p + t + 1], pos)
+            logits = self._step(picked.unsqueeze(1), attn, rows, p + t, pos, cache)
         return tokens[:, : t + 1], logprobs[:, : t + 1]
 
     def _prefill(self, ids: Tensor, mask: Tensor, prompt_index: Tensor, cache) -> Tensor:
@@ -131,11 +146,20 @@ class CachedDecodeBackend(HFGenerateBackend):
         cache.batch_select_indices(rows_of)  # [U, ...] -> [n, ...]: copy each prompt's cache
         return logits[rows_of]
 
+    def _step(self, ids: Tensor, attn: Tensor, rows: Tensor, column: int, pos: Tensor, cache):
+        """Feeds `ids` [m, 1] at cache column `column` -> next-token logits [m, V]."""
+        if self._compiled is None:
+            return self._forward(ids, attn[rows, : column + 1], pos)
+        at = torch.tensor([column], device=ids.device)  # a tensor: no recompile per step
+        return self._compiled(ids, attn, pos, at, cache)
+
     def _maybe_drop(self, rows: Tensor, picked: Tensor, done: Tensor, cache) -> tuple[Tensor, ...]:
         """Removes finished rows from the batch (and the cache) once enough of them are done."""
         finished = done[rows]  # [m]
         count = int(finished.sum())
-        if not self.drop_finished or count == 0 or count * DROP_FRACTION < len(rows):
+        if not self.drop_finished or self._compiled is not None:
+            return rows, picked
+        if count == 0 or count * DROP_FRACTION < len(rows):
             return rows, picked
         keep = (~finished).nonzero().squeeze(1)  # [m']
         cache.batch_select_indices(keep)

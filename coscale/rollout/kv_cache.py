@@ -97,13 +97,13 @@ def new_cache(model: nn.Module, capacity: int, preallocate: bool = True) -> Cach
         A cache to pass to the model's forward; `batch_select_indices` drops or repeats rows.
     """
     config = model.config.get_text_config(decoder=True)
-    if preallocate and _full_attention_only(config):
+    if preallocate and full_attention_only(config):
         layers = [PreallocatedLayer(capacity) for _ in range(config.num_hidden_layers)]
         return Cache(layers=layers)
     return DynamicCache(config=config)
 
 
-def _full_attention_only(config) -> bool:
+def full_attention_only(config) -> bool:
     """Sliding-window or linear-attention layers need HF's own cache layers."""
     kinds = getattr(config, "layer_types", None) or ["full_attention"]
     return set(kinds) == {"full_attention"} and hasattr(config, "num_hidden_layers")
