@@ -59,6 +59,11 @@ class PipelineConfig:
             Off, the next iteration's SFT (from the initial model, on the bank plus the
             re-distilled set) is the re-distillation, and one SFT fit per iteration is saved;
             the iteration's exported model is then its RL model.
+        checkpoint_every_n_steps: Save the running stage's ``last.ckpt`` every this many
+            optimiser steps. 1 (the default) loses no step to a crash; a larger value saves the
+            time of writing the model (and optimiser state) after every step, and a crash then
+            redoes at most this many steps of the stage from the last checkpoint (pools, bank,
+            replay buffer and N per problem are in it, so they rewind with the model).
         logger: ``wandb`` (offline without an API key), ``csv`` or ``none``.
         project: W&B project name.
         seed: Global seed.
@@ -82,6 +87,7 @@ class PipelineConfig:
     final_retrain: bool = True
     redistill_each_iteration: bool = True
     final_keep: str = "retrained"
+    checkpoint_every_n_steps: int = 1
     logger: LoggerKind = "wandb"
     project: str = "coscale"
     seed: int = 0
@@ -99,6 +105,7 @@ class PipelineConfig:
                 ("eval_k", self.eval_k, 1),
                 ("sft_epochs", self.sft_epochs, 1),
                 ("rl_epochs", self.rl_epochs, 1),
+                ("checkpoint_every_n_steps", self.checkpoint_every_n_steps, 1),
             ]
             if v < lo
         ]
@@ -246,7 +253,10 @@ class Pipeline:
     ) -> None:
         ckpt_dir = os.path.join(self.cfg.run_dir, name, "ckpt")
         ckpt = ModelCheckpoint(
-            dirpath=ckpt_dir, save_last=True, every_n_train_steps=1, save_top_k=0
+            dirpath=ckpt_dir,
+            save_last=True,
+            every_n_train_steps=self.cfg.checkpoint_every_n_steps,
+            save_top_k=0,
         )
         trainer = self._trainer(name, [*callbacks, ckpt], max_epochs=epochs, max_steps=max_steps)
         last = os.path.join(ckpt_dir, "last.ckpt")

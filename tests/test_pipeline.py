@@ -154,3 +154,32 @@ def test_sft_max_steps_must_be_positive():
         PipelineConfig(model="m", sft_max_steps=0)
     with pytest.raises(ValueError, match="final_keep must be one of"):
         PipelineConfig(model="m", final_keep="best")
+
+
+def test_checkpoint_interval_reaches_the_stage_checkpoint(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from coscale.datamodules import ProblemDataModule
+    from coscale.pipeline import Pipeline, PipelineConfig
+
+    with pytest.raises(ValueError, match="checkpoint_every_n_steps must be >= 1, got 0"):
+        PipelineConfig(model="m", checkpoint_every_n_steps=0)
+    cfg = PipelineConfig(
+        model="m", run_dir=str(tmp_path), logger="none", checkpoint_every_n_steps=25
+    )
+    pipe = Pipeline(cfg, ProblemDataModule(train=[{"id": "a", "question": "q", "answer": "1"}]))
+    seen = []
+
+    class _Trainer:
+        def fit(self, module, datamodule, ckpt_path):
+            seen.append(ckpt_path)
+
+    def fake_trainer(name, callbacks, max_epochs, max_steps=None):
+        seen.extend(c for c in callbacks if isinstance(c, ModelCheckpoint))
+        return _Trainer()
+
+    pipe._trainer = fake_trainer
+    pipe.fit("it1/sft", module=None, callbacks=[], epochs=1)
+    ckpt, resume = seen
+    assert ckpt._every_n_train_steps == 25 and ckpt.save_last
+    assert ckpt.dirpath == str(tmp_path / "it1" / "sft" / "ckpt") and resume is None
