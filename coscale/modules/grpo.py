@@ -342,6 +342,8 @@ def _merge_stats(parts: list[tuple[dict, float]]) -> dict[str, float]:
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    # eval mode on purpose (no dropout in the KL reference); Lightning counts its modules in the
+    # "Found N module(s) in eval mode at the start of training" warning when beta > 0
     ref = copy.deepcopy(model).eval()
     for p in ref.parameters():
         p.requires_grad_(False)
