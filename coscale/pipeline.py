@@ -27,11 +27,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from coscale import budget
 from coscale.callbacks import FinalRetrain, PassRateEvaluation, ReDistillation, RolloutNSchedule
-from coscale.callbacks.final_retrain import KEEP
+from coscale.callbacks.final_retrain import KEEP, judged_problems
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.pools import Pool
+
+FINAL_KEEP = (*KEEP, "best")
+"""Values of ``pipeline.final_keep``: FinalRetrain's, plus ``best`` (over the iterations too)."""
 
 
 @dataclass
@@ -53,8 +56,11 @@ class PipelineConfig:
             iteration; a cap keeps each stage's cost fixed.
         rl_epochs: Epochs of every RL stage (the solvable set is rebuilt each epoch).
         final_retrain: Retrain from the initial model at the end.
-        final_keep: ``retrained`` (the paper) or ``better``: keep the final retrain only if it
-            does not lower pass@1 on the training problems (see ``FinalRetrain``).
+        final_keep: ``retrained`` (the paper); ``better``: keep the final retrain only if it
+            does not lower pass@1 on the training problems (see ``FinalRetrain``); ``best``: as
+            ``better``, then also measure every earlier iteration's model the same way (same
+            problems, same seeded samples) and keep whichever scores highest (a later model
+            wins ties). All three judge on training problems, never on held-out test sets.
         redistill_each_iteration: Re-distil into the initial model at the end of every RL stage.
             Off, the next iteration's SFT (from the initial model, on the bank plus the
             re-distilled set) is the re-distillation, and one SFT fit per iteration is saved;
@@ -111,8 +117,8 @@ class PipelineConfig:
         ]
         if self.sft_max_steps is not None and self.sft_max_steps < 1:
             errors.append(f"sft_max_steps must be >= 1 or null, got {self.sft_max_steps}")
-        if self.final_keep not in KEEP:  # checked now, not after hours of training
-            errors.append(f"final_keep must be one of {KEEP}, got {self.final_keep!r}")
+        if self.final_keep not in FINAL_KEEP:  # checked now, not after hours of training
+            errors.append(f"final_keep must be one of {FINAL_KEEP}, got {self.final_keep!r}")
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
 
@@ -217,15 +223,47 @@ class Pipeline:
     def final(self, name: str) -> None:
         """Retrain from pi0 on everything collected; pass@k before and after."""
         module = self._standalone(SFTModule(model=self.current, **self.sft_args), name)
+        best = self.cfg.final_keep == "best"
         retrain = FinalRetrain(
             sft=self._stage_sft_args(),
             trainer=self._sft_trainer_args(),
             initial_model=self.cfg.model,
             eval_k=min(8, self.cfg.eval_k),
-            keep=self.cfg.final_keep,
+            keep="better" if best else self.cfg.final_keep,
         )
         self.results["final"] = dict(retrain.run(module.trainer, module, datamodule=self.dm))
+        if best:
+            self.results["final"] |= self._keep_best_iteration(retrain, module)
         self.current = module.export(os.path.join(self.cfg.run_dir, "final", "model"))
+
+    def _keep_best_iteration(self, retrain: FinalRetrain, module: L.LightningModule) -> dict:
+        """``final_keep: best``: measures each earlier iteration's model like the final one and
+        loads the best into ``module`` when it beats what the final stage kept."""
+        final = self.results["final"]
+        kept = max(
+            final.get("val/final_before_pass@1", 0.0), final.get("val/final_after_pass@1", 0.0)
+        )
+        scores, winner = {}, None
+        for it in range(1, self.cfg.iterations):
+            path = os.path.join(self.cfg.run_dir, f"it{it}", "rl", "model")
+            if not os.path.isdir(path):  # that iteration had no RL stage
+                continue
+            other = self._standalone(SFTModule(model=path, **self.sft_args), f"final/it{it}")
+            key = f"val/final_it{it}_pass@1"
+            scores[key] = retrain.measure(
+                other.trainer, other, judged_problems(self.dm), f"it{it}"
+            )[key]
+            if scores[key] > kept:
+                kept, winner = scores[key], (it, other)
+        # 0: the final stage's own choice (last RL model or retrain) stays; k: iteration k's model
+        scores["val/final_kept_iteration"] = float(winner[0] if winner else 0)
+        if winner is not None:
+            module.policy.load_state_dict(winner[1].policy.state_dict())
+        print(
+            f"[coscale] final_keep=best: {', '.join(f'{k}={v:.4f}' for k, v in scores.items())}",
+            flush=True,
+        )
+        return scores
 
     # --------------------------------------------------------------- plumbing
     def stage(self, name: str, fn) -> None:

@@ -153,7 +153,7 @@ def test_sft_max_steps_must_be_positive():
     with pytest.raises(ValueError, match="sft_max_steps must be >= 1"):
         PipelineConfig(model="m", sft_max_steps=0)
     with pytest.raises(ValueError, match="final_keep must be one of"):
-        PipelineConfig(model="m", final_keep="best")
+        PipelineConfig(model="m", final_keep="newest")
 
 
 def test_checkpoint_interval_reaches_the_stage_checkpoint(tmp_path):
@@ -183,3 +183,52 @@ def test_checkpoint_interval_reaches_the_stage_checkpoint(tmp_path):
     ckpt, resume = seen
     assert ckpt._every_n_train_steps == 25 and ckpt.save_last
     assert ckpt.dirpath == str(tmp_path / "it1" / "sft" / "ckpt") and resume is None
+
+
+def test_final_keep_best_loads_an_earlier_iteration_that_scores_higher(tmp_path, monkeypatch):
+    import torch
+
+    from coscale.datamodules import ProblemDataModule
+    from coscale.pipeline import Pipeline, PipelineConfig
+
+    with pytest.raises(ValueError, match="final_keep must be one of"):
+        PipelineConfig(model="m", final_keep="best_of")
+    cfg = PipelineConfig(
+        model="m", run_dir=str(tmp_path), logger="none", iterations=3, final_keep="best"
+    )
+    pipe = Pipeline(cfg, ProblemDataModule(train=[{"id": "a", "question": "q", "answer": "1"}]))
+    for it in (1, 2):  # both earlier iterations exported a model
+        (tmp_path / f"it{it}" / "rl" / "model").mkdir(parents=True)
+
+    class _Module:
+        def __init__(self, value: float) -> None:
+            self.policy = torch.nn.Linear(1, 1, bias=False)
+            torch.nn.init.constant_(self.policy.weight, value)
+            self.trainer = None
+
+    it_score = {"it1": 0.5, "it2": 0.3}  # final stage kept 0.4: iteration 1 must win
+
+    class _Retrain:
+        def measure(self, trainer, module, problems, when):
+            assert [p["id"] for p in problems] == ["a"]
+            return {f"val/final_{when}_pass@1": it_score[when]}
+
+    loaded = []
+    pipe._standalone = lambda module, name: loaded.append(name) or _Module(float(name[-1]))
+    monkeypatch.setattr("coscale.pipeline.SFTModule", lambda **kwargs: None)  # loads nothing
+    pipe.dm.load()
+    pipe.results["final"] = {"val/final_before_pass@1": 0.4, "val/final_after_pass@1": 0.2}
+    final_module = _Module(9.0)
+    out = pipe._keep_best_iteration(_Retrain(), final_module)
+    assert loaded == ["final/it1", "final/it2"]
+    assert out == {
+        "val/final_it1_pass@1": 0.5,
+        "val/final_it2_pass@1": 0.3,
+        "val/final_kept_iteration": 1.0,
+    }
+    assert float(final_module.policy.weight) == 1.0  # iteration 1's weights were loaded
+    # a tie with what the final stage kept keeps the final stage's model
+    it_score.update(it1=0.4, it2=0.4)
+    final_module = _Module(9.0)
+    out = pipe._keep_best_iteration(_Retrain(), final_module)
+    assert out["val/final_kept_iteration"] == 0.0 and float(final_module.policy.weight) == 9.0

@@ -24,6 +24,11 @@ KEEP = ("retrained", "better")
 """What :class:`FinalRetrain` keeps: the retrained weights always, or the better of the two."""
 
 
+def judged_problems(dm: Any) -> list[dict]:
+    """The problems the before / after evaluation runs on: held-out ones, else training ones."""
+    return [p.to_dict() for p in (dm.val_problems or list(dm.problems.values()))]
+
+
 def _weights(pl_module: Any) -> dict[str, torch.Tensor]:
     """A copy of the policy's weights (on their device)."""
     return {k: v.detach().clone() for k, v in pl_module.policy.state_dict().items()}
@@ -97,18 +102,17 @@ class FinalRetrain(Callback):
         """
         if (dm := sft_stage.datamodule_or_warn(trainer, self, datamodule)) is None:
             return {}
-        rows = dm.val_problems or list(dm.problems.values())
-        problems = [p.to_dict() for p in rows]
+        problems = judged_problems(dm)
         back_to = pl_module.device
         pl_module.to(self._device or back_to)  # sample on the training device, not the CPU
         try:
-            self.results = self._measure(trainer, pl_module, problems, "before")
+            self.results = self.measure(trainer, pl_module, problems, "before")
             items = sft_set(dm, "all", dm.redistill_per_problem, dm.redistill_max_total)
             if items:
                 fit_end = _weights(pl_module) if self.keep == "better" else None
                 retrain_from_initial(self, pl_module, items, seed=getattr(dm, "seed", 0), dm=dm)
                 self.runs += 1
-                self.results |= self._measure(trainer, pl_module, problems, "after")
+                self.results |= self.measure(trainer, pl_module, problems, "after")
                 self._keep_better(pl_module, fit_end)
             else:
                 rank_zero_warn("FinalRetrain: nothing to retrain on; the policy is left as is")
@@ -133,8 +137,9 @@ class FinalRetrain(Callback):
             rank_zero_info("FinalRetrain: the retrain lowered pass@1; the fit's weights are kept")
         self.results["val/final_kept_retrained"] = float(kept)
 
-    def _measure(self, trainer: Any, pl_module: Any, problems: list[dict], when: str) -> dict:
-        """``val/final_<when>_pass@1`` and ``@eval_k`` of the current policy on ``problems``."""
+    def measure(self, trainer: Any, pl_module: Any, problems: list[dict], when: str) -> dict:
+        """``val/final_<when>_pass@1`` and ``@eval_k`` of ``pl_module``'s policy on ``problems``
+        (seeded: every model measured gets the same sampling seed)."""
         if not problems:
             return {}
         base = getattr(pl_module, "val_sampling", None) or SamplingParams()
