@@ -155,10 +155,10 @@ class CachedDecodeBackend(HFGenerateBackend):
 
     def _maybe_drop(self, rows: Tensor, picked: Tensor, done: Tensor, cache) -> tuple[Tensor, ...]:
         """Removes finished rows from the batch (and the cache) once enough of them are done."""
-        finished = done[rows]  # [m]
-        count = int(finished.sum())
         if not self.drop_finished or self._compiled is not None:
             return rows, picked
+        finished = done[rows]  # [m]
+        count = int(finished.sum())
         if count == 0 or count * DROP_FRACTION < len(rows):
             return rows, picked
         keep = (~finished).nonzero().squeeze(1)  # [m']
