@@ -243,16 +243,14 @@ class Pipeline:
         kept = max(
             final.get("val/final_before_pass@1", 0.0), final.get("val/final_after_pass@1", 0.0)
         )
-        scores, winner = {}, None
+        scores, winner, problems = {}, None, judged_problems(self.dm)
         for it in range(1, self.cfg.iterations):
             path = os.path.join(self.cfg.run_dir, f"it{it}", "rl", "model")
             if not os.path.isdir(path):  # that iteration had no RL stage
                 continue
             other = self._standalone(SFTModule(model=path, **self.sft_args), f"final/it{it}")
             key = f"val/final_it{it}_pass@1"
-            scores[key] = retrain.measure(
-                other.trainer, other, judged_problems(self.dm), f"it{it}"
-            )[key]
+            scores[key] = retrain.measure(other.trainer, other, problems, f"it{it}")[key]
             if scores[key] > kept:
                 kept, winner = scores[key], (it, other)
         # 0: the final stage's own choice (last RL model or retrain) stays; k: iteration k's model

@@ -107,7 +107,9 @@ class CachedDecodeBackend(HFGenerateBackend):
     ) -> tuple[Tensor, Tensor]:
         """Prefill, then one token per step for the rows still decoding, until all are done."""
         (n, p), t_max = ids.shape, sampling.max_new_tokens
-        cache = new_cache(self.model, p + t_max, self.static_cache)
+        # compiled: the prefill cache only holds the prompt; the static cache gets all P+T columns
+        capacity = p if self._compiled is not None else p + t_max
+        cache = new_cache(self.model, capacity, self.static_cache)
         self._kwargs = {**cache_kwargs(self.model, cache), **keep_last_logits(self.model, 1)}
         logits = self._prefill(ids, mask, prompt_index, cache)  # [n, V]
         if self._compiled is not None:
