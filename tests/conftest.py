@@ -8,6 +8,9 @@ hub or asks for an API key. Model fixtures are session-scoped: build once, never
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -47,3 +50,24 @@ def tiny_model_dir(tmp_path_factory, tiny_model, char_tokenizer):
 def _coscale_cache(tmp_path_factory):
     """``builtin:`` models are built into a per-session folder, never the user's cache."""
     os.environ["COSCALE_CACHE"] = str(tmp_path_factory.mktemp("coscale_cache"))
+
+
+def _read_wandb_log(folder: Path, keys: Sequence[bytes] = (), wait_s: float = 30.0) -> bytes:
+    """The one ``offline-run-*/*.wandb`` file under `folder`. W&B's service process may still be
+    writing it after ``finish`` returns, so it is read again (up to `wait_s`) until every one of
+    `keys` is in it."""
+    files = list(Path(folder).glob("offline-run-*/*.wandb"))
+    assert len(files) == 1, files
+    deadline = time.monotonic() + wait_s
+    while True:
+        data = files[0].read_bytes()
+        if all(k in data for k in keys) or time.monotonic() > deadline:
+            return data
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def wandb_log():
+    """``wandb_log(folder, keys)``: the bytes of the W&B offline run in `folder`, once they hold
+    `keys` (see `_read_wandb_log`)."""
+    return _read_wandb_log

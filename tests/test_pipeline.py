@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -20,22 +19,9 @@ TINY = ROOT / "configs" / "tiny.yaml"
 STAGES = ["warmup", "it1/scale", "it1/sft", "it1/eval", "it1/rl", "final"]
 
 
-def _wandb_bytes(run_dir: Path, keys: Sequence[bytes] = (), wait_s: float = 30.0) -> bytes:
-    """The run's .wandb file; W&B's service process may still be writing it after ``finish``
-    returns, so it is read again (up to ``wait_s``) until every one of ``keys`` is in it."""
-    files = list((run_dir / "logs" / "wandb").glob("offline-run-*/*.wandb"))
-    assert len(files) == 1, files
-    deadline = time.monotonic() + wait_s
-    while True:
-        data = files[0].read_bytes()
-        if all(k in data for k in keys) or time.monotonic() > deadline:
-            return data
-        time.sleep(0.5)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_tiny_pipeline_runs_every_stage(tmp_path, capsys):
+def test_tiny_pipeline_runs_every_stage(tmp_path, capsys, wandb_log):
     run_dir = tmp_path / "run"
     assert main(["run", "--config", str(TINY), "--pipeline.run_dir", str(run_dir)]) == 0
     out = capsys.readouterr().out
@@ -57,7 +43,7 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys):
         b"train/reward",
         b"completions/step_",
     ]
-    data = _wandb_bytes(run_dir, keys)
+    data = wandb_log(run_dir / "logs" / "wandb", keys)
     for key in keys:
         assert key in data, key
     # every stage's model is a plain HF folder
