@@ -8,6 +8,7 @@ import torch
 
 from coscale.budget import spend
 from coscale.logprobs import keep_last_logits
+from coscale.packing import can_pack, pack, packed_loss
 
 IGNORE = -100
 
@@ -61,11 +62,18 @@ def token_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     return loss / max(n, 1), n
 
 
-def solution_loss(model: torch.nn.Module, enc: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+def solution_loss(
+    model: torch.nn.Module, enc: dict[str, torch.Tensor], padding_free: bool = True
+) -> tuple[torch.Tensor, int]:
     """:func:`token_mean_loss` of ``model`` on a :func:`tokenize_pairs` batch, with the output
     head run only from the first solution token on (``logits_to_keep``) when the model takes it:
     the prompt's logits are never needed, so they are never computed. Same loss as the full pass.
+
+    With `padding_free` and a model that :func:`~coscale.packing.can_pack`, the batch runs packed
+    (:mod:`coscale.packing`): no FLOPs on padding, same loss up to float rounding.
     """
+    if padding_free and can_pack(model):
+        return packed_loss(model, pack(enc, IGNORE))
     labels = enc["labels"]  # [B, L]
     labelled = (labels != IGNORE).any(0).nonzero()  # [L'] columns with a label
     keep = labels.size(1) - int(labelled[0]) + 1 if len(labelled) else labels.size(1)

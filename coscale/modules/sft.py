@@ -53,6 +53,10 @@ class SFTModule(PolicyMixin, L.LightningModule):
         max_length: Longest (prompt + solution) in tokens; longer pairs are cut.
         dtype: Weights' dtype name (``float32``, ``bfloat16``, ``float16``).
         gradient_checkpointing: Recompute activations in the backward pass to save memory.
+        padding_free: Run each batch with its rows end to end and attention kept per row
+            (:mod:`coscale.packing`), so no FLOPs go to padding; same loss up to float rounding.
+            Applies to SDPA full-attention models without gradient checkpointing; any other
+            model takes the padded path (``bench_sft.py`` measures both).
         trust_remote_code: Allow custom model code shipped with the model (off unless asked).
         reward: Verifier used by validation (``class_path`` in YAML); default MathReward.
         val_samples: Samples per held-out problem in validation (pass@k up to this k).
@@ -82,6 +86,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         max_length: int = 1024,
         dtype: str = "float32",
         gradient_checkpointing: bool = False,
+        padding_free: bool = True,
         trust_remote_code: bool = False,
         reward: Any = None,
         val_samples: int = 8,
@@ -112,6 +117,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
             max_length,
         )
         self.reward = reward if reward is not None else _default_reward()
+        self.padding_free = padding_free
         self.val_samples = val_samples
         self.val_sampling = SamplingParams(
             max_new_tokens=val_max_new_tokens, temperature=val_temperature
@@ -131,7 +137,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
     def training_step(self, batch: list[dict], batch_idx: int) -> torch.Tensor:
         start = time.perf_counter()
         enc = self.encode(batch)
-        loss, n_tokens = solution_loss(self.policy, enc)
+        loss, n_tokens = solution_loss(self.policy, enc, self.padding_free)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         self.log("train/solution_tokens", float(n_tokens), batch_size=len(batch))
         self.log(
@@ -222,7 +228,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         return mean_loss(batches, self._loss_sum, self.device)
 
     def _loss_sum(self, rows: list[dict]) -> tuple[torch.Tensor, int]:
-        loss, n_tokens = solution_loss(self.policy, self.encode(rows))
+        loss, n_tokens = solution_loss(self.policy, self.encode(rows), self.padding_free)
         return loss * n_tokens, n_tokens
 
     def _next_mastered(self) -> list[dict]:

@@ -104,6 +104,10 @@ def new_cache(model: nn.Module, capacity: int, preallocate: bool = True) -> Cach
 
 
 def full_attention_only(config) -> bool:
-    """Sliding-window or linear-attention layers need HF's own cache layers."""
-    kinds = getattr(config, "layer_types", None) or ["full_attention"]
+    """Whether every layer attends to the whole prefix. Sliding-window or linear-attention layers
+    need HF's own cache layers. A config without ``layer_types`` (Mistral) slides wherever it
+    sets ``sliding_window``."""
+    kinds = getattr(config, "layer_types", None)
+    if kinds is None:
+        kinds = ["full_attention" if getattr(config, "sliding_window", None) is None else "sliding"]
     return set(kinds) == {"full_attention"} and hasattr(config, "num_hidden_layers")
