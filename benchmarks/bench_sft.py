@@ -8,10 +8,18 @@ no packing, no padding-free batches, fp32, AdamW at lr 1e-5 (constant), grad-nor
 bf16=False, gradient_checkpointing=False, report_to="none"`; its data set is tokenized when
 the trainer is built (off the clock), coscale tokenizes inside its step (on the clock).
 
+coscale runs with its defaults, so padding-free batches (`coscale.packing`): the same loss
+and gradient, no FLOPs on padding. TRL's `padding_free=True` is left off: on CPU it would attend
+over the whole packed row under a [S, S] mask.
+
 A run is one fit of `--steps` steps with a fresh trainer; its figure is the median time
 between step ends. Pairs, ratios and peak memory: see `paired.py`.
 
-Run: `.venv/bin/python benchmarks/bench_sft.py [--sizes 0.5M,4M,30M] [--batch 8] [--pairs 5]`
+Tables (`--tables`): `sizes`, coscale against TRL per model size; `paths`, coscale's
+padding-free batches against its padded path, per size.
+
+Run: `.venv/bin/python benchmarks/bench_sft.py [--tables sizes,paths] [--sizes 0.5M,4M,30M]
+[--batch 8] [--pairs 5]`
 """
 
 from __future__ import annotations
@@ -62,10 +70,13 @@ class _NoReward:
         return [0.0] * len(completions)
 
 
-def coscale_run(size: str, data: list[dict], args):
+def coscale_run(size: str, data: list[dict], args, padding_free: bool = True):
     """A function running one fit of `args.steps` steps -> median step seconds."""
     model, tok = build(size)
-    module = SFTModule(model=model, tokenizer=tok, lr=1e-5, max_length=1024, reward=_NoReward())
+    module = SFTModule(
+        model=model, tokenizer=tok, lr=1e-5, max_length=1024, reward=_NoReward(),
+        padding_free=padding_free,
+    )  # fmt: skip
 
     def run(steps: int = args.steps) -> float:
         timer = LightningTimer()
@@ -124,24 +135,12 @@ def trl_run(size: str, data: list[dict], args):
     return run
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="0.5M,4M,30M")
-    parser.add_argument("--batch", type=int, default=8, help="pairs per optimizer step")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run")
-    parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    header(args.threads)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-    data = pairs_data(512)
-    mean_len = statistics.mean(len(r["question"]) + len(r["solution"]) + 1 for r in data)
-    print(f"\n## SFT step: {args.batch} pairs per step, ~{mean_len:.0f} tokens per pair")
+def sizes_table(data: list[dict], args) -> None:
+    """coscale against TRL per model size."""
     print("| model | coscale step | TRL step | TRL/coscale (per pair) | peak mem coscale | "
           "peak mem TRL |")  # fmt: skip
     print("|---|---|---|---|---|---|")
-    for size in [s for s in args.sizes.split(",") if s]:
+    for size in args.sizes:
         fast, trl = coscale_run(size, data, args), trl_run(size, data, args)
         result = paired(fast, trl, args.pairs)
         mem_a, mem_b = (peak_tensor_bytes(lambda r=r: r(1)) for r in (fast, trl))
@@ -152,6 +151,47 @@ def main() -> None:
             f"{mib(mem_a)} | {mib(mem_b)} |",
             flush=True,
         )
+
+
+def paths_table(data: list[dict], args) -> None:
+    """coscale's padding-free batches against its padded path per model size."""
+    print("\n## coscale SFT step: padding-free batches vs padded")
+    print("| model | padding-free | padded | padded/padding-free (per pair) | peak mem "
+          "padding-free | peak mem padded |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for size in args.sizes:
+        free, padded = (coscale_run(size, data, args, flag) for flag in (True, False))
+        result = paired(free, padded, args.pairs)
+        mem_a, mem_b = (peak_tensor_bytes(lambda r=r: r(1)) for r in (free, padded))
+        print(
+            f"| {size} | {statistics.median(result.a) * 1e3:,.0f} ms | "
+            f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} | "
+            f"{mib(mem_a)} | {mib(mem_b)} |",
+            flush=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", default="sizes,paths", help="of sizes, paths")
+    parser.add_argument("--sizes", default="0.5M,4M,30M")
+    parser.add_argument("--batch", type=int, default=8, help="pairs per optimizer step")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    args.sizes = [s for s in args.sizes.split(",") if s]
+    header(args.threads)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    data = pairs_data(512)
+    mean_len = statistics.mean(len(r["question"]) + len(r["solution"]) + 1 for r in data)
+    print(f"\n## SFT step: {args.batch} pairs per step, ~{mean_len:.0f} tokens per pair")
+    tables = args.tables.split(",")
+    if "sizes" in tables:
+        sizes_table(data, args)
+    if "paths" in tables:
+        paths_table(data, args)
 
 
 if __name__ == "__main__":
