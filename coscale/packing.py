@@ -105,7 +105,7 @@ def varlen_sdpa(
     if cu_seq_lens_q is None or max_length_q is None:
         raise ValueError(f"{ATTENTION} needs cu_seq_lens_q and max_length_q (a packed forward)")
     _calls[0] += 1
-    slots = _slots(cu_seq_lens_q, int(max_length_q))  # [S] flat index in [B * L_max]
+    slots = _slots(cu_seq_lens_q, int(max_length_q), query.size(2))  # [S] index in [B * L_max]
     rows = len(cu_seq_lens_q) - 1
     q, k, v = (_unpack(x, slots, rows, int(max_length_q)) for x in (query, key, value))
     groups = getattr(module, "num_key_value_groups", 1)
@@ -116,12 +116,13 @@ def varlen_sdpa(
     return out.index_select(0, slots).unsqueeze(0), None
 
 
-def _slots(cu_seq_lens: Tensor, width: int) -> Tensor:
-    """[S] position of each packed token in a right-padded [B, width] layout, flattened."""
+def _slots(cu_seq_lens: Tensor, width: int, total: int) -> Tensor:
+    """[S] position of each packed token (S = `total`) in a right-padded [B, width] layout,
+    flattened."""
     lengths = cu_seq_lens.diff()  # [B]
     shift = torch.arange(len(lengths), device=cu_seq_lens.device) * width - cu_seq_lens[:-1]
-    total = int(cu_seq_lens[-1])
-    return torch.repeat_interleave(shift, lengths) + torch.arange(total, device=shift.device)
+    spread = torch.repeat_interleave(shift, lengths, output_size=total)  # [S]
+    return spread + torch.arange(total, device=shift.device)
 
 
 def _unpack(x: Tensor, slots: Tensor, rows: int, width: int) -> Tensor:
