@@ -9,9 +9,9 @@ row at a time: :func:`varlen_sdpa`, registered with transformers' attention inte
 (right padding needs no mask: a real query never sees a later column) and gathers the real
 positions back. The output head runs only at the positions whose next token is a label.
 
-Same loss and gradient as the padded batch up to float rounding (tests/test_speed_paths.py).
-Used when the model's attention is ``sdpa`` with full attention in every layer and activation
-checkpointing is off, and whose forward takes ``logits_to_keep`` (:func:`can_pack`); any other model takes the padded path.
+Same loss and gradient as the padded batch up to float rounding (tests/test_packing.py). Used
+when :func:`can_pack` says the packed forward computes what the padded one does; any other
+model takes the padded path.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
 
 from coscale.logprobs import _checkpointing, _takes
 from coscale.rollout.kv_cache import full_attention_only
@@ -68,23 +67,48 @@ def pack(enc: dict[str, Tensor], ignore_index: int = -100) -> PackedBatch:
     )
 
 
-def can_pack(model: nn.Module) -> bool:
-    """Whether a packed forward of `model` gives the padded forward's result: HF SDPA attention
-    in every layer (no sliding window, no logit soft-capping), no activation checkpointing (its
-    recomputation would run outside :func:`packed_attention`), and ``position_ids`` and
-    ``logits_to_keep`` inputs."""
+def can_pack(model: nn.Module, longest: int | None = None) -> bool:
+    """Whether a packed forward of `model` gives the padded forward's result:
+    - HF SDPA attention, looked up through transformers' attention interface
+      (``is_backend_compatible``; Falcon and StableLM are not);
+    - every layer sees its whole row: full attention, or a sliding window of at least
+      `longest` tokens (the batch's longest row; None: no sliding window allowed);
+    - no attention-logit soft-capping;
+    - no activation checkpointing, HF's or torch's ``checkpoint_wrapper``: its recomputation
+      would run outside :func:`packed_attention`;
+    - ``position_ids`` and ``logits_to_keep`` inputs.
+    """
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "get_text_config"):
         return False
     text = config.get_text_config(decoder=True)
+    compatible = getattr(type(model), "is_backend_compatible", None)
     return (
         config._attn_implementation == "sdpa"
         and text is config
-        and full_attention_only(text)
+        and compatible is not None
+        and bool(compatible())
+        and _sees_whole_rows(text, longest)
         and getattr(text, "attn_logit_softcapping", None) is None
         and not _checkpointing(model)
+        and not any(hasattr(m, "_checkpoint_wrapped_module") for m in model.modules())
         and _takes(model, "position_ids")
         and _takes(model, "logits_to_keep")
+    )
+
+
+def _sees_whole_rows(config: object, longest: int | None) -> bool:
+    """Full attention everywhere, or sliding windows no shorter than the longest row."""
+    if full_attention_only(config):
+        return True
+    kinds = set(getattr(config, "layer_types", None) or ["sliding_attention"])
+    window = getattr(config, "sliding_window", None)
+    return (
+        kinds <= {"full_attention", "sliding_attention"}
+        and longest is not None
+        and window is not None
+        and window >= longest
+        and hasattr(config, "num_hidden_layers")
     )
 
 
@@ -98,22 +122,43 @@ def varlen_sdpa(
     scaling: float | None = None,
     cu_seq_lens_q: Tensor | None = None,
     max_length_q: int | None = None,
-    **_: object,
+    sliding_window: int | None = None,
+    is_causal: bool | None = None,
+    **kwargs: object,
 ) -> tuple[Tensor, None]:
     """Causal SDPA within each row of a packed batch. q: [1, H, S, D]; k, v: [1, Hkv, S, D]
-    -> ([1, S, H, D], None), the layout HF attention functions return."""
-    if cu_seq_lens_q is None or max_length_q is None:
-        raise ValueError(f"{ATTENTION} needs cu_seq_lens_q and max_length_q (a packed forward)")
+    -> ([1, S, H, D], None), the layout HF attention functions return.
+
+    Raises:
+        ValueError: If the layer asks for what this does not compute (no packing keywords, a
+            window shorter than a row, non-causal attention, soft-capping, biases or sinks).
+    """
+    _check_layer_arguments(cu_seq_lens_q, max_length_q, sliding_window, is_causal, kwargs)
     _calls[0] += 1
     slots = _slots(cu_seq_lens_q, int(max_length_q), query.size(2))  # [S] index in [B * L_max]
     rows = len(cu_seq_lens_q) - 1
     q, k, v = (_unpack(x, slots, rows, int(max_length_q)) for x in (query, key, value))
-    groups = getattr(module, "num_key_value_groups", 1)
     out = F.scaled_dot_product_attention(
-        q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=groups > 1
+        q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=q.size(1) != k.size(1)
     )  # [B, H, L_max, D]
     out = out.transpose(1, 2).reshape(-1, out.size(1), out.size(3))  # [B * L_max, H, D]
     return out.index_select(0, slots).unsqueeze(0), None
+
+
+def _check_layer_arguments(cu_seq_lens, max_length, sliding_window, is_causal, extra) -> None:
+    hint = "; set padding_free: false for this model"
+    if cu_seq_lens is None or max_length is None:
+        raise ValueError(f"{ATTENTION} got no cu_seq_lens_q / max_length_q (the model's layers "
+                         f"do not pass the forward's keywords to attention){hint}")  # fmt: skip
+    if sliding_window is not None and sliding_window < int(max_length):
+        raise ValueError(f"{ATTENTION}: sliding window {sliding_window} is shorter than a "
+                         f"{max_length}-token row{hint}")  # fmt: skip
+    unsupported = [
+        k for k in ("softcap", "position_bias", "s_aux", "sinks") if extra.get(k) is not None
+    ]
+    if is_causal is False or unsupported:
+        raise ValueError(f"{ATTENTION} computes causal attention without "
+                         f"{', '.join(unsupported) or 'is_causal=False'}{hint}")  # fmt: skip
 
 
 def _slots(cu_seq_lens: Tensor, width: int, total: int) -> Tensor:
@@ -132,13 +177,9 @@ def _unpack(x: Tensor, slots: Tensor, rows: int, width: int) -> Tensor:
     return padded.view(rows, width, heads, dim).transpose(1, 2)
 
 
-def _no_mask(*_: object, **__: object) -> None:
-    """The mask of a packed forward: none, :func:`varlen_sdpa` keeps rows apart."""
-    return None
-
-
+# No mask function is registered: transformers then builds no mask for this name (and does not
+# scan the position ids for packed rows), and varlen_sdpa keeps the rows apart itself.
 AttentionInterface.register(ATTENTION, varlen_sdpa)
-AttentionMaskInterface.register(ATTENTION, _no_mask)
 
 
 @contextmanager

@@ -72,7 +72,7 @@ def solution_loss(
     With `padding_free` and a model that :func:`~coscale.packing.can_pack`, the batch runs packed
     (:mod:`coscale.packing`): no FLOPs on padding, same loss up to float rounding.
     """
-    if padding_free and can_pack(model):
+    if padding_free and can_pack(model, longest=enc["input_ids"].size(1)):
         return packed_loss(model, pack(enc, IGNORE))
     labels = enc["labels"]  # [B, L]
     labelled = (labels != IGNORE).any(0).nonzero()  # [L'] columns with a label

@@ -7,8 +7,9 @@ import copy
 import lightning as L
 import pytest
 import torch
+import transformers
 from torch.utils.data import DataLoader
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import LlamaConfig, MistralConfig
 
 from coscale import packing
 from coscale.modules import SFTModule
@@ -65,18 +66,52 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(tiny_model, char_token
     assert model.config._attn_implementation == "sdpa"  # restored
 
 
-def test_packed_grouped_query_attention_equals_the_padded_batch(char_tokenizer):
-    config = LlamaConfig(
-        vocab_size=len(char_tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, pad_token_id=char_tokenizer.pad_token_id,
-        attn_implementation="sdpa",
+FAMILIES = {
+    "llama-gqa": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 8}),
+    "mistral-window": (transformers.MistralConfig, transformers.MistralForCausalLM, {}),
+    "gemma3-sliding": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, {"head_dim": 8}),
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM, {}),
+    "gpt-neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, {}),
+}  # fmt: skip
+
+
+def _family(name: str, tokenizer, **extra):
+    config_cls, model_cls, defaults = FAMILIES[name]
+    config = config_cls(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        attn_implementation="sdpa", **{**defaults, **extra},
     )  # fmt: skip
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    (want, _, g_want), (got, _, g_got) = _padded_and_packed(model, _enc(char_tokenizer))
+    return model_cls(config)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_packed_batch_equals_the_padded_batch_across_model_families(name, char_tokenizer):
+    # grouped-query attention (4 heads, 2 key/value heads), q/k norms, sliding windows longer
+    # than every row (Mistral's 4096, Gemma 3's sliding layers), partial rotary (GPT-NeoX)
+    model = _family(name, char_tokenizer)
+    enc = _enc(char_tokenizer)
+    assert packing.can_pack(model, longest=enc["input_ids"].size(1))
+    calls = packing._calls[0]
+    (want, _, g_want), (got, _, g_got) = _padded_and_packed(model, enc)
+    assert packing._calls[0] == calls + 2  # one call per layer: the packed path ran
     assert torch.allclose(got, want, atol=1e-6)
     for a, b in zip(g_got, g_want):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_sliding_window_shorter_than_a_row_takes_the_padded_path(char_tokenizer):
+    model = _family("mistral-window", char_tokenizer, sliding_window=8)
+    enc = _enc(char_tokenizer)
+    assert enc["input_ids"].size(1) > 8
+    assert not packing.can_pack(model, longest=enc["input_ids"].size(1))
+    assert not packing.can_pack(model)  # the longest row unknown: no window allowed
+    calls = packing._calls[0]
+    assert solution_loss(model, enc)[1] > 0 and packing._calls[0] == calls
 
 
 def test_models_that_cannot_pack_take_the_padded_path(tiny_model, char_tokenizer):
@@ -91,14 +126,53 @@ def test_models_that_cannot_pack_take_the_padded_path(tiny_model, char_tokenizer
         calls = packing._calls[0]
         assert torch.allclose(solution_loss(model, enc)[0], want, atol=1e-6)
         assert packing._calls[0] == calls
-    config = MistralConfig(
-        vocab_size=len(char_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, sliding_window=4, attn_implementation="sdpa",
+
+
+def test_models_outside_the_attention_interface_or_checkpoint_wrapped_are_refused(
+    tiny_model, char_tokenizer
+):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    falcon = transformers.FalconForCausalLM(
+        transformers.FalconConfig(vocab_size=len(char_tokenizer), hidden_size=32,
+                                  num_hidden_layers=1, num_attention_heads=4,
+                                  attn_implementation="sdpa")
     )  # fmt: skip
-    sliding = MistralForCausalLM(config)
-    assert not packing.can_pack(sliding)
-    calls = packing._calls[0]
-    assert solution_loss(sliding, enc)[1] > 0 and packing._calls[0] == calls
+    stablelm = transformers.StableLmForCausalLM(
+        transformers.StableLmConfig(vocab_size=len(char_tokenizer), hidden_size=32,
+                                    intermediate_size=64, num_hidden_layers=1,
+                                    num_attention_heads=4, attn_implementation="sdpa")
+    )  # fmt: skip
+    wrapped = copy.deepcopy(tiny_model).train()
+    layer = type(wrapped.model.layers[0])
+    apply_activation_checkpointing(wrapped, check_fn=lambda m: isinstance(m, layer))
+    for model in (falcon, stablelm, wrapped):
+        assert not packing.can_pack(model), type(model).__name__
+    enc = _enc(char_tokenizer)
+    want = solution_loss(tiny_model, enc, padding_free=False)[0]
+    assert torch.allclose(solution_loss(wrapped, enc)[0], want, atol=1e-6)
+
+
+def test_an_error_inside_the_packed_forward_restores_the_attention(tiny_model, char_tokenizer):
+    model = copy.deepcopy(tiny_model)
+    batch = packing.pack(_enc(char_tokenizer))
+    batch.input_ids = batch.input_ids + 10_000  # out of the vocabulary: the embedding raises
+    with pytest.raises(IndexError):
+        packing.packed_loss(model, batch)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_layers_that_drop_the_packing_keywords_get_an_error_naming_the_setting(tiny_model):
+    q = torch.zeros(1, 4, 6, 8)
+    with pytest.raises(ValueError, match="padding_free: false"):
+        packing.varlen_sdpa(tiny_model.model.layers[0].self_attn, q, q, q, None)
+    with pytest.raises(ValueError, match="sliding window 4 is shorter than a 6-token row"):
+        packing.varlen_sdpa(
+            None, q, q, q, None, cu_seq_lens_q=torch.tensor([0, 6]), max_length_q=6,
+            sliding_window=4,
+        )  # fmt: skip
 
 
 def test_mistral_style_sliding_window_without_layer_types_is_not_full_attention():
@@ -109,6 +183,10 @@ def test_mistral_style_sliding_window_without_layer_types_is_not_full_attention(
 
 class _NoInterface(torch.nn.Module):
     """A causal LM whose attention never goes through transformers' AttentionInterface."""
+
+    @classmethod
+    def is_backend_compatible(cls) -> bool:
+        return True  # claims it, but does not
 
     def __init__(self) -> None:
         super().__init__()
@@ -149,6 +227,11 @@ def _fit(model, tokenizer, padding_free: bool) -> torch.Tensor:
 
 
 def test_sft_module_trains_the_same_weights_padding_free_or_padded(tiny_model, char_tokenizer):
-    packed, padded = (_fit(tiny_model, char_tokenizer, flag) for flag in (True, False))
+    calls = packing._calls[0]
+    packed = _fit(tiny_model, char_tokenizer, True)
+    assert packing._calls[0] > calls  # the packed path ran
+    calls = packing._calls[0]
+    padded = _fit(tiny_model, char_tokenizer, False)
+    assert packing._calls[0] == calls
     assert not torch.equal(packed, torch.cat([p.flatten() for p in tiny_model.parameters()]))
     assert torch.allclose(packed, padded, atol=1e-5)

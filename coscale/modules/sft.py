@@ -55,8 +55,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         gradient_checkpointing: Recompute activations in the backward pass to save memory.
         padding_free: Run each batch with its rows end to end and attention kept per row
             (:mod:`coscale.packing`), so no FLOPs go to padding; same loss up to float rounding.
-            Applies to SDPA full-attention models without gradient checkpointing; any other
-            model takes the padded path (``bench_sft.py`` measures both).
+            Applies where :func:`coscale.packing.can_pack` holds (SDPA, no window shorter than
+            a row, no activation checkpointing); any other model takes the padded path
+            (``bench_sft.py`` measures both).
         trust_remote_code: Allow custom model code shipped with the model (off unless asked).
         reward: Verifier used by validation (``class_path`` in YAML); default MathReward.
         val_samples: Samples per held-out problem in validation (pass@k up to this k).
