@@ -135,6 +135,16 @@ def trl_run(size: str, data: list[dict], args):
     return run
 
 
+def print_row(label: str, result, mem_a: int, mem_b: int) -> None:
+    """One table row: both medians, the paired ratio and both peaks."""
+    print(
+        f"| {label} | {statistics.median(result.a) * 1e3:,.0f} ms | "
+        f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} | "
+        f"{mib(mem_a)} | {mib(mem_b)} |",
+        flush=True,
+    )
+
+
 def sizes_table(data: list[dict], args) -> None:
     """coscale against TRL per model size."""
     print("| model | coscale step | TRL step | TRL/coscale (per pair) | peak mem coscale | "
@@ -145,12 +155,7 @@ def sizes_table(data: list[dict], args) -> None:
         result = paired(fast, trl, args.pairs)
         mem_a, mem_b = (peak_tensor_bytes(lambda r=r: r(1)) for r in (fast, trl))
         params = count_params(build(size)[0]) / 1e6
-        print(
-            f"| {size} ({params:.1f}M) | {statistics.median(result.a) * 1e3:,.0f} ms | "
-            f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} | "
-            f"{mib(mem_a)} | {mib(mem_b)} |",
-            flush=True,
-        )
+        print_row(f"{size} ({params:.1f}M)", result, mem_a, mem_b)
 
 
 def paths_table(data: list[dict], args) -> None:
@@ -163,12 +168,7 @@ def paths_table(data: list[dict], args) -> None:
         free, padded = (coscale_run(size, data, args, flag) for flag in (True, False))
         result = paired(free, padded, args.pairs)
         mem_a, mem_b = (peak_tensor_bytes(lambda r=r: r(1)) for r in (free, padded))
-        print(
-            f"| {size} | {statistics.median(result.a) * 1e3:,.0f} ms | "
-            f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} | "
-            f"{mib(mem_a)} | {mib(mem_b)} |",
-            flush=True,
-        )
+        print_row(size, result, mem_a, mem_b)
 
 
 def main() -> None:

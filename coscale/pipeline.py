@@ -244,7 +244,8 @@ class Pipeline:
             final.get("val/final_before_pass@1", 0.0), final.get("val/final_after_pass@1", 0.0)
         )
         scores, winner, problems = {}, None, judged_problems(self.dm)
-        for it in range(1, self.cfg.iterations):
+        # latest first, and only a strictly higher score replaces: a later model wins ties
+        for it in range(self.cfg.iterations - 1, 0, -1):
             path = os.path.join(self.cfg.run_dir, f"it{it}", "rl", "model")
             if not os.path.isdir(path):  # that iteration had no RL stage
                 continue
@@ -252,11 +253,11 @@ class Pipeline:
             key = f"val/final_it{it}_pass@1"
             scores[key] = retrain.measure(other.trainer, other, problems, f"it{it}")[key]
             if scores[key] > kept:
-                kept, winner = scores[key], (it, other)
+                kept, winner = scores[key], (it, other.policy.state_dict())
         # 0: the final stage's own choice (last RL model or retrain) stays; k: iteration k's model
         scores["val/final_kept_iteration"] = float(winner[0] if winner else 0)
         if winner is not None:
-            module.policy.load_state_dict(winner[1].policy.state_dict())
+            module.policy.load_state_dict(winner[1])
         print(
             f"[coscale] final_keep=best: {', '.join(f'{k}={v:.4f}' for k, v in scores.items())}",
             flush=True,

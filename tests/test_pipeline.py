@@ -206,7 +206,7 @@ def test_final_keep_best_loads_an_earlier_iteration_that_scores_higher(tmp_path,
     pipe.results["final"] = {"val/final_before_pass@1": 0.4, "val/final_after_pass@1": 0.2}
     final_module = _Module(9.0)
     out = pipe._keep_best_iteration(_Retrain(), final_module)
-    assert loaded == ["final/it1", "final/it2"]
+    assert loaded == ["final/it2", "final/it1"]  # latest first
     assert out == {
         "val/final_it1_pass@1": 0.5,
         "val/final_it2_pass@1": 0.3,
@@ -218,3 +218,8 @@ def test_final_keep_best_loads_an_earlier_iteration_that_scores_higher(tmp_path,
     final_module = _Module(9.0)
     out = pipe._keep_best_iteration(_Retrain(), final_module)
     assert out["val/final_kept_iteration"] == 0.0 and float(final_module.policy.weight) == 9.0
+    # two earlier iterations tie above it: the later one (2) is kept
+    it_score.update(it1=0.5, it2=0.5)
+    final_module = _Module(9.0)
+    out = pipe._keep_best_iteration(_Retrain(), final_module)
+    assert out["val/final_kept_iteration"] == 2.0 and float(final_module.policy.weight) == 2.0
