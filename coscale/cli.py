@@ -13,7 +13,10 @@ import os
 import sys
 from typing import Any
 
+from coscale.run_config import build_run, pipeline_parser
+
 PIPELINE_COMMANDS = ("run", "demo")
+__all__ = ["main", "pipeline_parser"]
 
 
 def _offline_defaults() -> None:
@@ -28,14 +31,21 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _offline_defaults()
-    if argv and argv[0] == "eval":
-        from coscale.evaluate import eval_command
+    try:
+        if argv and argv[0] == "eval":
+            from coscale.evaluate import eval_command
 
-        eval_command(argv[1:])
-    elif argv and argv[0] in PIPELINE_COMMANDS:
-        run_command(argv)
-    else:
-        lightning_cli(argv)
+            eval_command(argv[1:])
+        elif argv and argv[0] in PIPELINE_COMMANDS:
+            run_command(argv)
+        else:
+            lightning_cli(argv)
+    except (ValueError, FileNotFoundError, TypeError) as err:
+        if os.environ.get("COSCALE_TRACEBACK"):
+            raise
+        # one line that says what to change; COSCALE_TRACEBACK=1 shows where it came from
+        print(f"coscale: error: {err}".splitlines()[0], file=sys.stderr)
+        return 2
     return 0
 
 
@@ -58,40 +68,17 @@ def lightning_cli(argv: list[str], run: bool = True) -> Any:
     )
 
 
-def pipeline_parser():
-    """The parser of ``coscale run``: a ``pipeline`` section and a ``data`` section."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    from coscale.datamodules import ProblemDataModule
-    from coscale.pipeline import PipelineConfig
-
-    parser = ArgumentParser(
-        prog="coscale run",
-        parser_mode="omegaconf",
-        description="Run the whole CoScale-RL pipeline.",
-    )
-    parser.add_argument(
-        "--config", action=ActionConfigFile, help="YAML with pipeline and data sections"
-    )
-    parser.add_class_arguments(PipelineConfig, "pipeline")
-    parser.add_class_arguments(ProblemDataModule, "data")
-    return parser
-
-
 def run_command(argv: list[str]) -> dict[str, Any]:
     """``coscale run`` and ``coscale demo``."""
-    from coscale.pipeline import Pipeline
-
-    command, rest = argv[0], argv[1:]
-    if command == "demo":
+    if argv[0] == "demo":
         from coscale.demo import run_demo
 
-        run_demo(rest)
+        run_demo(argv[1:])
         return {}
-    parser = pipeline_parser()
-    cfg = parser.parse_args(rest)
-    init = parser.instantiate(cfg)
-    results = Pipeline(init.pipeline, init.data).run()
+    from coscale.pipeline import Pipeline
+
+    config, data = build_run(argv[1:])
+    results = Pipeline(config, data).run()
     print_results(results)
     return results
 

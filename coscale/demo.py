@@ -39,8 +39,8 @@ def demo_config() -> str:
 
 def run_demo(rest: list[str]) -> dict[str, Any]:
     """Parses ``coscale demo [--quick] [--test_problems N] [overrides]`` and runs it."""
-    from coscale.cli import pipeline_parser
     from coscale.pipeline import Pipeline
+    from coscale.run_config import pipeline_parser
 
     quick = "--quick" in rest
     rest = [a for a in rest if a != "--quick"]

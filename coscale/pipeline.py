@@ -1,40 +1,46 @@
-"""The whole CoScale-RL loop, top-down. Every stage is a Lightning fit of the library's modules.
+"""The whole CoScale-RL loop, top-down. Each stage is a plain function of :mod:`coscale.stages`.
 
-    warm-up SFT (format switch) -> measure every problem
-    for each iteration:
-        data scaling: more solutions for unsolvable problems (data set first, then a teacher)
-        SFT from the initial model on the bank (+ the re-distilled set) -> measure, relabel pools
-        RL (GRPO, Rollout N per difficulty group, N raised on plateaus) on solvable problems
-        re-distillation into the initial model (a callback of the RL fit)
-    final retrain from the initial model on everything collected, pass@k before / after
+    warmup       SFT pi0 on one solution of a few problems (output format) -> measure all
+    for each iteration k:
+      it<k>/scale     data scaling: more solutions for the unsolvable problems
+      it<k>/sft       SFT from pi0 on the bank (+ re-distilled set) -> it<k>/eval: measure
+      it<k>/rl        GRPO on the solvable problems, Rollout N per difficulty group
+      it<k>/redistill SFT from pi0 on what RL found (when ``redistill_each_iteration``)
+    final        retrain from pi0 on everything collected; keep a model (``final_keep``)
 
-``results["spend"]`` holds the SFT examples and rollouts of every stage (coscale.budget).
-Progress survives a crash: after every stage the pools, bank, replay buffer and N per problem
-are written to ``<run_dir>/pipeline_state.json`` next to the stage's exported model, and a stage
-interrupted mid-fit resumes from its own ``last.ckpt``.
+State lives in one :class:`~coscale.curriculum.Curriculum`. Commit points: a stage fit writes
+its ``last.ckpt`` (the curriculum, RNG and spend in it) every ``checkpoint_every_n_steps`` steps
+and after each epoch's end work; when a stage ends, ``pipeline_state.json`` (curriculum, done
+stages, results, spend) is replaced atomically. A run killed anywhere and started again with the
+same command ends with the same state and weights as an uninterrupted one
+(``tests/test_kill_anywhere.py``).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from coscale import budget
-from coscale.callbacks import FinalRetrain, PassRateEvaluation, ReDistillation, RolloutNSchedule
-from coscale.callbacks.final_retrain import KEEP, judged_problems
+from coscale.checks import at_least
+from coscale.commit import commit_point, write_json
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.loggers import LoggerKind, make_logger
-from coscale.pools import Pool
+from coscale.schedule import NSchedule
+from coscale.stages.context import StageContext
+from coscale.stages.evaluation import measure_stage
+from coscale.stages.final import KEEP, final_stage
+from coscale.stages.rl import rl_stage
+from coscale.stages.sft import sft_stage
 
-FINAL_KEEP = (*KEEP, "best")
-"""Values of ``pipeline.final_keep``: FinalRetrain's, plus ``best`` (over the iterations too)."""
+FINAL_KEEP = KEEP
 
 
 @dataclass
@@ -56,20 +62,16 @@ class PipelineConfig:
             iteration; a cap keeps each stage's cost fixed.
         rl_epochs: Epochs of every RL stage (the solvable set is rebuilt each epoch).
         final_retrain: Retrain from the initial model at the end.
-        final_keep: ``retrained`` (the paper); ``better``: keep the final retrain only if it
-            does not lower pass@1 on the training problems (see ``FinalRetrain``); ``best``: as
-            ``better``, then also measure every earlier iteration's model the same way (same
-            problems, same seeded samples) and keep whichever scores highest (a later model
-            wins ties). All three judge on training problems, never on held-out test sets.
-        redistill_each_iteration: Re-distil into the initial model at the end of every RL stage.
-            Off, the next iteration's SFT (from the initial model, on the bank plus the
-            re-distilled set) is the re-distillation, and one SFT fit per iteration is saved;
-            the iteration's exported model is then its RL model.
+        final_keep: ``retrained`` (the paper), ``better`` or ``best``: see
+            :mod:`coscale.stages.final`. All three judge on held-out (else training) problems.
+        redistill_each_iteration: Re-distil into the initial model after every RL stage but
+            the last (the final retrain is the last one's). Off, the next iteration's SFT (from
+            the initial model, on the bank plus the re-distilled set) is the re-distillation,
+            one SFT fit per iteration is saved, and an iteration's model is its RL model.
         checkpoint_every_n_steps: Save the running stage's ``last.ckpt`` every this many
-            optimiser steps. 1 (the default) loses no step to a crash; a larger value saves the
-            time of writing the model (and optimiser state) after every step, and a crash then
-            redoes at most this many steps of the stage from the last checkpoint (pools, bank,
-            replay buffer and N per problem are in it, so they rewind with the model).
+            optimiser steps (and after every epoch's end work). 1 loses no step to a crash; a
+            larger value saves the time of writing the model after every step, and a crash
+            then redoes at most this many steps, to the same result.
         logger: ``wandb`` (offline without an API key), ``csv`` or ``none``.
         project: W&B project name.
         seed: Global seed.
@@ -77,7 +79,7 @@ class PipelineConfig:
             strategy, precision, ...).
         sft: ``SFTModule`` arguments (the model is the pipeline's).
         grpo: ``GRPOModule`` arguments (the model is the previous stage's).
-        schedule: ``RolloutNSchedule`` arguments.
+        schedule: ``NSchedule`` arguments (Rollout N per difficulty group).
     """
 
     model: str
@@ -103,24 +105,38 @@ class PipelineConfig:
     schedule: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        errors = [
-            f"{k} must be >= {lo}, got {v}"
-            for k, v, lo in [
-                ("iterations", self.iterations, 1),
-                ("warmup_problems", self.warmup_problems, 0),
-                ("eval_k", self.eval_k, 1),
-                ("sft_epochs", self.sft_epochs, 1),
-                ("rl_epochs", self.rl_epochs, 1),
-                ("checkpoint_every_n_steps", self.checkpoint_every_n_steps, 1),
-            ]
-            if v < lo
-        ]
-        if self.sft_max_steps is not None and self.sft_max_steps < 1:
-            errors.append(f"sft_max_steps must be >= 1 or null, got {self.sft_max_steps}")
-        if self.final_keep not in FINAL_KEEP:  # checked now, not after hours of training
-            errors.append(f"final_keep must be one of {FINAL_KEEP}, got {self.final_keep!r}")
+        """Every setting is checked here, before any work: all problems in one error."""
+        errors = at_least(1, iterations=self.iterations, eval_k=self.eval_k)
+        errors += at_least(1, sft_epochs=self.sft_epochs, rl_epochs=self.rl_epochs)
+        errors += at_least(1, checkpoint_every_n_steps=self.checkpoint_every_n_steps)
+        errors += at_least(
+            0, warmup_problems=self.warmup_problems, rl_eval_every=self.rl_eval_every
+        )
+        errors += at_least(1, optional=True, sft_max_steps=self.sft_max_steps)
+        errors += at_least(1, optional=True, eval_max_problems=self.eval_max_problems)
+        if self.final_keep not in KEEP:
+            errors.append(f"final_keep must be one of {', '.join(KEEP)}; got {self.final_keep!r}")
+        errors += _unknown_keys("sft", SFTModule, self.sft) + _unknown_keys(
+            "grpo", GRPOModule, self.grpo
+        )
+        if not (unknown := _unknown_keys("schedule", NSchedule, self.schedule)):
+            try:
+                NSchedule(**self.schedule)
+            except ValueError as err:
+                unknown = [str(err)]
+        errors += unknown
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
+
+
+def _unknown_keys(name: str, cls: type, args: dict[str, Any]) -> list[str]:
+    """A message per key of ``args`` that ``cls`` does not take (the model is the pipeline's)."""
+    params = set(inspect.signature(cls).parameters) - {"model"}
+    return [
+        f"{name}.{key} is not an argument of {cls.__name__} (it takes: {', '.join(sorted(params))})"
+        for key in args
+        if key not in params
+    ]
 
 
 def instantiate(value: Any) -> Any:
@@ -135,246 +151,121 @@ def instantiate(value: Any) -> Any:
 
 
 class Pipeline:
-    """Runs (or resumes) the stages of :class:`PipelineConfig` on one DataModule."""
+    """Runs (or resumes) the stages of :class:`PipelineConfig` on the data of one DataModule."""
 
     def __init__(self, config: PipelineConfig, data: ProblemDataModule) -> None:
-        self.cfg, self.dm = config, data
+        self.cfg, self.data = config, data
+        self.curriculum = data.curriculum
+        self.curriculum.schedule = NSchedule(**config.schedule)
         self.state_path = os.path.join(config.run_dir, "pipeline_state.json")
         self.done: list[str] = []
         self.current = config.model  # folder of the latest stage's model
-        self.logger = make_logger(
-            config.logger, os.path.join(config.run_dir, "logs"), config.project
-        )
+        self.models: dict[str, str] = {}  # stage -> its exported model
         self.results: dict[str, Any] = {}
-        self.sft_args, self.grpo_args = instantiate(config.sft), instantiate(config.grpo)
+        logger = make_logger(config.logger, os.path.join(config.run_dir, "logs"), config.project)
+        sft, grpo = instantiate(config.sft), instantiate(config.grpo)
+        self.ctx = StageContext(config, self.curriculum, data, logger, sft, grpo)
+
+    @property
+    def logger(self) -> Any:
+        """The Lightning logger every stage logs to (False: none)."""
+        return self.ctx.logger
 
     def run(self, close_logger: bool = True) -> dict[str, Any]:
-        """Runs the remaining stages; returns per-stage pool counts, N per group and models."""
+        """Runs the remaining stages; returns per-stage pool counts, N per group and results."""
         L.seed_everything(self.cfg.seed, workers=True)
-        self.dm.load()
+        self.data.load()
         self._restore()
         self.stage("warmup", self.warmup)
         for it in range(1, self.cfg.iterations + 1):
-            self.stage(f"it{it}/scale", self.scale_data)
-            self.stage(f"it{it}/sft", lambda name: self.sft(name))
+            self.stage(f"it{it}/scale", self.scale)
+            self.stage(f"it{it}/sft", self.sft)
             self.stage(f"it{it}/eval", self.measure)
-            # the last iteration's re-distillation is the final retrain: do it once
-            last = it == self.cfg.iterations and self.cfg.final_retrain
-            redistill = not last and (
-                self.cfg.redistill_each_iteration or it == self.cfg.iterations
-            )
-            self.stage(f"it{it}/rl", lambda name, r=redistill: self.rl(name, redistill=r))
+            self.stage(f"it{it}/rl", self.rl)
+            # the last iteration's re-distillation is the final retrain when there is one
+            last = it == self.cfg.iterations
+            if (self.cfg.redistill_each_iteration or last) and not (
+                last and self.cfg.final_retrain
+            ):
+                self.stage(f"it{it}/redistill", self.sft)
         if self.cfg.final_retrain:
             self.stage("final", self.final)
-        self.results["pools"] = self.dm.pools.counts()
-        self._save()
+        self.results["pools"] = self.curriculum.pools.counts()
         if close_logger:
             self.close_logger()
         return self.results
 
     # ------------------------------------------------------------------ stages
     def warmup(self, name: str) -> None:
-        """SFT pi0 on the first solution of a few problems (output format), then measure all."""
-        firsts = list(self.dm.problems)[: self.cfg.warmup_problems]
-        if self.dm.add_solutions(firsts, 1):
-            self.sft(name)
-        self.measure(name + "/eval")
+        firsts = list(self.curriculum.problems)[: self.cfg.warmup_problems]
+        if self.curriculum.add_solutions(firsts, 1):
+            self._took(name, sft_stage(self.ctx, name))
+        self.results[name] = measure_stage(self.ctx, name, self.current)
 
-    def scale_data(self, name: str) -> None:
-        added = self.dm.scale_solutions()
-        self.results[name] = {"solutions_added": added, "bank_total": self.dm.bank.total()}
+    def scale(self, name: str) -> None:
+        added = self.curriculum.scale_solutions()
+        self.results[name] = {"solutions_added": added, "bank_total": self.curriculum.bank.total()}
 
     def sft(self, name: str) -> None:
-        """SFT from the initial model on the bank of non-RL problems plus the re-distilled set."""
-        self.dm.mode, self.dm.sft_source = "sft", "all"
-        if not self.dm.sft_items():
-            return
-        module = SFTModule(model=self.cfg.model, **self.sft_args)
-        self.fit(name, module, [], self.cfg.sft_epochs, max_steps=self.cfg.sft_max_steps)
-        self.current = module.export(os.path.join(self.cfg.run_dir, name, "model"))
+        self._took(name, sft_stage(self.ctx, name, "all"))
 
     def measure(self, name: str) -> None:
-        """K samples of every non-failed problem with the latest model -> relabel the pools."""
-        module = self._standalone(SFTModule(model=self.current, **self.sft_args), name)
-        self._evaluator().evaluate(module.trainer, module, tag=name, datamodule=self.dm)
-        self.results[name] = self.dm.pools.counts()
+        self.results[name] = measure_stage(self.ctx, name, self.current)
 
-    def rl(self, name: str, redistill: bool) -> None:
-        """GRPO on the solvable problems with per-group N; re-distils into pi0 at the end."""
-        if not self.dm.pools.members(Pool.SOLVABLE):
-            print(f"[coscale] {name}: no solvable problems, RL skipped")
-            return
-        self.dm.mode = "rl"
-        module = GRPOModule(model=self.current, **self.grpo_args)
-        callbacks: list = [RolloutNSchedule(**self.cfg.schedule)]
-        if self.cfg.rl_eval_every:
-            callbacks.append(self._evaluator(every_n_epochs=self.cfg.rl_eval_every))
-        if redistill:
-            sft = self._stage_sft_args()
-            callbacks.append(
-                ReDistillation(
-                    sft=sft, trainer=self._sft_trainer_args(), initial_model=self.cfg.model
-                )
-            )
-        self.fit(name, module, callbacks, self.cfg.rl_epochs)
-        self.current = module.export(os.path.join(self.cfg.run_dir, name, "model"))
-        self.results[name] = {"pools": self.dm.pools.counts(), "n_per_group": self._n_per_group()}
+    def rl(self, name: str) -> None:
+        self._took(name, rl_stage(self.ctx, name, self.current))
+        self.results[name] = {
+            "pools": self.curriculum.pools.counts(),
+            "n_per_group": self.curriculum.n_per_group(),
+        }
 
     def final(self, name: str) -> None:
-        """Retrain from pi0 on everything collected; pass@k before and after."""
-        module = self._standalone(SFTModule(model=self.current, **self.sft_args), name)
-        best = self.cfg.final_keep == "best"
-        retrain = FinalRetrain(
-            sft=self._stage_sft_args(),
-            trainer=self._sft_trainer_args(),
-            initial_model=self.cfg.model,
-            eval_k=min(8, self.cfg.eval_k),
-            keep="better" if best else self.cfg.final_keep,
-        )
-        self.results["final"] = dict(retrain.run(module.trainer, module, datamodule=self.dm))
-        if best:
-            self.results["final"] |= self._keep_best_iteration(retrain, module)
-        self.current = module.export(os.path.join(self.cfg.run_dir, "final", "model"))
+        earlier = [(it, m) for it in range(1, self.cfg.iterations) if (m := self._model_of(it))]
+        self.results[name], self.current = final_stage(self.ctx, name, self.current, earlier)
 
-    def _keep_best_iteration(self, retrain: FinalRetrain, module: L.LightningModule) -> dict:
-        """``final_keep: best``: measures each earlier iteration's model like the final one and
-        loads the best into ``module`` when it beats what the final stage kept."""
-        final = self.results["final"]
-        kept = max(
-            final.get("val/final_before_pass@1", 0.0), final.get("val/final_after_pass@1", 0.0)
-        )
-        scores, winner, problems = {}, None, judged_problems(self.dm)
-        # latest first, and only a strictly higher score replaces: a later model wins ties
-        for it in range(self.cfg.iterations - 1, 0, -1):
-            path = os.path.join(self.cfg.run_dir, f"it{it}", "rl", "model")
-            if not os.path.isdir(path):  # that iteration had no RL stage
-                continue
-            other = self._standalone(SFTModule(model=path, **self.sft_args), f"final/it{it}")
-            key = f"val/final_it{it}_pass@1"
-            scores[key] = retrain.measure(other.trainer, other, problems, f"it{it}")[key]
-            if scores[key] > kept:
-                kept, winner = scores[key], (it, other.policy.state_dict())
-        # 0: the final stage's own choice (last RL model or retrain) stays; k: iteration k's model
-        scores["val/final_kept_iteration"] = float(winner[0] if winner else 0)
-        if winner is not None:
-            module.policy.load_state_dict(winner[1])
-        print(
-            f"[coscale] final_keep=best: {', '.join(f'{k}={v:.4f}' for k, v in scores.items())}",
-            flush=True,
-        )
-        return scores
+    def _took(self, name: str, model: str | None) -> None:
+        if model is not None:
+            self.current = self.models[name] = model
+
+    def _model_of(self, it: int) -> str | None:
+        """Iteration ``it``'s model: its re-distilled model, else its RL model."""
+        return self.models.get(f"it{it}/redistill") or self.models.get(f"it{it}/rl")
 
     # --------------------------------------------------------------- plumbing
     def stage(self, name: str, fn) -> None:
+        """Runs stage ``name`` unless done; then commits the state file."""
         if name in self.done:
             return
-        counts = " ".join(f"{k}={v}" for k, v in self.dm.pools.counts().items())
-        print(
-            f"\n[coscale] == stage {name} | pools: {counts} | bank: {self.dm.bank.total()} ==",
-            flush=True,
-        )
-        before = budget.snapshot()
+        counts = " ".join(f"{k}={v}" for k, v in self.curriculum.pools.counts().items())
+        bank = self.curriculum.bank.total()
+        print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {bank} ==", flush=True)
+        before, self.ctx.carried = budget.snapshot(), type(self.ctx.carried)()
         fn(name)
-        # SFT examples and rollouts of this stage (a stage resumed mid-fit counts its rest)
-        self.results.setdefault("spend", {})[name] = budget.since(before)
+        spent = budget.since(before)  # this process's part, plus what the fits restored
+        self.results.setdefault("spend", {})[name] = {
+            k: v + self.ctx.carried.get(k, 0) for k, v in spent.items()
+        }
         self.done.append(name)
+        commit_point(f"{name} end, before the state file")
         self._save()
-
-    def fit(
-        self,
-        name: str,
-        module: L.LightningModule,
-        callbacks: list,
-        epochs: int,
-        max_steps: int | None = None,
-    ) -> None:
-        ckpt_dir = os.path.join(self.cfg.run_dir, name, "ckpt")
-        ckpt = ModelCheckpoint(
-            dirpath=ckpt_dir,
-            save_last=True,
-            every_n_train_steps=self.cfg.checkpoint_every_n_steps,
-            save_top_k=0,
-        )
-        trainer = self._trainer(name, [*callbacks, ckpt], max_epochs=epochs, max_steps=max_steps)
-        last = os.path.join(ckpt_dir, "last.ckpt")
-        trainer.fit(module, datamodule=self.dm, ckpt_path=last if os.path.exists(last) else None)
-
-    def _trainer(
-        self, name: str, callbacks: list, max_epochs: int, max_steps: int | None = None
-    ) -> L.Trainer:
-        args = {
-            "accelerator": "auto",
-            "devices": 1,
-            "log_every_n_steps": 1,
-            "enable_model_summary": False,
-            "num_sanity_val_steps": 0,
-            "limit_val_batches": 0,
-            **self.cfg.trainer,
-        }
-        bar = TQDMProgressBar()  # one plain bar per stage; nested stages print their own
-        return L.Trainer(
-            default_root_dir=os.path.join(self.cfg.run_dir, name),
-            logger=self.logger,
-            callbacks=[*callbacks, bar],
-            max_epochs=max_epochs,
-            max_steps=-1 if max_steps is None else max_steps,
-            **args,
-        )
-
-    def _standalone(self, module: L.LightningModule, name: str) -> L.LightningModule:
-        """A module attached to a trainer (loggers, device) outside of any fit."""
-        trainer = self._trainer(name, [], max_epochs=1)
-        trainer.strategy.connect(module)
-        module.trainer = trainer
-        return module.to(trainer.strategy.root_device)
-
-    def _stage_sft_args(self) -> dict[str, Any]:
-        """SFT settings of the callbacks' nested SFT fits (same batch size as the SFT stages)."""
-        return {**self.sft_args, "batch_size": self.dm.sft_batch_size}
-
-    def _n_per_group(self) -> dict[int, int]:
-        """Rollout N of each difficulty group (the schedule's decision, read from the data)."""
-        out: dict[int, int] = {}
-        for pid, group in sorted(self.dm.group_of.items()):
-            out.setdefault(group, self.dm.n_of(pid))
-        return out
-
-    def _sft_trainer_args(self) -> dict[str, Any]:
-        return {
-            "max_epochs": self.cfg.sft_epochs,
-            "max_steps": -1 if self.cfg.sft_max_steps is None else self.cfg.sft_max_steps,
-            **{k: v for k, v in self.cfg.trainer.items() if k in ("accelerator", "precision")},
-        }
-
-    def _evaluator(self, every_n_epochs: int = 1) -> PassRateEvaluation:
-        return PassRateEvaluation(
-            k=self.cfg.eval_k,
-            max_problems=self.cfg.eval_max_problems,
-            every_n_epochs=every_n_epochs,
-        )
+        commit_point(f"{name} state file written")
 
     def close_logger(self) -> None:
         """Flushes and closes the W&B run so that its files are complete when ``run`` returns."""
-        if (
-            self.logger
-            and hasattr(self.logger, "experiment")
-            and hasattr(self.logger.experiment, "finish")
-        ):
-            self.logger.experiment.finish()
+        experiment = getattr(self.ctx.logger, "experiment", None) if self.ctx.logger else None
+        if experiment is not None and hasattr(experiment, "finish"):
+            experiment.finish()
 
     def _save(self) -> None:
-        os.makedirs(self.cfg.run_dir, exist_ok=True)
         state = {
             "done": self.done,
             "current": self.current,
-            "data": self.dm.state_dict(),
+            "models": self.models,
+            "curriculum": self.curriculum.state_dict(),
             "results": self.results,
             "config": asdict(self.cfg),
         }
-        tmp = self.state_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f, indent=1, default=str)
-        os.replace(tmp, self.state_path)  # atomic: a crash never leaves half a state file
+        write_json(self.state_path, state)  # atomic: a crash never leaves half a state file
 
     def _restore(self) -> None:
         if not os.path.exists(self.state_path):
@@ -382,5 +273,6 @@ class Pipeline:
         with open(self.state_path) as f:
             state = json.load(f)
         self.done, self.current, self.results = state["done"], state["current"], state["results"]
-        self.dm.load_state_dict(state["data"])
+        self.models = state["models"]
+        self.curriculum.load_state_dict(state["curriculum"])
         print(f"[coscale] resuming after stages: {', '.join(self.done) or 'none'}")

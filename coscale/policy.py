@@ -1,17 +1,33 @@
 """Loading a Hugging Face causal LM as a policy, and exporting one so that it loads unchanged.
 
 Every stage starts from, or is saved as, a plain ``save_pretrained`` folder (safetensors +
-tokenizer + generation config): transformers and vLLM read it as is.
+tokenizer + generation config): transformers and vLLM read it as is. ``builtin:`` model specs
+(``builtin:demo``, ``builtin:tiny?hidden_size=64&seed=0``) name models coscale ships or builds
+offline; they resolve to such a folder here (``builtin:`` problem sets live in
+`coscale.tasks.builtin`, which knows nothing of models).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BUILTIN_PREFIX = "builtin:"
+"""Prefix of a built-in model spec (the same as `coscale.tasks.builtin.PREFIX` for problems)."""
+TINY_SETTINGS = (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "seed",
+)
+"""Settings of ``builtin:tiny?...`` (ints, passed to `coscale.tiny.build_tiny_model`)."""
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:
@@ -23,14 +39,57 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 
 def resolve_model_path(name_or_path: str) -> str:
     """A ``builtin:`` model spec becomes its folder (built on first use); others pass through."""
-    from coscale.tasks.builtin import builtin_model, is_builtin
-
-    if not is_builtin(name_or_path):
+    if not name_or_path.startswith(BUILTIN_PREFIX):
         return name_or_path
     root = os.environ.get(
         "COSCALE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "coscale")
     )
     return builtin_model(name_or_path, os.path.join(root, "models"))
+
+
+def builtin_model(spec: str, root: str | os.PathLike) -> str:
+    """Folder of a ``builtin:`` model: ``demo`` is shipped in the package; ``tiny`` is built
+    under ``root`` on first use.
+
+    Raises:
+        ValueError: An unknown model name, or ``tiny`` settings that are unknown or not ints.
+    """
+    name, _, query = spec.removeprefix(BUILTIN_PREFIX).partition("?")
+    if name == "demo":
+        return _demo_model()
+    if name != "tiny":
+        raise ValueError(f"unknown builtin model {name!r} in {spec!r}; choices: demo, tiny")
+    sizes = _tiny_sizes(spec, dict(parse_qsl(query)))
+    folder = Path(root) / ("tiny-" + "-".join(f"{k}{v}" for k, v in sorted(sizes.items())))
+    if not (folder / "config.json").exists():
+        from coscale.tiny import save_tiny  # loads transformers and tokenizers: only when needed
+
+        save_tiny(folder, **sizes)
+    return str(folder)
+
+
+def _tiny_sizes(spec: str, settings: dict[str, str]) -> dict[str, int]:
+    """The ``builtin:tiny`` settings as ints; one error lists every bad one."""
+    problems = [f"unknown setting {k!r}" for k in settings if k not in TINY_SETTINGS]
+    problems += [
+        f"{k}={v!r} is not an int" for k, v in settings.items() if not v.lstrip("-").isdigit()
+    ]
+    if problems:
+        raise ValueError(
+            f"{'; '.join(problems)} in {spec!r}; allowed: {', '.join(TINY_SETTINGS)} (ints)"
+        )
+    return {k: int(v) for k, v in settings.items()}
+
+
+def _demo_model() -> str:
+    """The demo's base model shipped in ``coscale/assets/demo_model``."""
+    folder = Path(__file__).resolve().parent / "assets" / "demo_model"
+    if not (folder / "model.safetensors").exists():
+        raise FileNotFoundError(
+            f"the demo model is missing from {folder}; build it with "
+            "`python scripts/build_demo_model.py`"
+        )
+    return str(folder)
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:

@@ -138,7 +138,11 @@ def test_local_jsonl_parquet_and_saved_dataset(tmp_path):
 def test_source_rows_feed_the_datamodule_with_their_solutions(omr):
     with pytest.warns(UserWarning):
         rows = source_rows(omr)
-    dm = ProblemDataModule(train=rows, solutions_per_round=4)
+    dm = ProblemDataModule(train=rows, solutions_per_round=4, bank_solutions=0)
     dm.load()
-    assert dm.scale_solutions() == 3  # the data set's own solutions go to the bank first
-    assert sorted(dm.bank.count(pid) for pid in dm.problems) == [1, 2]
+    # the data set's own solutions go to the bank first
+    assert dm.curriculum.scale_solutions() == 3
+    assert sorted(dm.curriculum.bank.count(pid) for pid in dm.problems) == [1, 2]
+    loaded = ProblemDataModule(train=rows)  # bank_solutions=None: all of them at load
+    loaded.load()
+    assert sorted(loaded.curriculum.bank.count(pid) for pid in loaded.problems) == [1, 2]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 
 import pytest
 
-from coscale.tasks import BadRow, FieldMap, LoadResult, Problem, load_problems
+from coscale.tasks import BadRow, FieldMap, LoadResult, Problem, as_field_map, load_problems
+from coscale.tasks.benchmarks import load_benchmark
 
 # One JSONL file with every kind of bad row; the line numbers are the ones an editor shows.
 JSONL_LINES = [
@@ -211,3 +213,148 @@ def test_problem_round_trip_and_hash():
     assert problem != Problem("p1", "q", "4", ("s1", "s2"))
     with pytest.raises(ValueError, match=r"missing keys \['answer'\]"):
         Problem.from_dict({"id": "x", "question": "q"})
+
+
+# ------------------------------------------------------------ bad input is refused clearly
+def test_no_usable_problem_is_an_error_naming_the_source(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(ValueError) as info:
+        load_problems(empty)
+    assert str(info.value).startswith(f"{empty} holds 0 usable problems (it has no rows)")
+    rows = [{"question": "q", "answer": ""}, {"question": " ", "answer": "1"}, [1]]
+    all_bad = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the error says it all: no warning first
+        with pytest.raises(ValueError) as info:
+            load_problems(all_bad)
+    head, *listing = str(info.value).splitlines()
+    assert head == (
+        f"{all_bad} holds 0 usable problems (3 bad rows skipped); check the file or `fields` "
+        "(question='question', answer='answer'):"
+    )
+    assert listing == [
+        f"  {all_bad}:1: empty answer (field 'answer')",
+        f"  {all_bad}:2: empty question (field 'question')",
+        f"  {all_bad}:3: row must be an object, got list",
+    ]
+    # Rows made from a spec have no path: `name` says where they came from.
+    with pytest.raises(ValueError, match=r"^train=builtin:x holds 0 usable problems \(it has"):
+        load_problems([], name="train=builtin:x")
+    with pytest.raises(ValueError, match=r"^the given rows holds 0 usable problems"):
+        load_problems([])
+    # Under on_bad_row="raise" the error lists every bad row, as before.
+    with pytest.raises(ValueError, match=r"^3 bad rows in .*bad\.jsonl \(on_bad_row='raise'"):
+        load_problems(all_bad, on_bad_row="raise")
+
+
+def test_name_labels_every_message_of_a_source(tmp_path):
+    rows = [{"question": "q", "answer": "1"}, {"question": "q2"}]
+    result = load_quietly(rows, name="val=builtin:tiers")
+    assert result.source == "val=builtin:tiers"
+    assert result.summary().startswith("1 problems, 1 bad rows from val=builtin:tiers\n")
+    assert result.bad_rows == [BadRow("rows[1]", "missing answer (field 'answer')")]
+
+
+@pytest.mark.parametrize(
+    "name", ["gone.jsonl", "gone.json", "gone.parquet", "gone.csv", "sub/dir/gone", "./gone"]
+)
+def test_a_missing_local_path_is_one_line_naming_it(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        load_problems(name)
+    message = str(info.value)
+    assert message == (
+        f"source={name!r}: no such file or folder (it is a local path, not a HF hub name; "
+        f"relative paths start at {tmp_path})"
+    )
+    assert info.value.__context__ is None  # raised before pyarrow or datasets is called
+    absolute = tmp_path / name
+    with pytest.raises(FileNotFoundError, match=re.escape(f"source={str(absolute)!r}: no such")):
+        load_problems(absolute)
+
+
+def test_existing_files_and_folders_that_are_not_read(tmp_path):
+    csv = tmp_path / "train.csv"
+    csv.write_text("question,answer\nq,1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"is a \.csv file, which is not read; give a \.jsonl"):
+        load_problems(csv)
+    not_parquet = tmp_path / "x.parquet"
+    not_parquet.write_text("not parquet", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"x\.parquet' is not a readable Parquet file"):
+        load_problems(not_parquet)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    pytest.importorskip("datasets")
+    with pytest.raises(FileNotFoundError) as info:
+        load_problems(folder)
+    assert str(info.value).startswith(
+        f"source={str(folder)!r} is a folder that Dataset.save_to_disk did not write"
+    )
+    assert "\n" not in str(info.value) and info.value.__cause__ is None
+
+
+def test_an_unknown_hub_name_says_it_is_no_local_path_either(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ValueError, match=r"no local file or folder 'data/train' either"):
+        load_problems("data/train")  # a folder that is missing looks like org/name
+
+
+def test_malformed_jsonl_line_names_file_and_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"question": "q", "answer": "1"}\n{"question": "q2", "answ\n', "utf-8")
+    with pytest.raises(ValueError) as info:
+        load_problems(path, on_bad_row="raise")
+    assert f"{path}:2: invalid JSON: " in str(info.value)
+    with pytest.warns(UserWarning, match=rf"{path.name}:2: invalid JSON"):
+        assert [p.id for p in load_problems(path).problems] == ["t-0"]
+
+
+def test_fields_as_a_plain_dict(tmp_path):
+    rows = [{"problem": "1+1?", "answer": "2", "sols": ["1+1=2"], "id": "a"}]
+    result = load_problems(rows, fields={"question": "problem", "solutions": "sols"})
+    assert result.problems == [Problem("a", "1+1?", "2", ("1+1=2",), {})]
+    assert as_field_map({"question": "problem", "id": None}) == FieldMap("problem", id=None)
+    mapping = FieldMap("q", "a")
+    assert as_field_map(mapping) is mapping
+    path = write_jsonl(tmp_path / "p.jsonl", [{"problem": "p", "expected_answer": "1"}])
+    by_dict = load_problems(path, fields={"question": "problem", "answer": "expected_answer"})
+    assert [(p.question, p.answer) for p in by_dict.problems] == [("p", "1")]
+
+
+def test_bad_fields_and_settings_are_listed_in_one_error():
+    with pytest.raises(ValueError) as info:
+        as_field_map({"questoin": "problem", "answer": None, "id": 3})
+    assert str(info.value) == (
+        "fields has unknown key 'questoin'; allowed keys: question, answer, solutions, id; "
+        "fields.answer must be a non-empty str (a column name), got None; "
+        "fields.id must be a non-empty str or null (a column name), got 3"
+    )
+    with pytest.raises(ValueError, match=r"^fields must be a FieldMap or a dict with keys"):
+        as_field_map(["question"])
+    with pytest.raises(ValueError) as info:
+        load_problems([{"question": "q", "answer": "1"}], {"sol": "s"}, on_bad_row="x", limit=0)
+    assert str(info.value) == (
+        "fields has unknown key 'sol'; allowed keys: question, answer, solutions, id; "
+        "on_bad_row must be one of ('skip', 'raise'), got 'x'; "
+        "limit must be None or an int >= 1, got 0"
+    )
+
+
+def test_benchmark_sources_refuse_bad_local_files(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(FileNotFoundError, match=r"problem source 'mine': path=.*nope\.jsonl"):
+        load_benchmark(f"mine?path={missing}")
+    bad_line = tmp_path / "m.jsonl"
+    bad_line.write_text('{"problem": "q", "answer": "1"}\n{oops\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="^" + re.escape(f"{bad_line}:2: invalid JSON")):
+        load_benchmark(f"mine?path={bad_line}")
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^mine\?path=.*e\.jsonl holds 0 usable problems"):
+        load_benchmark(f"mine?path={empty}")

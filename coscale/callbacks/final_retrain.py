@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from coscale.callbacks import sft_stage
-from coscale.callbacks.redistill import initial_weights, retrain_from_initial, sft_set, stage_errors
+from coscale.callbacks.redistill import initial_weights, retrain_from_initial, stage_errors
 from coscale.rollout.base import SamplingParams
 
 KEEP = ("retrained", "better")
@@ -26,7 +26,7 @@ KEEP = ("retrained", "better")
 
 def judged_problems(dm: Any) -> list[dict]:
     """The problems the before / after evaluation runs on: held-out ones, else training ones."""
-    return [p.to_dict() for p in (dm.val_problems or list(dm.problems.values()))]
+    return [p.to_dict() for p in (dm.val_problems or list(dm.curriculum.problems.values()))]
 
 
 def _weights(pl_module: Any) -> dict[str, torch.Tensor]:
@@ -107,10 +107,10 @@ class FinalRetrain(Callback):
         pl_module.to(self._device or back_to)  # sample on the training device, not the CPU
         try:
             self.results = self.measure(trainer, pl_module, problems, "before")
-            items = sft_set(dm, "all", dm.redistill_per_problem, dm.redistill_max_total)
+            items = dm.curriculum.sft_pairs("all")
             if items:
                 fit_end = _weights(pl_module) if self.keep == "better" else None
-                retrain_from_initial(self, pl_module, items, seed=getattr(dm, "seed", 0), dm=dm)
+                retrain_from_initial(self, pl_module, items, seed=dm.curriculum.settings.seed, dm=dm)
                 self.runs += 1
                 self.results |= self.measure(trainer, pl_module, problems, "after")
                 self._keep_better(pl_module, fit_end)
@@ -145,7 +145,7 @@ class FinalRetrain(Callback):
         base = getattr(pl_module, "val_sampling", None) or SamplingParams()
         sampling = replace(base, seed=self.seed)
         n, chunk = self.eval_k, self.batch_size
-        counts = sft_stage.sample_counts(trainer, pl_module, problems, n, sampling, chunk)
+        counts = sft_stage.sample_counts(pl_module, problems, n, sampling, chunk)
         return {f"val/final_{when}_{k}": v for k, v in sft_stage.pass_rates(n, counts).items()}
 
     @override

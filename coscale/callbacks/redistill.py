@@ -15,7 +15,6 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from coscale.callbacks import sft_stage
-from coscale.forgetting import mastered_items
 
 _SHARED = ("prompt", "tokenizer", "reward")  # the SFT stage takes these from the policy module
 _SHARED_HPARAMS = ("dtype", "trust_remote_code", "gradient_checkpointing")  # and these
@@ -76,13 +75,13 @@ class ReDistillation(Callback):
         if (dm := sft_stage.datamodule_or_warn(trainer, self, datamodule)) is None:
             return 0
         source = "all" if self.include_bank else "redistill"
-        items = sft_set(dm, source, self.max_per_problem, self.max_total)
+        items = dm.curriculum.sft_pairs(source, self.max_per_problem, self.max_total)
         self.last_size = len(items)
         sft_stage.log_to_loggers(trainer, {"pool/redistill_examples": float(len(items))})
         if not items:
             rank_zero_warn("ReDistillation: empty re-distillation set; the policy is left as is")
             return 0
-        retrain_from_initial(self, pl_module, items, seed=getattr(dm, "seed", 0), dm=dm)
+        retrain_from_initial(self, pl_module, items, seed=dm.curriculum.settings.seed, dm=dm)
         self.runs += 1
         if self.export_dir and getattr(trainer, "is_global_zero", True):
             pl_module.export(self.export_dir)
@@ -95,16 +94,6 @@ class ReDistillation(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.runs, self.last_size = int(state_dict["runs"]), int(state_dict["last_size"])
-
-
-def sft_set(dm: Any, source: str, per_problem: int = 1, max_total: int | None = None) -> list[dict]:
-    """``dm.sft_items()`` under these settings; the datamodule's own are restored afterwards."""
-    saved = dm.sft_source, dm.redistill_per_problem, dm.redistill_max_total
-    dm.sft_source, dm.redistill_per_problem, dm.redistill_max_total = source, per_problem, max_total
-    try:
-        return dm.sft_items()
-    finally:
-        dm.sft_source, dm.redistill_per_problem, dm.redistill_max_total = saved
 
 
 def initial_weights(owner: Any, pl_module: Any) -> str | os.PathLike:
@@ -136,7 +125,7 @@ def retrain_from_initial(
     sft = same | owner.sft
     if sft.get("forgetting_guard", "none") != "none" and "mastered" not in sft and dm is not None:
         # the nested fit has no DataModule: hand it the solved problems to protect
-        sft["mastered"] = mastered_items(dm.problems, dm.pools, dm.bank)
+        sft["mastered"] = dm.curriculum.mastered()
     module = sft_stage.run_sft(initial, items, sft, trainer_kwargs, seed)
     sft_stage.copy_weights(module, pl_module)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

@@ -7,11 +7,9 @@ so that the same set always gives the same weights, then copy them into the poli
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import lightning as L
@@ -20,10 +18,11 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
-from coscale.metrics import PassAtK
-from coscale.modules.distributed import all_gather_objects
+from coscale.checks import at_least, is_number  # noqa: F401  (re-exported)
+from coscale.curriculum import Curriculum
+from coscale.modules.loggers import log_to_loggers  # noqa: F401  (re-exported)
 from coscale.modules.sft import SFTModule
-from coscale.rollout.base import SamplingParams
+from coscale.stages.measure import pass_rates, sample_counts  # noqa: F401  (re-exported)
 
 _OFF = dict(logger=False, enable_checkpointing=False, enable_model_summary=False)
 TRAINER_DEFAULTS = _OFF | dict(
@@ -90,69 +89,12 @@ def copy_weights(src_module: Any, dst_module: Any) -> None:
 
 
 def datamodule_or_warn(trainer: Any, owner: Any, datamodule: Any = None) -> Any | None:
-    """``datamodule`` (default: the trainer's, set by ``fit``), or None with one warning."""
+    """``datamodule`` (default: the trainer's, set by ``fit``) when it serves a curriculum, or
+    None with one warning."""
     dm = datamodule if datamodule is not None else getattr(trainer, "datamodule", None)
-    if dm is not None and hasattr(dm, "pools") and hasattr(dm, "problems"):
+    if isinstance(getattr(dm, "curriculum", None), Curriculum):
         return dm
     if not getattr(owner, "_warned_no_datamodule", False):
         owner._warned_no_datamodule = True
         rank_zero_warn(f"{type(owner).__name__}: the trainer has no ProblemDataModule; skipping")
     return None
-
-
-def log_to_loggers(trainer: Any, metrics: Mapping[str, float]) -> None:
-    """Logs ``metrics`` at the current step straight to the loggers (where ``self.log`` cannot)."""
-    if metrics and getattr(trainer, "is_global_zero", True):
-        for logger in getattr(trainer, "loggers", []):
-            logger.log_metrics(dict(metrics), step=trainer.global_step)
-
-
-def at_least(
-    low: float, kind: type = int, strict: bool = False, optional: bool = False, **values: Any
-) -> list[str]:
-    """A message for each value that is not a ``kind`` ``>= low`` (``> low`` when ``strict``).
-
-    ``kind`` is ``int`` or ``float`` (any finite number); with ``optional`` None is allowed too.
-    """
-    errors, sign, what = [], ">" if strict else ">=", "an int" if kind is int else "a number"
-    for k, v in values.items():
-        typed = is_number(v) and (kind is not int or isinstance(v, int))
-        if not ((v is None and optional) or (typed and (v > low if strict else v >= low))):
-            errors.append(f"{k} must be {what} {sign} {low}{' or None' * optional}, got {v!r}")
-    return errors
-
-
-def is_number(value: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def sample_counts(
-    trainer: Any, pl_module: Any, problems: list[dict], n: int, sampling: SamplingParams, chunk: int
-) -> list[int]:
-    """Correct samples out of ``n`` per problem (``pl_module.count_correct``), all ranks together.
-
-    Chunks of ``chunk`` problems are dealt round-robin to the ranks, chunk ``j`` sampled with
-    ``sampling.seed + j``, so the counts do not depend on the number of ranks; the counts are
-    gathered, and every rank returns the full list in the order of ``problems``.
-    """
-    chunks = [problems[i : i + chunk] for i in range(0, len(problems), chunk)]
-    rank, world = getattr(trainer, "global_rank", 0), getattr(trainer, "world_size", 1)
-    mine = []
-    rounds = -(-len(chunks) // world)  # every rank makes as many calls: a sharded policy needs it
-    for r in range(rounds):
-        j = r * world + rank
-        real = j < len(chunks)
-        params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
-        counts = list(pl_module.count_correct(chunks[j if real else 0], n, params))
-        if real:
-            mine.append((j, counts))
-    done = dict(all_gather_objects(mine))
-    return [c for j in range(len(chunks)) for c in done[j]]
-
-
-def pass_rates(n: int, counts: list[int]) -> dict[str, float]:
-    """``{"pass@1", "pass@<n>"}`` over problems with ``n`` samples and ``counts`` correct."""
-    metric = PassAtK(k=sorted({1, n}), sync_on_compute=False)  # counts are gathered already
-    metric.update([n] * len(counts), counts)
-    return {key: float(v) for key, v in metric.compute().items()}

@@ -56,3 +56,10 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def rank_world() -> tuple[int, int]:
+    """This process's rank and the world size (0, 1 without a process group)."""
+    if _active():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

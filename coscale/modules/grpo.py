@@ -22,10 +22,13 @@ import torch
 from typing_extensions import override
 
 from coscale.advantages import group_advantages
+from coscale.curriculum import Curriculum
 from coscale.logprobs import sequence_logprobs
 from coscale.losses import GRPOLoss, PolicyLoss
 from coscale.modules.distributed import all_gather_objects, global_max, global_sum
+from coscale.modules.feed import curriculum_of
 from coscale.modules.generation import PolicyMixin
+from coscale.modules.loggers import log_to_loggers
 from coscale.modules.optim import adamw_with_warmup
 from coscale.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import Rollouts, SamplingParams
@@ -34,6 +37,10 @@ from coscale.rollout.cached import CachedDecodeBackend
 
 class GRPOModule(PolicyMixin, L.LightningModule):
     """Group-relative policy optimisation with per-problem Rollout N.
+
+    On a :class:`~coscale.datamodules.ProblemDataModule` it is served the solvable problems,
+    each with its N (``data_kind = "rl"``), reports every rollout to the curriculum and closes
+    each epoch there (tally -> pools, N schedule).
 
     Args:
         model: HF hub name or local folder of the policy (or a built model, in Python).
@@ -76,6 +83,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             gets the policy's weights after every optimiser step; needs ``coscale[vllm]``).
         rollout_options: Arguments of the chosen backend (e.g. ``gpu_memory_utilization``).
     """
+
+    data_kind = "rl"
 
     def __init__(
         self,
@@ -254,20 +263,16 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         return float(norm)
 
     def record_outcomes(self, batch: list[dict], rollouts: Rollouts, rewards: torch.Tensor) -> None:
-        """Writes each group's (N, correct) to the pools' tally and correct rollouts to the replay
-        buffer, identically on every rank (outcomes are gathered first)."""
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is None or not hasattr(dm, "tally_rl"):
+        """Reports every rollout's (problem, text, correct) to the curriculum (its epoch tally
+        and replay buffer), identically on every rank: outcomes are gathered first."""
+        if (curriculum := curriculum_of(self)) is None:
             return
         index = rollouts.prompt_index.tolist()
         mine = [
             (batch[i]["id"], text, bool(r >= 1.0))
             for i, text, r in zip(index, rollouts.texts, rewards.tolist())
         ]
-        for pid, text, correct in all_gather_objects(mine):
-            dm.tally_rl(pid, 1, int(correct))
-            if correct:
-                dm.bank.record_rollout(pid, text, True, self.global_step)
+        curriculum.record_rollouts(all_gather_objects(mine), self.global_step)
 
     def _step_seed(self) -> int:
         rank = self.global_rank if self._trainer is not None else 0
@@ -299,19 +304,26 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.backend.update_weights(self.policy)  # a resumed policy reaches the engine
 
     @override
-    def on_train_epoch_start(self) -> None:
-        self._close_epoch()  # a tally left open by a crash before the last epoch's end
+    def on_fit_start(self) -> None:
+        # restored between an epoch's last step and its end-of-epoch work: do that work first
+        curriculum = curriculum_of(self)
+        if curriculum is not None and (epoch := curriculum.pending_epoch()) is not None:
+            self.end_epoch(curriculum, epoch)
 
     @override
     def on_train_epoch_end(self) -> None:
-        self._close_epoch()
+        if (curriculum := curriculum_of(self)) is not None:
+            self.end_epoch(curriculum, self.current_epoch)
 
-    def _close_epoch(self) -> None:
-        dm = getattr(self.trainer, "datamodule", None)
-        if dm is not None and hasattr(dm, "close_rl_epoch"):
-            dm.close_rl_epoch()
-            for pool, count in dm.pools.counts().items():
-                self.log(f"pool/{pool}", float(count), rank_zero_only=True)
+    def end_epoch(self, curriculum: Curriculum, epoch: int) -> None:
+        """Closes ``epoch`` in the curriculum (once: a callback may have done it already) and
+        logs the pools and the schedule's decisions."""
+        metrics = curriculum.close_epoch(epoch, lr=self.lr)
+        metrics |= {f"pool/{k}": float(v) for k, v in curriculum.pools.counts().items()}
+        if self._trainer is not None and self.trainer.training:
+            self.log_dict(metrics, rank_zero_only=True)
+        else:
+            log_to_loggers(self._trainer, metrics)
 
     @override
     def configure_optimizers(self) -> Any:

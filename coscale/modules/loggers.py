@@ -27,3 +27,11 @@ def make_logger(
         os.environ["WANDB_MODE"] = wandb_mode()
         return WandbLogger(project=project, name=name, save_dir=save_dir)
     raise ValueError(f"logger must be one of wandb, csv, none; got {kind!r}")
+
+
+def log_to_loggers(trainer: Any, metrics: dict[str, float]) -> None:
+    """Logs ``metrics`` at the current step straight to the loggers (where ``self.log`` cannot:
+    outside the training loop, or from code that is not a module)."""
+    if metrics and trainer is not None and getattr(trainer, "is_global_zero", True):
+        for logger in getattr(trainer, "loggers", []):
+            logger.log_metrics(dict(metrics), step=trainer.global_step)

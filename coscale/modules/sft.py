@@ -28,10 +28,10 @@ from typing_extensions import override
 from coscale.forgetting import (
     ForgettingGuard,
     guarded_parameters,
-    mastered_items,
     mean_loss,
     reference_gradient,
 )
+from coscale.modules.feed import curriculum_of
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
 from coscale.prompting import PromptFormat, as_prompt_format
@@ -41,6 +41,9 @@ from coscale.sft_batch import solution_loss, tokenize_pairs
 
 class SFTModule(PolicyMixin, L.LightningModule):
     """Causal-LM fine-tuning with the loss on solution tokens.
+
+    On a :class:`~coscale.datamodules.ProblemDataModule` it is served (question, solution) pairs
+    (``data_kind = "sft"``); any loader of such dicts works too.
 
     Args:
         model: HF hub name or local folder of a causal LM (or a built model, in Python).
@@ -74,6 +77,8 @@ class SFTModule(PolicyMixin, L.LightningModule):
             ``solved`` problems of the trainer's ProblemDataModule with their latest correct
             rollout (else first bank solution). Not saved in the hyper-parameters.
     """
+
+    data_kind = "sft"
 
     def __init__(
         self,
@@ -241,11 +246,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         return rows[rank::world]
 
     def _datamodule_mastered(self) -> list[dict]:
-        """Solved problems of the trainer's ProblemDataModule (none without one)."""
-        dm = getattr(self.trainer, "datamodule", None)
-        if all(hasattr(dm, a) for a in ("problems", "pools", "bank")):
-            return mastered_items(dm.problems, dm.pools, dm.bank)
-        return []
+        """Solved problems of the fit's curriculum (none without one)."""
+        curriculum = curriculum_of(self)
+        return curriculum.mastered() if curriculum is not None else []
 
     def _report(self, values: dict[str, float]) -> None:
         """Keeps ``values`` in :attr:`guard_report` and logs them as ``train/<key>``."""

@@ -16,14 +16,13 @@ field). In a DataModule, ``train: source:openmathreasoning?limit=2000`` reads on
 from __future__ import annotations
 
 import hashlib
-import json
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
+from coscale.tasks import files
 from coscale.tasks.loaders import FieldMap, load_problems
 from coscale.tasks.problem import Problem
 
@@ -194,22 +193,21 @@ def read_rows(source: BenchmarkSource) -> Iterator[dict[str, Any]]:
 
 
 def _open(source: BenchmarkSource) -> Iterable[Any]:
+    """A local file or ``save_to_disk`` folder when ``path`` names one, else a hub data set."""
+    setting = f"problem source {source.name!r}: path"
+    path = files.local_path(source.path, setting)
+    if path is None:
+        return _hub_rows(source)
+    if path.is_dir():
+        return files.load_saved(path, source.split, setting)[0]
+    if path.suffix.lower() == ".parquet":
+        return files.parquet_rows(files.open_parquet(path, setting))
+    return files.json_rows(path)
+
+
+def _hub_rows(source: BenchmarkSource) -> Iterable[Any]:
     import datasets
 
-    path = Path(source.path)
-    if path.suffix in (".jsonl", ".json") and path.is_file():
-        text = path.read_text()
-        if text.lstrip().startswith("["):
-            return json.loads(text)
-        return (json.loads(line) for line in text.splitlines() if line.strip())
-    if path.suffix == ".parquet" and path.is_file():
-        import pyarrow.parquet as pq
-
-        batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
-        return (row for batch in batches for row in batch.to_pylist())
-    if path.is_dir():
-        data = datasets.load_from_disk(str(path))
-        return data[source.split] if isinstance(data, datasets.DatasetDict) else data
     try:
         return datasets.load_dataset(
             source.path, source.subset, split=source.split, streaming=source.streaming
@@ -245,6 +243,9 @@ def source_rows(spec: str | BenchmarkSource) -> list[dict[str, Any]]:
 
 
 def load_benchmark(spec: str | BenchmarkSource, on_bad_row: str = "skip") -> list[Problem]:
-    """The checked problems of a source (bad rows skipped with a warning, or raised)."""
-    rows = source_rows(spec)
-    return load_problems(rows, FieldMap(), on_bad_row=on_bad_row).problems
+    """The checked problems of a source (bad rows skipped with a warning, or raised).
+
+    Raises ``ValueError`` when no usable problem is left (the message names ``spec``).
+    """
+    rows, name = source_rows(spec), spec if isinstance(spec, str) else spec.name
+    return load_problems(rows, FieldMap(), on_bad_row=on_bad_row, name=name).problems

@@ -1,15 +1,14 @@
-"""``builtin:`` sources: problems and a base model that coscale makes itself, offline.
+"""``builtin:`` problem sets: problems that coscale makes itself, offline.
 
 ``builtin:arithmetic?n=64&terms=2,3&seed=0&solutions=8`` is a generated arithmetic set (see
-:mod:`coscale.tasks.arithmetic`); ``builtin:tiny?hidden_size=64&num_layers=2&seed=0`` is a
-random character-level Llama written to a folder on first use.
+:mod:`coscale.tasks.arithmetic`); ``builtin:tiers?T3=128&held_out=0`` is the demo task (see
+:mod:`coscale.tasks.tiers`). Built-in *models* (``builtin:demo``, ``builtin:tiny?...``) are
+resolved by `coscale.policy.resolve_model_path`: tasks do not depend on model loading.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -74,31 +73,3 @@ def _tier_rows(spec: str, args: dict[str, str]) -> list[dict[str, Any]]:
         for row in rows:
             row["solutions"] = list(itertools.islice(tiers.solutions(row["question"]), k))
     return rows
-
-
-def builtin_model(spec: str, root: str | os.PathLike) -> str:
-    """Folder of a ``builtin:`` model: ``demo`` is shipped in the package; ``tiny`` is built
-    under ``root`` on first use."""
-    from coscale.tiny import save_tiny
-
-    name, args = _parse(spec)
-    if name == "demo":
-        return _demo_model()
-    if name != "tiny":
-        raise ValueError(f"unknown builtin model {name!r} in {spec!r}; choices: demo, tiny")
-    sizes = {k: int(v) for k, v in args.items()}
-    folder = Path(root) / ("tiny-" + "-".join(f"{k}{v}" for k, v in sorted(sizes.items())))
-    if not (folder / "config.json").exists():
-        save_tiny(folder, **sizes)
-    return str(folder)
-
-
-def _demo_model() -> str:
-    """The demo's base model shipped in ``coscale/assets/demo_model``."""
-    folder = Path(__file__).resolve().parents[1] / "assets" / "demo_model"
-    if not (folder / "model.safetensors").exists():
-        raise FileNotFoundError(
-            f"the demo model is missing from {folder}; build it with "
-            "`python scripts/build_demo_model.py`"
-        )
-    return str(folder)

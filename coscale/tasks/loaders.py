@@ -1,15 +1,15 @@
 """Load problems from JSON Lines, Parquet, a saved ``datasets`` directory, the HF Hub or rows.
 
-Rows are mapped through a :class:`FieldMap` and checked; a bad row becomes a :class:`BadRow`
-saying where it is, ``data/train.jsonl:17`` (1-based line, as editors count) or ``x.parquet
-row 16`` (0-based, as ``dataset[16]``), and ``on_bad_row`` skips or rejects it. A question or
-answer field that no row has is a wrong ``FieldMap``: that raises, it is not a bad row.
+Rows are mapped through a :class:`FieldMap` (or a dict of its fields) and checked; a bad row
+becomes a :class:`BadRow` saying where it is, ``data/train.jsonl:17`` (1-based line, as editors
+count) or ``x.parquet row 16`` (0-based, as ``dataset[16]``), and ``on_bad_row`` skips or rejects
+it. A question or answer field that no row has is a wrong ``FieldMap``: that raises, it is not a
+bad row; so does a source left with no usable problem, and a local path that does not exist.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -18,23 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coscale.tasks.fields import BadValue, FieldMap, as_field_map, field_map_problems, to_problem
+from coscale.tasks.files import load_saved, local_path, not_local_note, open_parquet, parquet_rows
 from coscale.tasks.problem import Problem
 
 BAD_ROW_CHOICES = ("skip", "raise")
-
-
-@dataclass(frozen=True)
-class FieldMap:
-    """Which field of a source row holds each part of a problem."""
-
-    question: str = "question"
-    """Field with the problem statement (a non-empty string)."""
-    answer: str = "answer"
-    """Field with the reference answer (a string or a number)."""
-    solutions: str | None = "solutions"
-    """Field with a list of worked solutions; null ignores it. Rows may omit it."""
-    id: str | None = "id"
-    """Field with a unique id (str or int); if null or absent the id is ``{stem}-{row index}``."""
+_DEFAULT_FIELDS = FieldMap()  # frozen, so one shared default is safe
 
 
 @dataclass(frozen=True)
@@ -64,42 +53,54 @@ class _Source:
     label: str  # how messages name the source
     stem: str  # prefix of generated ids
     columns: list[str] | None  # known before reading for columnar sources
-    records: Iterator[tuple[int, str, Any]]  # (0-based row index, where, row or _BadValue)
-
-
-class _BadValue(Exception):
-    """Raised by the row checks (or read in place of a row); its message is the reason."""
+    records: Iterator[tuple[int, str, Any]]  # (0-based row index, where, row or BadValue)
 
 
 def load_problems(
     source: str | os.PathLike | Sequence[Mapping],
-    fields: FieldMap = FieldMap(),
+    fields: FieldMap | Mapping[str, str | None] = _DEFAULT_FIELDS,
     split: str = "train",
     on_bad_row: str = "skip",
     limit: int | None = None,
+    *,
+    name: str | None = None,
 ) -> LoadResult:
     """Load and check the problems of ``source``.
 
     Args:
         source: A ``.jsonl``/``.json`` (JSON Lines) or ``.parquet`` file, a ``save_to_disk``
             directory, a HF ``datasets`` name (needs the network) or a list of dicts.
-        fields: Field names of the rows.
+        fields: Field names of the rows: a `FieldMap` or a dict of some of its fields.
         split: Split of a saved ``DatasetDict`` or of a Hub data set.
         on_bad_row: ``"skip"`` (warn once) or ``"raise"`` (one error listing every bad row).
         limit: Keep the first ``limit`` good problems; rows after them are not read.
+        name: How messages name the source, e.g. ``train=builtin:tiers?T3=64`` when ``source``
+            holds the rows made from it; by default the path, the hub name or "the given rows".
 
     Raises:
-        ValueError: Bad settings or ``fields``, bad rows under ``"raise"``, an unreadable source.
+        ValueError: Bad settings or ``fields`` (all listed at once), bad rows under
+            ``"raise"``, a source with no usable problem, an unreadable source.
+        FileNotFoundError: A local path that does not exist.
     """
-    if on_bad_row not in BAD_ROW_CHOICES:
-        raise ValueError(f"on_bad_row must be one of {BAD_ROW_CHOICES}, got {on_bad_row!r}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit must be None or an int >= 1, got {limit!r}")
+    fields = _checked_fields(fields, on_bad_row, limit)
     src = _open(source, split)
+    src.label = name or src.label
     with closing(src.records):
         result = _collect(src, fields, limit)
-    _report(result, on_bad_row)
+    _report(result, on_bad_row, fields)
     return result
+
+
+def _checked_fields(fields: Any, on_bad_row: Any, limit: Any) -> FieldMap:
+    """``fields`` as a `FieldMap` once every setting is checked; raise once, listing each."""
+    problems = field_map_problems(fields)
+    if on_bad_row not in BAD_ROW_CHOICES:
+        problems.append(f"on_bad_row must be one of {BAD_ROW_CHOICES}, got {on_bad_row!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        problems.append(f"limit must be None or an int >= 1, got {limit!r}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return as_field_map(fields)
 
 
 def _collect(src: _Source, fields: FieldMap, limit: int | None) -> LoadResult:
@@ -114,10 +115,10 @@ def _collect(src: _Source, fields: FieldMap, limit: int | None) -> LoadResult:
             keys.update(row)
             first_keys = list(row) if first_keys is None else first_keys
         try:
-            problem = _to_problem(row, fields, f"{src.stem}-{index}")
+            problem = to_problem(row, fields, f"{src.stem}-{index}")
             if problem.id in first_at:
-                raise _BadValue(f"duplicate id {problem.id!r} (first at {first_at[problem.id]})")
-        except _BadValue as err:
+                raise BadValue(f"duplicate id {problem.id!r} (first at {first_at[problem.id]})")
+        except BadValue as err:
             result.bad_rows.append(BadRow(where, str(err)))
             continue
         first_at[problem.id] = where
@@ -136,20 +137,23 @@ def _open(source: Any, split: str) -> _Source:
         return _Source("the given rows", "rows", None, records)
     if not isinstance(source, (str, os.PathLike)):
         raise ValueError(f"source must be a path, a dataset name or rows, got {source!r}")
-    label, path = str(source), Path(source)
-    if path.suffix in (".jsonl", ".json"):
-        return _Source(label, path.stem, None, _json_lines(path, label))
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        table = pq.ParquetFile(path)
-        rows = (row for batch in table.iter_batches(batch_size=1024) for row in batch.to_pylist())
-        return _Source(label, path.stem, table.schema_arrow.names, _rows(label, rows))
-    return _datasets_source(path, label, split)
+    label, path = os.fspath(source), local_path(source)
+    if path is None:
+        return _hub_source(label, split)
+    if path.is_dir():
+        data, used = load_saved(path, split)
+        label = label if used is None else f"{label}[{used}]"
+        return _Source(label, path.name, data.column_names, _rows(label, data))
+    if path.suffix.lower() == ".parquet":
+        table = open_parquet(path)
+        return _Source(
+            label, path.stem, table.schema_arrow.names, _rows(label, parquet_rows(table))
+        )
+    return _Source(label, path.stem, None, _json_lines(path, label))
 
 
 def _json_lines(path: Path, label: str) -> Iterator[tuple[int, str, Any]]:
-    """One record per non-blank line; a line that is not JSON is read as a ``_BadValue``."""
+    """One record per non-blank line; a line that is not JSON is read as a ``BadValue``."""
     with path.open("rb") as handle:  # bytes, so a bad encoding spoils one line, not the load
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
@@ -157,30 +161,24 @@ def _json_lines(path: Path, label: str) -> Iterator[tuple[int, str, Any]]:
             try:
                 row = json.loads(line)
             except ValueError as err:
-                row = _BadValue(f"invalid JSON: {err}")
+                row = BadValue(f"invalid JSON: {err}")
             yield line_no - 1, f"{label}:{line_no}", row
 
 
-def _datasets_source(path: Path, label: str, split: str) -> _Source:
-    """A directory written by ``save_to_disk``, else a name for ``datasets.load_dataset``."""
+def _hub_source(name: str, split: str) -> _Source:
+    """A data set that ``datasets.load_dataset`` finds by name (on the Hub or in its cache)."""
     import datasets
 
-    if path.is_dir():
-        data = datasets.load_from_disk(label)
-        if isinstance(data, datasets.DatasetDict):
-            if split not in data:
-                raise ValueError(f"split={split!r} is not in {label!r}; choose one of {list(data)}")
-            data, label = data[split], f"{label}[{split}]"
-    else:
-        try:
-            data, label = datasets.load_dataset(label, split=split), f"{label}[{split}]"
-        except Exception as err:  # offline, unknown name or split: all land here
-            hint = "a .jsonl/.json/.parquet file or a directory written by Dataset.save_to_disk"
-            raise ValueError(
-                f"could not load source={label!r} (split={split!r}) with datasets.load_dataset: "
-                f"{err}. Offline, pass a local path instead: {hint}."
-            ) from err
-    return _Source(label, path.name, data.column_names, _rows(label, data))
+    try:
+        data = datasets.load_dataset(name, split=split)
+    except Exception as err:  # offline, unknown name or split: all land here
+        raise ValueError(
+            f"could not load source={name!r} (split={split!r}) with datasets.load_dataset: "
+            f"{err}. Offline, pass a local path instead: a .jsonl/.json/.parquet file or a "
+            f"directory written by Dataset.save_to_disk.{not_local_note(name)}"
+        ) from err
+    label = f"{name}[{split}]"
+    return _Source(label, Path(name).name, data.column_names, _rows(label, data))
 
 
 def _rows(label: str, rows: Iterable[Any]) -> Iterator[tuple[int, str, Any]]:
@@ -198,53 +196,25 @@ def _check_mapping(fields: FieldMap, label: str, keys: set[str], first: list[str
         )
 
 
-def _to_problem(row: Any, fields: FieldMap, default_id: str) -> Problem:
-    """Check one row and build its problem; raises ``_BadValue`` with the first fault."""
-    if isinstance(row, _BadValue):
-        raise row
-    if not isinstance(row, Mapping):
-        raise _BadValue(f"row must be an object, got {type(row).__name__}")
-    question = _value(row, "question", fields.question, (str,), required=True)
-    answer = _value(row, "answer", fields.answer, (str, int, float), required=True)
-    solutions = _value(row, "solutions", fields.solutions, (list, tuple), required=False)
-    problem_id = _value(row, "id", fields.id, (str, int), required=False)
-    pid = default_id if problem_id is None else str(problem_id)
-    used = {fields.question, fields.answer, fields.solutions, fields.id}
-    meta = {key: value for key, value in row.items() if key not in used}
-    return Problem(pid, question, str(answer), tuple(solutions or ()), meta)
-
-
-def _value(row: Mapping, part: str, name: str | None, kinds: tuple, required: bool) -> Any:
-    """The checked value of field ``name``; None for an absent or null optional field."""
-    value = None if name is None else row.get(name)
-    if value is None:  # null counts as absent: columnar sources have every column in every row
-        if required:
-            raise _BadValue(f"missing {part} (field {name!r})")
-        return None
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        allowed = " or ".join(kind.__name__ for kind in kinds)
-        raise _BadValue(f"{part} (field {name!r}) must be {allowed}, got {type(value).__name__}")
-    if isinstance(value, str) and not value.strip():
-        raise _BadValue(f"empty {part} (field {name!r})")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _BadValue(f"{part} (field {name!r}) must be a finite number, got {value!r}")
-    if part == "solutions" and not all(isinstance(s, str) and s.strip() for s in value):
-        raise _BadValue(f"{part} (field {name!r}) must be a list of non-empty str")
-    return value
-
-
 def _listing(bad: list[BadRow], limit: int | None = 5) -> list[str]:
     shown = bad if limit is None else bad[:limit]
     more = [f"  ... and {len(bad) - len(shown)} more"] if len(bad) > len(shown) else []
     return [f"  {row.where}: {row.reason}" for row in shown] + more
 
 
-def _report(result: LoadResult, on_bad_row: str) -> None:
-    """Warn once about skipped rows, or raise once listing every bad row."""
+def _report(result: LoadResult, on_bad_row: str, fields: FieldMap) -> None:
+    """Warn once about skipped rows; raise once listing every bad row, or for no problem left."""
     bad, source = result.bad_rows, result.source
     if bad and on_bad_row == "raise":
         head = f"{len(bad)} bad rows in {source} (on_bad_row='raise'; 'skip' skips them):\n"
         raise ValueError(head + "\n".join(_listing(bad, None)))
+    if not result.problems:
+        skipped = f"{len(bad)} bad rows skipped" if bad else "it has no rows"
+        head = (
+            f"{source} holds 0 usable problems ({skipped}); check the file or `fields` "
+            f"(question={fields.question!r}, answer={fields.answer!r})"
+        )
+        raise ValueError("\n".join([head + (":" if bad else ""), *_listing(bad)]))
     if bad:
         head = f"skipped {len(bad)} bad rows of {source} (on_bad_row='skip'):\n"
         warnings.warn(head + "\n".join(_listing(bad)), stacklevel=3)

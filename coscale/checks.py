@@ -1,0 +1,35 @@
+"""Value checks shared by every config: each returns messages, so callers collect and raise once."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def at_least(
+    low: float, kind: type = int, strict: bool = False, optional: bool = False, **values: Any
+) -> list[str]:
+    """A message for each value that is not a ``kind`` ``>= low`` (``> low`` when ``strict``).
+
+    ``kind`` is ``int`` or ``float`` (any finite number); with ``optional`` None is allowed too.
+    """
+    errors, sign, what = [], ">" if strict else ">=", "an int" if kind is int else "a number"
+    for k, v in values.items():
+        typed = is_number(v) and (kind is not int or isinstance(v, int))
+        if not ((v is None and optional) or (typed and (v > low if strict else v >= low))):
+            errors.append(f"{k} must be {what} {sign} {low}{' or None' * optional}, got {v!r}")
+    return errors
+
+
+def one_of(choices: tuple[str, ...], **values: Any) -> list[str]:
+    """A message for each value that is not one of ``choices``."""
+    return [
+        f"{k} must be one of {', '.join(choices)}; got {v!r}"
+        for k, v in values.items()
+        if v not in choices
+    ]
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

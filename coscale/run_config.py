@@ -1,0 +1,40 @@
+"""The settings of ``coscale run`` / ``coscale demo``: a ``pipeline`` and a ``data`` section.
+
+Parsing checks every key and type (jsonargparse against the typed signatures) and every value
+range (``PipelineConfig`` and the DataModule check theirs when built), before any work starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def pipeline_parser():
+    """The parser of ``coscale run``. ``data.bank_solutions`` defaults to 0 here: the pipeline
+    hands a problem's own solutions out ``solutions_per_round`` at a time."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from coscale.datamodules import ProblemDataModule
+    from coscale.pipeline import PipelineConfig
+
+    parser = ArgumentParser(
+        prog="coscale run",
+        parser_mode="omegaconf",
+        description="Run the whole CoScale-RL pipeline.",
+    )
+    parser.add_argument(
+        "--config", action=ActionConfigFile, help="YAML with pipeline and data sections"
+    )
+    parser.add_class_arguments(PipelineConfig, "pipeline")
+    parser.add_class_arguments(ProblemDataModule, "data")
+    parser.set_defaults({"data.bank_solutions": 0})
+    return parser
+
+
+def build_run(argv: list[str]) -> tuple[Any, Any]:
+    """Parses ``argv`` and builds (PipelineConfig, ProblemDataModule), loading the data, so
+    that a bad setting or an unreadable source is refused before the first stage."""
+    parser = pipeline_parser()
+    init = parser.instantiate(parser.parse_args(argv))
+    init.data.load()
+    return init.pipeline, init.data

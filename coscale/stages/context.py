@@ -1,0 +1,100 @@
+"""What every stage of a pipeline run shares: settings, the curriculum, the logger, and its fits.
+
+:meth:`StageContext.fit` is the only place a stage trains: one Lightning fit of a module on a
+view of the curriculum, with a commit checkpoint, the run's RNG and spend in it, and resume
+from the stage's own ``last.ckpt`` when one is there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+from coscale.curriculum import Curriculum
+from coscale.datamodules.serving import CurriculumDataModule
+from coscale.stages.checkpoint import CommitCheckpoint, RunState
+
+
+class StageContext:
+    """Shared by the stages of one run.
+
+    Args:
+        cfg: The pipeline's settings (``PipelineConfig``).
+        curriculum: The loop's state.
+        data: The ProblemDataModule the curriculum came from (batch sizes, held-out problems).
+        logger: The Lightning logger of every fit (or False).
+        sft_args: ``SFTModule`` arguments (objects built).
+        grpo_args: ``GRPOModule`` arguments (objects built).
+    """
+
+    def __init__(self, cfg, curriculum: Curriculum, data, logger, sft_args, grpo_args) -> None:
+        self.cfg, self.curriculum, self.data, self.logger = cfg, curriculum, data, logger
+        self.sft_args, self.grpo_args = sft_args, grpo_args
+        self.carried: Counter[str] = Counter()  # spend restored from checkpoints this stage
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.cfg.run_dir, *parts)
+
+    def view(self, sft_source: str = "all") -> CurriculumDataModule:
+        """A fit's view of the curriculum, with the data section's batch sizes."""
+        d = self.data
+        return CurriculumDataModule(
+            self.curriculum, sft_source, d.batch_size, d.sft_batch_size, d.val_batch_size
+        )
+
+    def resumable(self, name: str) -> bool:
+        """Whether stage ``name`` left a checkpoint to resume from."""
+        return os.path.exists(self.path(name, "ckpt", "last.ckpt"))
+
+    def fit(
+        self,
+        name: str,
+        module: L.LightningModule,
+        data: CurriculumDataModule,
+        callbacks: list,
+        epochs: int,
+        max_steps: int | None = None,
+    ) -> None:
+        """One fit of stage ``name``, resumed from its ``last.ckpt`` when there is one."""
+        ckpt_dir = self.path(name, "ckpt")
+        state = RunState()
+        commit = CommitCheckpoint(ckpt_dir, self.cfg.checkpoint_every_n_steps, label=name)
+        trainer = self.trainer(name, [state, *callbacks, commit], epochs, max_steps)
+        last = commit.path if os.path.exists(commit.path) else None
+        trainer.fit(module, datamodule=data, ckpt_path=last)
+        self.carried.update(state.restored)
+
+    def trainer(self, name: str, callbacks: list, epochs: int, max_steps: int | None) -> L.Trainer:
+        args = {
+            "accelerator": "auto",
+            "devices": 1,
+            "log_every_n_steps": 1,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+            "limit_val_batches": 0,
+            **self.cfg.trainer,
+        }
+        return L.Trainer(
+            default_root_dir=self.path(name),
+            logger=self.logger,
+            callbacks=[*callbacks, TQDMProgressBar()],
+            enable_checkpointing=True,
+            max_epochs=epochs,
+            max_steps=-1 if max_steps is None else max_steps,
+            **args,
+        )
+
+    def device(self) -> torch.device:
+        """Where measurement samples outside a fit: the trainer's accelerator."""
+        accel = str(self.cfg.trainer.get("accelerator", "auto"))
+        cuda = accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
+        return torch.device("cuda" if cuda else "cpu")
+
+    def log(self, metrics: dict[str, float]) -> None:
+        """Metrics of work outside a fit, straight to the logger."""
+        if self.logger and metrics:
+            self.logger.log_metrics(dict(metrics), step=0)

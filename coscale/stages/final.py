@@ -1,0 +1,55 @@
+"""The final stage: retrain from the initial model on everything collected, then keep a model.
+
+``final_keep`` decides what the run ends with, judged on the held-out problems (or the training
+problems when there are none), never on the sets you report:
+
+* ``retrained`` (the paper): the retrain from the initial model;
+* ``better``: the retrain unless it scores lower than the model before it;
+* ``best``: as ``better``, then each earlier iteration's model too (latest first; a model
+  replaces the choice only with a strictly higher score, so later models win ties).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from coscale.stages.context import StageContext
+from coscale.stages.evaluation import judge, judged_problems
+from coscale.stages.sft import sft_stage
+
+KEEP = ("retrained", "better", "best")
+
+
+def final_stage(ctx: StageContext, name: str, current: str, earlier: list[tuple[int, str]]):
+    """Retrains, judges, keeps; returns (results, the kept model's folder ``<name>/model``).
+
+    Args:
+        current: The model the last iteration ended with.
+        earlier: ``(iteration, folder)`` of each earlier iteration's model, for ``best``.
+    """
+    problems, k, keep = judged_problems(ctx), min(8, ctx.cfg.eval_k), ctx.cfg.final_keep
+    results = judge(ctx, current, problems, "before", k)
+    retrained = sft_stage(ctx, f"{name}/retrain", "all")
+    kept, score = current, results["val/final_before_pass@1"]
+    if retrained is not None:
+        results |= judge(ctx, retrained, problems, "after", k)
+        after = results["val/final_after_pass@1"]
+        take = keep == "retrained" or after >= score
+        results["val/final_kept_retrained"] = float(take)
+        if take:
+            kept, score = retrained, after
+    if keep == "best":
+        results["val/final_kept_iteration"] = 0.0
+        for it, folder in sorted(earlier, reverse=True):
+            key = f"it{it}"
+            results |= judge(ctx, folder, problems, key, k)
+            if results[f"val/final_{key}_pass@1"] > score:
+                kept, score = folder, results[f"val/final_{key}_pass@1"]
+                results["val/final_kept_iteration"] = float(it)
+    ctx.log(results)
+    out = ctx.path(name, "model")
+    if os.path.abspath(kept) != os.path.abspath(out):
+        shutil.copytree(kept, out, dirs_exist_ok=True)
+    print("[coscale] final: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()), flush=True)
+    return results, out

@@ -1,0 +1,84 @@
+"""Measurement: K samples per problem with the current policy -> the curriculum's pools.
+
+The pipeline's measure stage, :class:`~coscale.callbacks.PassRateEvaluation` and the final
+retrain's before / after comparison all sample through here, so their numbers agree. Chunks of
+problems are dealt to the ranks and the counts gathered, so every rank records the same outcome
+and the counts do not depend on the number of ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from coscale.curriculum import Curriculum
+from coscale.metrics import PassAtK
+from coscale.modules.distributed import all_gather_objects, rank_world
+from coscale.rollout.base import SamplingParams
+
+
+def measure(
+    module: Any,
+    curriculum: Curriculum,
+    k: int,
+    pools: tuple[str, ...] = ("unsolvable", "solvable", "solved"),
+    max_problems: int | None = None,
+    temperature: float = 1.0,
+    max_new_tokens: int | None = None,
+    seed: int = 0,
+    batch_size: int = 16,
+) -> tuple[dict[str, dict], dict[str, float]]:
+    """Samples ``k`` completions of every chosen problem and records the accuracy.
+
+    Returns:
+        ``{id: {"n", "c", "pool"}}`` of the measured problems, and the ``pool/`` metrics (pool
+        sizes, pass@1 and pass@k over the measured problems).
+    """
+    ids = curriculum.measure_ids(pools, max_problems)
+    problems = [curriculum.problems[i].to_dict() for i in ids]
+    base = getattr(module, "val_sampling", None) or SamplingParams()
+    run_seed = seed * 1_000_003 + curriculum.measurements * 10_007
+    sampling = replace(
+        base,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens or base.max_new_tokens,
+        seed=run_seed,
+    )
+    counts = sample_counts(module, problems, k, sampling, batch_size)
+    labels = curriculum.record_measurement(
+        {pid: (k, c) for pid, c in zip(ids, counts)}, lr=getattr(module, "lr", None)
+    )
+    results = {pid: {"n": k, "c": c, "pool": labels[pid]} for pid, c in zip(ids, counts)}
+    metrics = {f"pool/{name}": float(n) for name, n in curriculum.pools.counts().items()}
+    metrics |= {f"pool/{key}": v for key, v in (pass_rates(k, counts) if counts else {}).items()}
+    return results, metrics
+
+
+def sample_counts(
+    module: Any, problems: list[dict], n: int, sampling: SamplingParams, chunk: int
+) -> list[int]:
+    """Correct samples out of ``n`` per problem (``module.count_correct``), all ranks together.
+
+    Chunks of ``chunk`` problems are dealt round-robin to the ranks, chunk ``j`` sampled with
+    ``sampling.seed + j``; the counts are gathered, and every rank returns the full list in the
+    order of ``problems``. Every rank makes as many calls (a sharded policy needs it).
+    """
+    chunks = [problems[i : i + chunk] for i in range(0, len(problems), chunk)]
+    rank, world = rank_world()
+    mine = []
+    for r in range(-(-len(chunks) // world)):
+        j = r * world + rank
+        real = j < len(chunks)
+        params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
+        counts = list(module.count_correct(chunks[j if real else 0], n, params))
+        if real:
+            mine.append((j, counts))
+    done = dict(all_gather_objects(mine))
+    return [c for j in range(len(chunks)) for c in done[j]]
+
+
+def pass_rates(n: int, counts: list[int]) -> dict[str, float]:
+    """``{"pass@1", "pass@<n>"}`` over problems with ``n`` samples and ``counts`` correct."""
+    metric = PassAtK(k=sorted({1, n}), sync_on_compute=False)  # counts are gathered already
+    metric.update([n] * len(counts), counts)
+    return {key: float(v) for key, v in metric.compute().items()}

@@ -1,0 +1,37 @@
+"""The RL stage: GRPO on the solvable problems, each with its group's Rollout N.
+
+Each epoch serves the solvable set anew; the module reports every rollout to the curriculum and
+closes the epoch there (tally -> pools, the N schedule's step); with ``rl_eval_every`` a
+measurement follows on chosen epochs. The stage's schedule starts afresh (N = ``n_init``) unless
+the stage resumes from its checkpoint, which holds the schedule with the rest of the curriculum.
+"""
+
+from __future__ import annotations
+
+from coscale.callbacks.pass_rate import PassRateEvaluation
+from coscale.modules import GRPOModule
+from coscale.pools import Pool
+from coscale.schedule import NSchedule
+from coscale.stages.context import StageContext
+
+
+def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
+    """GRPO from ``model``; returns the exported model's folder (None: nothing solvable)."""
+    cur, cfg = ctx.curriculum, ctx.cfg
+    resuming = ctx.resumable(name)
+    if not resuming and not cur.pools.members(Pool.SOLVABLE):
+        print(f"[coscale] {name}: no solvable problems, RL skipped", flush=True)
+        return None
+    module = GRPOModule(model=model, **ctx.grpo_args)
+    if not resuming:
+        cur.schedule = NSchedule(**cfg.schedule)
+        ctx.log(cur.assign_groups(module.lr))
+    callbacks = []
+    if cfg.rl_eval_every:
+        callbacks.append(
+            PassRateEvaluation(
+                k=cfg.eval_k, max_problems=cfg.eval_max_problems, every_n_epochs=cfg.rl_eval_every
+            )
+        )
+    ctx.fit(name, module, ctx.view(), callbacks, cfg.rl_epochs)
+    return module.export(ctx.path(name, "model"))

@@ -1,0 +1,120 @@
+"""The fields of a source row: which holds each part of a problem, and the checks of each value.
+
+``fields`` may be given as a `FieldMap` or as a plain dict with some of its keys (from YAML or
+Python, e.g. ``{"question": "problem", "answer": "expected_answer"}``); `as_field_map` turns
+either into a checked `FieldMap`, so every reader takes both. `to_problem` checks one row
+through a `FieldMap` and builds its `Problem`, or raises `BadValue` with the row's first fault.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from coscale.tasks.problem import Problem
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    """Which field of a source row holds each part of a problem."""
+
+    question: str = "question"
+    """Field with the problem statement (a non-empty string)."""
+    answer: str = "answer"
+    """Field with the reference answer (a string or a number)."""
+    solutions: str | None = "solutions"
+    """Field with a list of worked solutions; null ignores it. Rows may omit it."""
+    id: str | None = "id"
+    """Field with a unique id (str or int); if null or absent the id is ``{stem}-{row index}``."""
+
+
+FIELD_KEYS = tuple(f.name for f in fields(FieldMap))
+"""The keys a ``fields`` dict may have."""
+_OPTIONAL = ("solutions", "id")  # keys that may be null (the part is then not read)
+
+
+def field_map_problems(value: Any, setting: str = "fields") -> list[str]:
+    """Every reason why ``value`` is not a usable ``fields`` setting (empty when it is).
+
+    Args:
+        value: A `FieldMap` or a dict with keys from `FIELD_KEYS`.
+        setting: How messages name the setting, e.g. ``fields`` or ``val_fields``.
+    """
+    if isinstance(value, FieldMap):
+        given = {key: getattr(value, key) for key in FIELD_KEYS}
+    elif isinstance(value, Mapping):
+        given = dict(value)
+    else:
+        return [
+            f"{setting} must be a FieldMap or a dict with keys {', '.join(FIELD_KEYS)}; "
+            f"got {type(value).__name__} {value!r}"
+        ]
+    problems = [
+        f"{setting} has unknown key {key!r}; allowed keys: {', '.join(FIELD_KEYS)}"
+        for key in given
+        if key not in FIELD_KEYS
+    ]
+    for key, name in given.items():
+        if key not in FIELD_KEYS or (name is None and key in _OPTIONAL):
+            continue
+        if not isinstance(name, str) or not name.strip():
+            allowed = "a non-empty str or null" if key in _OPTIONAL else "a non-empty str"
+            problems.append(f"{setting}.{key} must be {allowed} (a column name), got {name!r}")
+    return problems
+
+
+def as_field_map(value: FieldMap | Mapping[str, str | None], setting: str = "fields") -> FieldMap:
+    """``value`` as a checked `FieldMap`; a dict's missing keys keep their defaults.
+
+    Args:
+        value: A `FieldMap`, or a dict such as ``{"question": "problem", "solutions": "sols"}``.
+        setting: How the error names the setting.
+
+    Raises:
+        ValueError: Listing every unknown key (with the allowed keys) and every bad field name.
+    """
+    problems = field_map_problems(value, setting)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return value if isinstance(value, FieldMap) else FieldMap(**value)
+
+
+class BadValue(Exception):
+    """Raised by the row checks (or read in place of a row); its message is the reason."""
+
+
+def to_problem(row: Any, fields: FieldMap, default_id: str) -> Problem:
+    """Check one row and build its problem; raises ``BadValue`` with the first fault."""
+    if isinstance(row, BadValue):
+        raise row
+    if not isinstance(row, Mapping):
+        raise BadValue(f"row must be an object, got {type(row).__name__}")
+    question = _value(row, "question", fields.question, (str,), required=True)
+    answer = _value(row, "answer", fields.answer, (str, int, float), required=True)
+    solutions = _value(row, "solutions", fields.solutions, (list, tuple), required=False)
+    problem_id = _value(row, "id", fields.id, (str, int), required=False)
+    pid = default_id if problem_id is None else str(problem_id)
+    used = {fields.question, fields.answer, fields.solutions, fields.id}
+    meta = {key: value for key, value in row.items() if key not in used}
+    return Problem(pid, question, str(answer), tuple(solutions or ()), meta)
+
+
+def _value(row: Mapping, part: str, name: str | None, kinds: tuple, required: bool) -> Any:
+    """The checked value of field ``name``; None for an absent or null optional field."""
+    value = None if name is None else row.get(name)
+    if value is None:  # null counts as absent: columnar sources have every column in every row
+        if required:
+            raise BadValue(f"missing {part} (field {name!r})")
+        return None
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        allowed = " or ".join(kind.__name__ for kind in kinds)
+        raise BadValue(f"{part} (field {name!r}) must be {allowed}, got {type(value).__name__}")
+    if isinstance(value, str) and not value.strip():
+        raise BadValue(f"empty {part} (field {name!r})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadValue(f"{part} (field {name!r}) must be a finite number, got {value!r}")
+    if part == "solutions" and not all(isinstance(s, str) and s.strip() for s in value):
+        raise BadValue(f"{part} (field {name!r}) must be a list of non-empty str")
+    return value

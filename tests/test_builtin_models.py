@@ -1,0 +1,46 @@
+"""Tests for the ``builtin:`` models resolved by coscale.policy (moved from coscale.tasks.builtin).
+
+``builtin:demo`` is the folder shipped in the package; ``builtin:tiny?...`` is built under the
+cache root on first use and found there afterwards. Bad specs name every bad setting at once.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from coscale import policy
+from coscale.tasks import builtin
+
+
+def test_models_and_problem_sets_share_one_prefix():
+    assert policy.BUILTIN_PREFIX == builtin.PREFIX
+    assert not hasattr(builtin, "builtin_model")  # tasks know nothing of models
+
+
+def test_paths_pass_through_and_demo_is_the_shipped_folder():
+    assert policy.resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    demo = policy.resolve_model_path("builtin:demo")
+    assert demo.replace("\\", "/").endswith("coscale/assets/demo_model")
+
+
+def test_tiny_is_built_once_under_the_cache_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("COSCALE_CACHE", str(tmp_path))
+    spec = "builtin:tiny?hidden_size=32&num_layers=1&seed=0"
+    folder = policy.resolve_model_path(spec)
+    assert folder == str(tmp_path / "models" / "tiny-hidden_size32-num_layers1-seed0")
+    written = tmp_path / "models" / "tiny-hidden_size32-num_layers1-seed0" / "config.json"
+    stamp = written.stat().st_mtime_ns
+    assert policy.resolve_model_path(spec) == folder and written.stat().st_mtime_ns == stamp
+
+
+def test_bad_builtin_model_specs(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown builtin model 'huge' .*choices: demo, tiny"):
+        policy.builtin_model("builtin:huge", tmp_path)
+    with pytest.raises(ValueError) as info:
+        policy.builtin_model("builtin:tiny?hidden=64&num_layers=two", tmp_path)
+    assert str(info.value) == (
+        "unknown setting 'hidden'; num_layers='two' is not an int in "
+        "'builtin:tiny?hidden=64&num_layers=two'; allowed: hidden_size, num_layers, num_heads, "
+        "intermediate_size, max_position_embeddings, seed (ints)"
+    )
+    assert not any(tmp_path.iterdir())  # nothing built
