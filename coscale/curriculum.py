@@ -192,16 +192,19 @@ class Curriculum:
             if correct:
                 self.bank.record_rollout(pid, text, True, step)
 
-    def close_epoch(self, epoch: int | None = None, lr: float | None = None) -> dict[str, float]:
+    def close_epoch(
+        self, epoch: int | None = None, lr: float | None = None
+    ) -> dict[str, float] | None:
         """End of an RL epoch: the tally becomes one accuracy per trained problem (an RL round
         spent), the schedule takes a step on the groups' means, N is set; returns metrics.
 
-        With ``epoch`` it runs once per epoch of the running fit (a second call is a no-op), so
-        every party that needs the epoch closed may ask for it.
+        With ``epoch`` it runs once per epoch of the running fit: a second call returns None and
+        does nothing, so every party that needs the epoch closed may ask for it, and the one
+        that gets metrics back is the one that closed it.
         """
         if epoch is not None:
             if epoch <= self.cursor["closed"]:
-                return {}
+                return None
             self.cursor["closed"] = epoch
         accs = {}
         for pid, (n, c) in self.tally.items():

@@ -1,9 +1,9 @@
-"""Tests for ProblemDataModule without a Trainer: loading, data scaling, SFT/RL items, tally,
-state round-trip and the loaders.
+"""Tests for ProblemDataModule / CurriculumDataModule: loading the sources into the curriculum,
+the own solutions put in the bank at load, the loaders (served by the module's ``data_kind``),
+mid-epoch resume through the state, and one plug-in run in a plain ``lightning.Trainer``.
 
-The arithmetic problems are small enough that every solution ``ArithmeticTeacher`` writes is
-worked out below by hand: it combines the signed terms in every order that starts with a
-positive term (``itertools.permutations`` order), one ``a±b=c`` step per term.
+The rules themselves (data scaling, SFT pairs, RL items, tally, schedule) are tested on the
+Lightning-free :class:`~coscale.curriculum.Curriculum` in ``test_curriculum.py``.
 """
 
 from __future__ import annotations
@@ -12,29 +12,32 @@ import json
 import re
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
+import torch
 
+from coscale.callbacks import PassRateEvaluation, RolloutNSchedule
+from coscale.curriculum import Curriculum
 from coscale.datamodules import ProblemDataModule
 from coscale.datamodules import batches as batches_module
+from coscale.datamodules.serving import CurriculumDataModule
+from coscale.modules import GRPOModule, SFTModule
 from coscale.pools import Pool
 from coscale.tasks import Problem
 from coscale.tasks.arithmetic import ArithmeticTeacher
 
-# 5-3+2 (terms +5, -3, +2); orders (0,1,2) (0,2,1) (2,0,1) (2,1,0); (1,..) starts with -3.
+# 5-3+2 and 7+1 with some of their solutions (see test_curriculum.py for how they are made).
 S012 = "5-3=2;2+2=4;\\boxed{4}"
-S021 = "5+2=7;7-3=4;\\boxed{4}"
 S201 = "2+5=7;7-3=4;\\boxed{4}"
 S210 = "2-3=-1;-1+5=4;\\boxed{4}"
-# 1+2: orders (0,1) (1,0); 7+1 likewise.
-B01, B10 = "1+2=3;\\boxed{3}", "2+1=3;\\boxed{3}"
-C01, C10 = "7+1=8;\\boxed{8}", "1+7=8;\\boxed{8}"
+C01 = "7+1=8;\\boxed{8}"
 
 
-def _rows(a_solutions=(S210, S012, S201), c_solutions=(C01,)) -> list[dict]:
+def _rows() -> list[dict]:
     return [
-        {"id": "a", "question": "5-3+2", "answer": "4", "solutions": list(a_solutions)},
+        {"id": "a", "question": "5-3+2", "answer": "4", "solutions": [S210, S012, S201]},
         {"id": "b", "question": "1+2", "answer": "3"},
-        {"id": "c", "question": "7+1", "answer": "8", "solutions": list(c_solutions)},
+        {"id": "c", "question": "7+1", "answer": "8", "solutions": [C01]},
     ]
 
 
@@ -44,8 +47,19 @@ def _dm(rows=None, **kwargs) -> ProblemDataModule:
     return dm
 
 
-def _all_in_pool(dm, pool: Pool) -> bool:
-    return all(dm.pools.pool_of(i) is pool for i in dm.problems)
+def _trainer(kind: str | None = "rl", epoch: int = 0, training: bool = True, reload: int = 1):
+    """What the DataModule reads of a trainer: epoch, training flag, reload setting, module."""
+    module = SimpleNamespace() if kind is None else SimpleNamespace(data_kind=kind)
+    return SimpleNamespace(
+        current_epoch=epoch,
+        training=training,
+        reload_dataloaders_every_n_epochs=reload,
+        lightning_module=module,
+    )
+
+
+def _order(loader) -> list[str]:
+    return [item["id"] for batch in loader for item in batch]
 
 
 # ---------------------------------------------------------------------------------- loading
@@ -71,9 +85,10 @@ def test_jsonl_with_bad_rows_skip_keeps_the_good_ones_and_warns_where(tmp_path):
     assert f"{path}:2: invalid JSON" in message
     assert f"{path}:3: missing answer" in message
     assert list(dm.problems) == ["p1", "p4"]
+    assert dm.problems is dm.curriculum.problems
     assert dm.problems["p1"].solutions == ("1+1=2",)
     assert dm.problems["p4"].answer == "6"
-    assert dm.pools.ids() == ["p1", "p4"]
+    assert dm.curriculum.pools.ids() == ["p1", "p4"]
 
 
 def test_jsonl_with_bad_rows_raise_names_file_line_and_flag(tmp_path):
@@ -82,10 +97,11 @@ def test_jsonl_with_bad_rows_raise_names_file_line_and_flag(tmp_path):
     with pytest.raises(ValueError) as err:
         dm.load()
     text = str(err.value)
-    assert f"2 bad rows in {path}" in text
+    assert f"2 bad rows in data.train={path}" in text
     assert f"{path}:2:" in text and f"{path}:3:" in text
     assert "on_bad_row='raise'" in text
-    assert dm.problems == {} and len(dm.pools) == 0
+    assert dm.problems == {} and len(dm.curriculum.pools) == 0
+    assert not dm.loaded
 
 
 def _eval(question: str) -> int:
@@ -104,285 +120,133 @@ def test_builtin_arithmetic_spec():
         if sign == "+":
             expected.append(f"{y}+{x}={total};\\boxed{{{total}}}")
         assert list(p.solutions) == expected
+        assert dm.curriculum.bank.take(p.id, 9) == expected  # all own ones in the bank
 
 
 def test_list_of_rows_every_problem_starts_unsolvable():
-    dm = _dm()
+    dm = _dm(bank_solutions=0)
+    cur = dm.curriculum
     assert list(dm.problems) == ["a", "b", "c"]
     assert dm.problems["a"] == Problem("a", "5-3+2", "4", (S210, S012, S201))
     assert dm.problems["b"].solutions == ()
-    assert dm.pools.counts() == {"unsolvable": 3, "solvable": 0, "solved": 0, "failed": 0}
+    assert cur.pools.counts() == {"unsolvable": 3, "solvable": 0, "solved": 0, "failed": 0}
     for pid in dm.problems:
-        assert dm.pools.history(pid) == []
-        assert dm.pools.solutions_used(pid) == 0
-    assert dm.bank.total() == 0  # nothing is given before the first scaling round
+        assert cur.pools.history(pid) == []
+        assert cur.pools.solutions_used(pid) == 0
+    assert cur.bank.total() == 0  # bank_solutions=0: nothing before the first scaling round
     dm.load()  # a second load reads nothing again
-    assert len(dm.pools) == 3
+    dm.setup("fit")
+    assert len(cur.pools) == 3
 
 
 def test_limit_keeps_the_first_problems():
     assert list(_dm(limit=2).problems) == ["a", "b"]
 
 
-def test_add_problems_rejects_a_duplicate_id():
-    dm = _dm()
-    dm.add_problems([Problem("d", "9+9", "18")])
-    assert dm.pools.pool_of("d") is Pool.UNSOLVABLE
+def test_duplicate_ids_in_the_source_and_from_code():
+    rows = [*_rows(), {"id": "a", "question": "other", "answer": "1"}]
+    with pytest.warns(UserWarning, match=r"rows\[3\]: duplicate id 'a' \(first at rows\[0\]\)"):
+        dm = _dm(rows)
+    assert list(dm.problems) == ["a", "b", "c"] and dm.problems["a"].question == "5-3+2"
+    with pytest.raises(ValueError, match="duplicate id 'a'"):
+        _dm(rows, on_bad_row="raise")
+    dm.curriculum.add_problems([Problem("d", "9+9", "18")])  # the plug-in path: from code
+    assert dm.curriculum.pools.pool_of("d") is Pool.UNSOLVABLE and "d" in dm.problems
     with pytest.raises(ValueError, match="duplicate problem id 'a'"):
-        dm.add_problems([Problem("a", "other", "1")])
-    with pytest.raises(ValueError, match="duplicate problem id 'e'"):
-        dm.add_problems([Problem("e", "1", "1"), Problem("e", "2", "2")])
-    assert dm.problems["a"].question == "5-3+2"
+        dm.curriculum.add_problems([Problem("a", "other", "1")])
 
 
 # ------------------------------------------------------------------------------ validation
 def test_constructor_collects_every_bad_flag_in_one_error():
+    # BUG (coscale/datamodules/problems.py, ProblemDataModule.__init__): its own checks
+    # (on_bad_row, limit, bank_solutions, the curriculum settings) raise before
+    # CurriculumDataModule.__init__ checks sft_source and the batch sizes, so an error names
+    # only one of the two sets. Passes once ProblemDataModule adds the serving checks
+    # (sft_source, batch_size, sft_batch_size, val_batch_size) to its `errors` before raising.
     with pytest.raises(ValueError) as err:
-        ProblemDataModule(batch_size=0, mode="x", sft_source="x")
+        ProblemDataModule(batch_size=0, sft_source="x", on_bad_row="x", rollout_n=0)
     text = str(err.value)
-    assert "mode must be one of rl, sft; got 'x'" in text
+    assert text.startswith("ProblemDataModule: ")
+    assert "on_bad_row must be one of skip, raise; got 'x'" in text
+    assert "rollout_n must be an int >= 1, got 0" in text
     assert "sft_source must be one of bank, redistill, all; got 'x'" in text
-    assert "; batch_size must be >= 1, got 0" in text
-    assert "sft_batch_size" not in text and "rollout_n" not in text
+    assert "batch_size must be an int >= 1, got 0" in text
+    assert "sft_batch_size" not in text and "val_batch_size" not in text
 
 
-@pytest.mark.parametrize("flag", ["sft_batch_size", "rollout_n", "solutions_per_round"])
+def test_constructor_names_the_serving_flags_together():
+    with pytest.raises(ValueError) as err:
+        ProblemDataModule(batch_size=0, sft_source="x")
+    assert str(err.value) == (
+        "ProblemDataModule: sft_source must be one of bank, redistill, all; got 'x'; "
+        "batch_size must be an int >= 1, got 0"
+    )
+
+
+@pytest.mark.parametrize(
+    "flag", ["sft_batch_size", "val_batch_size", "rollout_n", "solutions_per_round"]
+)
 def test_constructor_names_each_count_flag(flag):
-    with pytest.raises(ValueError, match=rf"ProblemDataModule: {flag} must be >= 1, got -1$"):
+    with pytest.raises(
+        ValueError, match=rf"ProblemDataModule: {flag} must be an int >= 1, got -1$"
+    ):
         ProblemDataModule(**{flag: -1})
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"val_batch_size": 0}, {"redistill_per_problem": 0}, {"on_bad_row": "x"}]
+    ("kwargs", "message"),
+    [
+        ({"redistill_per_problem": 0}, "redistill_per_problem must be an int >= 1, got 0"),
+        ({"on_bad_row": "x"}, "on_bad_row must be one of skip, raise; got 'x'"),
+        ({"limit": 0}, "limit must be an int >= 1 or None, got 0"),
+        ({"bank_solutions": -1}, "bank_solutions must be an int >= 0 or None, got -1"),
+        ({"sft_replay_fraction": 1.0}, r"sft_replay_fraction must be in \[0, 1\), got 1.0"),
+    ],
 )
-def test_constructor_checks_the_other_flags(kwargs):
-    flag = next(iter(kwargs))
-    with pytest.raises(ValueError, match=flag):
+def test_constructor_checks_the_other_flags(kwargs, message):
+    with pytest.raises(ValueError, match=rf"^ProblemDataModule: {message}$"):
         ProblemDataModule(**kwargs)
 
 
-# ---------------------------------------------------------------------------- data scaling
-def test_scale_solutions_takes_own_solutions_in_file_order_until_failed():
-    dm = _dm(max_solutions=3)
-    # Round 1, k=2: a gets its first two (file order), b has none, c its only one.
-    assert dm.scale_solutions(k=2) == 3
-    assert dm.bank.take("a", 9) == [S210, S012]
-    assert dm.bank.take("c", 9) == [C01] and dm.bank.count("b") == 0
-    assert [dm.pools.solutions_used(i) for i in "abc"] == [2, 0, 1]
-    assert _all_in_pool(dm, Pool.UNSOLVABLE)
-    # Round 2: a's third makes 3 = max_solutions while unsolvable -> failed.
-    assert dm.scale_solutions(k=2) == 1
-    assert dm.bank.take("a", 9) == [S210, S012, S201]
-    assert dm.pools.pool_of("a") is Pool.FAILED
-    assert dm.pools.solutions_used("a") == 3
-    # Round 3: a failed (not asked), b and c have nothing new.
-    assert dm.scale_solutions(k=2) == 0
-    assert dm.bank.total() == 4
-    assert dm.pools.members(Pool.UNSOLVABLE) == ["b", "c"]
+def test_mode_is_gone():
+    with pytest.raises(TypeError, match="mode"):
+        ProblemDataModule(mode="sft")
 
 
-def test_scale_solutions_default_k_and_only_the_given_pools():
-    dm = _dm(solutions_per_round=1)
-    dm.pools.record("a", 10, 3)  # 0.3: solvable
-    assert dm.scale_solutions() == 1  # k=1 to unsolvable b (none) and c
-    assert dm.bank.ids() == ["c"]
-    assert dm.scale_solutions(pools=[Pool.SOLVABLE]) == 1
-    assert dm.bank.take("a", 9) == [S210]
-    assert dm.pools.solutions_used("a") == 1 and dm.pools.pool_of("a") is Pool.SOLVABLE
+# --------------------------------------------------------------------------- bank_solutions
+def test_bank_solutions_none_puts_every_own_solution_in_the_bank():
+    dm = _dm(teacher=ArithmeticTeacher())  # the teacher is not asked at load
+    cur = dm.curriculum
+    assert cur.bank.take("a", 9) == [S210, S012, S201]
+    assert cur.bank.take("c", 9) == [C01] and cur.bank.count("b") == 0
+    assert [cur.pools.solutions_used(i) for i in "abc"] == [3, 0, 1]
+    assert cur.pools.members(Pool.UNSOLVABLE) == ["a", "b", "c"]
+    assert [x["solution"] for x in cur.sft_pairs("bank")] == [S210, S012, S201, C01]
 
 
-def test_scale_solutions_with_teacher_tops_up_and_never_duplicates():
-    dm = _dm(_rows(a_solutions=[S210]), teacher=ArithmeticTeacher())
-    # k=3. a: own S210, then the teacher's first two not in the bank (S012, S021).
-    # b: no own, the teacher has only two. c: own C01; the teacher's C01 is a repeat -> C10.
-    assert dm.scale_solutions(k=3) == 3 + 2 + 2
-    assert dm.bank.take("a", 9) == [S210, S012, S021]
-    assert dm.bank.take("b", 9) == [B01, B10]
-    assert dm.bank.take("c", 9) == [C01, C10]
-    assert [dm.pools.solutions_used(i) for i in "abc"] == [3, 2, 2]
-    # Round 2: a's only unused solution is S201 (S210 is already in); b and c are exhausted.
-    assert dm.scale_solutions(k=3) == 1
-    assert dm.bank.take("a", 9) == [S210, S012, S021, S201]
-    assert dm.scale_solutions(k=3) == 0
-    assert dm.bank.total() == 8
+def test_bank_solutions_zero_leaves_the_bank_empty():
+    cur = _dm(bank_solutions=0).curriculum
+    assert cur.bank.total() == 0
+    assert [cur.pools.solutions_used(i) for i in "abc"] == [0, 0, 0]
+    assert cur.scale_solutions(k=1) == 2  # the pipeline hands them out by rounds instead
+    assert cur.bank.take("a", 9) == [S210]
 
 
-def test_scale_solutions_prefers_own_solutions_over_the_teacher():
-    dm = _dm(teacher=ArithmeticTeacher())
-    assert dm.scale_solutions(k=2) == 2 + 2 + 2
-    assert dm.bank.take("a", 9) == [S210, S012]  # own ones, in file order; teacher not asked
-    assert dm.bank.take("c", 9) == [C01, C10]
+def test_bank_solutions_two_takes_the_first_two_of_each():
+    cur = _dm(bank_solutions=2).curriculum
+    assert cur.bank.take("a", 9) == [S210, S012]
+    assert cur.bank.take("c", 9) == [C01] and cur.bank.count("b") == 0
+    assert [cur.pools.solutions_used(i) for i in "abc"] == [2, 0, 1]
 
 
-# ----------------------------------------------------------------------------- SFT items
-def _sft_dm(source: str, **kwargs) -> ProblemDataModule:
-    dm = _dm(sft_source=source, **kwargs)
-    dm.scale_solutions(k=2)  # a: S210, S012; c: C01
-    dm.bank.record_rollout("a", "ra", True, step=3)
-    dm.bank.record_rollout("b", "rb1", True, step=5)
-    dm.bank.record_rollout("b", "wrong", False, step=6)
-    dm.bank.record_rollout("b", "rb2", True, step=6)
-    return dm
-
-
-def _pair(dm, pid, text):
-    return {"id": pid, "question": dm.problems[pid].question, "solution": text}
-
-
-def test_sft_items_bank_excludes_nothing():
-    dm = _sft_dm("bank")
-    assert dm.sft_items() == [_pair(dm, "a", S210), _pair(dm, "a", S012), _pair(dm, "c", C01)]
-
-
-def test_sft_items_redistill_latest_correct_per_problem_latest_first():
-    dm = _sft_dm("redistill")
-    assert dm.sft_items() == [_pair(dm, "b", "rb2"), _pair(dm, "a", "ra")]
-    dm.redistill_per_problem = 2
-    assert dm.sft_items() == [_pair(dm, "b", "rb2"), _pair(dm, "b", "rb1"), _pair(dm, "a", "ra")]
-
-
-def test_sft_items_redistill_capped_total():
-    items = _sft_dm("redistill", redistill_max_total=1, seed=4).sft_items()
-    assert len(items) == 1
-    assert items[0]["solution"] in ("rb2", "ra")
-
-
-def test_sft_items_all_swaps_rl_problems_bank_for_their_latest_rollout():
-    dm = _sft_dm("all")
-    # a is in the replay buffer: its bank solutions give way to its latest correct rollout.
-    assert dm.sft_items() == [_pair(dm, "c", C01), _pair(dm, "b", "rb2"), _pair(dm, "a", "ra")]
-
-
-def test_sft_items_all_keeps_rl_problems_bank_when_asked():
-    dm = _sft_dm("all", sft_keep_rl_bank=True)
-    bank = [_pair(dm, "a", S210), _pair(dm, "a", S012), _pair(dm, "c", C01)]
-    assert dm.sft_items() == [*bank, _pair(dm, "b", "rb2"), _pair(dm, "a", "ra")]
-
-
-# ------------------------------------------------------------------------------- RL items
-def _rl_dm(**kwargs) -> ProblemDataModule:
-    rows = [{"id": i, "question": f"q{i}", "answer": f"ans{i}"} for i in "abcde"]
-    dm = _dm(rows, rollout_n=4, **kwargs)
-    dm.pools.record("a", 10, 5)  # 0.5: solvable
-    dm.pools.record("b", 10, 0)  # 0.0: unsolvable (measured)
-    dm.pools.record("c", 10, 9)  # 0.9: solved
-    dm.pools.record("e", 8, 2)  # 0.25: solvable; d never measured
-    dm.n_per_problem["a"] = 16
-    return dm
-
-
-def test_rl_items_serve_solvable_problems_with_their_n():
-    dm = _rl_dm()
-    assert dm.rl_items() == [
-        {"id": "a", "question": "qa", "answer": "ansa", "n": 16},
-        {"id": "e", "question": "qe", "answer": "anse", "n": 4},
+def test_sft_replay_source_gives_the_first_solution_of_each_row():
+    replay = [
+        {"id": "r1", "question": "rq1", "answer": "1", "solutions": ["s1", "s1b"]},
+        {"id": "r2", "question": "rq2", "answer": "2"},
     ]
-
-
-def test_rl_groups_filter_by_difficulty_group():
-    dm = _rl_dm()
-    dm.group_of = {"a": 1}  # e has no group: group 0
-    dm.rl_groups = [0]
-    assert [x["id"] for x in dm.rl_items()] == ["e"]
-    dm.rl_groups = [1]
-    assert [x["id"] for x in dm.rl_items()] == ["a"]
-    dm.rl_groups = [2]
-    assert dm.rl_items() == []
-
-
-def test_rl_unmeasured_adds_problems_never_measured():
-    dm = _rl_dm(rl_unmeasured=True)
-    assert [(x["id"], x["n"]) for x in dm.rl_items()] == [("a", 16), ("e", 4), ("d", 4)]
-
-
-# ---------------------------------------------------------------------------------- tally
-def test_tally_and_close_rl_epoch():
-    dm = _rl_dm()
-    dm.progress["epoch"] = 2
-    dm.tally_rl("a", 4, 1)
-    dm.tally_rl("a", 4, 3)
-    dm.tally_rl("e", 8, 0)
-    assert dm.tally == {"a": [8, 4], "e": [8, 0]} and dm.tally_epoch == 2
-    assert dm.close_rl_epoch() == {"a": 0.5, "e": 0.0}
-    assert dm.pools.history("a") == [0.5, 0.5] and dm.pools.history("e") == [0.25, 0.0]
-    assert (dm.pools.rl_rounds("a"), dm.pools.rl_rounds("e")) == (1, 1)
-    assert dm.pools.pool_of("a") is Pool.SOLVABLE and dm.pools.pool_of("e") is Pool.UNSOLVABLE
-    assert dm.last_epoch_acc == {"a": 0.5, "e": 0.0}
-    assert dm.tally == {} and dm.tally_epoch is None
-    # Closing again records nothing and keeps the last epoch's accuracies.
-    assert dm.close_rl_epoch() == {}
-    assert dm.pools.history("a") == [0.5, 0.5] and dm.pools.rl_rounds("a") == 1
-    assert dm.last_epoch_acc == {"a": 0.5, "e": 0.0}
-
-
-def test_close_rl_epoch_spends_the_rl_budget():
-    dm = _rl_dm(max_rl_rounds=1)
-    dm.tally_rl("a", 4, 2)  # 0.5: still solvable, but its one RL round is spent
-    dm.close_rl_epoch()
-    assert dm.pools.pool_of("a") is Pool.FAILED
-
-
-def test_next_epochs_loader_closes_the_open_tally():
-    dm = _rl_dm()
-    dm.train_dataloader()  # epoch 0
-    dm.tally_rl("a", 4, 4)  # 1.0
-    assert dm.tally_epoch == 0
-    dm.train_dataloader()  # epoch 1 records the tally of epoch 0 before it serves
-    assert dm.pools.pool_of("a") is Pool.SOLVED and dm.tally == {}
-    assert dm.last_epoch_acc == {"a": 1.0}
-
-
-# ---------------------------------------------------------------------------------- state
-def _busy_dm() -> ProblemDataModule:
-    dm = _sft_dm("bank", teacher=ArithmeticTeacher(), max_solutions=5)
-    dm.scale_solutions(k=2)
-    dm.pools.record("a", 8, 3)
-    dm.n_per_problem.update({"a": 12, "b": 3})
-    dm.group_of.update({"a": 2, "b": 0})
-    dm.rl_groups = [2]
-    dm.progress = {"epoch": 3, "consumed": 2}
-    dm.tally_rl("a", 12, 5)
-    dm.close_rl_epoch()
-    dm.tally_rl("a", 12, 7)
-    return dm
-
-
-def test_state_dict_round_trips_through_json():
-    dm = _busy_dm()
-    state = json.loads(json.dumps(dm.state_dict()))
-    assert state["n_per_problem"] == {"a": 12, "b": 3}
-    assert state["tally"] == {"a": [12, 7]} and state["tally_epoch"] == 3
-    assert state["progress"] == {"epoch": 3, "consumed": 2}
-    assert state["last_epoch_acc"] == {"a": 5 / 12}
-    fresh = ProblemDataModule(train=_rows(), teacher=ArithmeticTeacher(), max_solutions=5)
-    fresh.load_state_dict(state)
-    assert fresh.state_dict() == dm.state_dict()
-    assert fresh.pools.history("a") == [3 / 8, 5 / 12]
-    assert fresh.bank.take("a", 9) == dm.bank.take("a", 9)
-    assert fresh.bank.latest_correct("b") == "rb2"
-    assert (
-        fresh.rl_items()
-        == dm.rl_items()
-        == [{"id": "a", "question": "5-3+2", "answer": "4", "n": 12}]
-    )
-
-
-def test_restored_state_resumes_mid_epoch():
-    dm = _rl_dm(batch_size=2)
-    for pid in "bcd":
-        dm.pools.record(pid, 4, 1)  # all five solvable
-    trainer = SimpleNamespace(current_epoch=1, training=True, reload_dataloaders_every_n_epochs=1)
-    dm.trainer = trainer
-    full = list(dm.train_dataloader())  # epoch 1: 5 problems in batches of 2
-    assert [len(b) for b in full] == [2, 2, 1]
-    dm.on_before_batch_transfer(full[0], 0)
-    assert dm.progress == {"epoch": 1, "consumed": 1}
-    fresh = ProblemDataModule(train=dm.train_source, rollout_n=4, batch_size=2)
-    fresh.load_state_dict(json.loads(json.dumps(dm.state_dict())))
-    fresh.trainer = trainer
-    assert list(fresh.train_dataloader()) == full[1:]
-    trainer.current_epoch = 2
-    assert len(list(fresh.train_dataloader())) == 3  # a new epoch starts from its beginning
+    dm = _dm(sft_replay=replay, sft_replay_fraction=0.5)
+    assert dm.curriculum.replay_pairs == [{"id": "r1", "question": "rq1", "solution": "s1"}]
+    assert _dm(sft_replay=replay).curriculum.replay_pairs == []  # fraction 0: not read
 
 
 # -------------------------------------------------------------------------------- loaders
@@ -390,18 +254,14 @@ def _solvable_dm(seed: int, n: int = 8) -> ProblemDataModule:
     rows = [{"id": f"p{i}", "question": f"q{i}", "answer": str(i)} for i in range(n)]
     dm = _dm(rows, batch_size=3, rollout_n=2, seed=seed)
     for pid in dm.problems:
-        dm.pools.record(pid, 4, 1)
+        dm.curriculum.pools.record(pid, 4, 1)
     return dm
-
-
-def _order(loader) -> list[str]:
-    return [item["id"] for batch in loader for item in batch]
 
 
 def test_rl_loader_without_trainer_yields_shuffled_item_lists():
     dm = _solvable_dm(seed=3)
     batches = list(dm.train_dataloader())
-    assert dm.progress == {"epoch": 0, "consumed": 0}
+    assert dm.curriculum.cursor == {"epoch": 0, "consumed": 0, "batches": 3, "closed": -1}
     assert [len(b) for b in batches] == [3, 3, 2]
     assert all(isinstance(b, list) for b in batches)
     ids = [item["id"] for b in batches for item in b]
@@ -412,20 +272,58 @@ def test_rl_loader_without_trainer_yields_shuffled_item_lists():
     # Same seed and epoch: same order; the next epoch reshuffles.
     assert _order(_solvable_dm(seed=3).train_dataloader()) == ids
     nxt = _order(dm.train_dataloader())
-    assert dm.progress == {"epoch": 1, "consumed": 0}
+    assert dm.curriculum.cursor["epoch"] == 1 and dm.curriculum.cursor["consumed"] == 0
     assert sorted(nxt) == sorted(ids) and nxt != ids
     assert _order(_solvable_dm(seed=4).train_dataloader()) != ids
 
 
+def test_rl_loader_serves_only_the_chosen_groups():
+    rows = [{"id": f"p{i}", "question": f"q{i}", "answer": str(i)} for i in range(4)]
+    cur = _dm(rows).curriculum
+    for pid in cur.problems:
+        cur.pools.record(pid, 4, 1)
+    cur.group_of.update({"p1": 1, "p3": 1})
+    dm = CurriculumDataModule(cur, batch_size=8, rl_groups=[1])
+    assert sorted(_order(dm.train_dataloader())) == ["p1", "p3"]
+
+
 def test_sft_loader_yields_question_solution_dicts():
-    dm = _dm(mode="sft", sft_batch_size=2)
-    dm.scale_solutions(k=3)  # a: 3, c: 1
+    dm = _dm(sft_batch_size=2)  # bank: a 3, c 1
+    dm.trainer = _trainer("sft")
     batches = list(dm.train_dataloader())
     assert [len(b) for b in batches] == [2, 2]
     got = [item for b in batches for item in b]
     assert all(set(item) == {"id", "question", "solution"} for item in got)
     key = lambda x: (x["id"], x["solution"])  # noqa: E731
-    assert sorted(got, key=key) == sorted(dm.sft_items(), key=key)
+    assert sorted(got, key=key) == sorted(dm.curriculum.sft_pairs("bank"), key=key)
+
+
+def test_sft_loader_serves_the_chosen_source():
+    dm = _dm(sft_source="redistill", sft_batch_size=4)
+    dm.curriculum.bank.record_rollout("b", "rb", True, step=1)
+    dm.trainer = _trainer("sft")
+    assert [b for b in dm.train_dataloader()] == [
+        [{"id": "b", "question": "1+2", "solution": "rb"}]
+    ]
+
+
+def test_the_module_data_kind_chooses_what_is_served():
+    dm = _solvable_dm(seed=0)
+    dm.curriculum.bank.add("p0", "p0 solution")
+    dm.trainer = _trainer("rl")
+    assert all(
+        set(x) == {"id", "question", "answer", "n"} for b in dm.train_dataloader() for x in b
+    )
+    dm.trainer = _trainer("sft", epoch=1)
+    assert list(dm.train_dataloader()) == [
+        [{"id": "p0", "question": "q0", "solution": "p0 solution"}]
+    ]
+    dm.trainer = _trainer(None)
+    with pytest.raises(TypeError, match=r"SimpleNamespace has data_kind=None.*data_kind is one of"):
+        dm.train_dataloader()
+    dm.trainer.lightning_module.data_kind = "dpo"
+    with pytest.raises(TypeError, match="data_kind='dpo'"):
+        dm.train_dataloader()
 
 
 def test_val_loader():
@@ -449,3 +347,129 @@ def test_val_problems_are_scored_once_across_ranks(monkeypatch):
         monkeypatch.setattr(batches_module, "_rank_world", lambda rank=rank: (rank, 2))
         seen += _order(dm.val_dataloader())
     assert sorted(seen) == [f"v{i}" for i in range(5)]
+
+
+# --------------------------------------------------------------------------------- resume
+def test_setup_reloads_every_epoch_and_starts_a_new_fit():
+    dm = _solvable_dm(seed=0)
+    dm.curriculum.cursor.update(epoch=4, consumed=2, batches=3, closed=3)
+    trainer = _trainer("rl", reload=0)
+    dm.trainer = trainer
+    dm.setup("fit")
+    assert trainer.reload_dataloaders_every_n_epochs == 1  # the pools change between epochs
+    assert dm.curriculum.cursor == {"epoch": -1, "consumed": 0, "batches": 0, "closed": -1}
+
+
+def test_restored_state_resumes_mid_epoch():
+    rows = [{"id": i, "question": f"q{i}", "answer": f"ans{i}"} for i in "abcde"]
+    dm = _dm(rows, rollout_n=4, batch_size=2)
+    for pid in "abcde":
+        dm.curriculum.pools.record(pid, 4, 1)  # all five solvable
+    trainer = _trainer("rl", epoch=1)
+    dm.trainer = trainer
+    dm.setup("fit")
+    full = list(dm.train_dataloader())  # epoch 1: 5 problems in batches of 2
+    assert [len(b) for b in full] == [2, 2, 1]
+    dm.on_before_batch_transfer(full[0], 0)
+    trainer.training = False
+    dm.on_before_batch_transfer(full[1], 0)  # not training (e.g. validation): not counted
+    trainer.training = True
+    assert dm.curriculum.cursor == {"epoch": 1, "consumed": 1, "batches": 3, "closed": -1}
+    state = json.loads(json.dumps(dm.state_dict()))
+    assert set(state) == {"curriculum"}
+    fresh = ProblemDataModule(train=rows, rollout_n=4, batch_size=2)
+    fresh.trainer = trainer
+    fresh.setup("fit")  # Lightning's order: setup, then the checkpoint's state
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == dm.state_dict()
+    assert list(fresh.train_dataloader()) == full[1:]
+    trainer.current_epoch = 2
+    assert len(list(fresh.train_dataloader())) == 3  # a new epoch starts from its beginning
+
+
+def test_a_curriculum_datamodule_serves_a_shared_curriculum():
+    cur = Curriculum()
+    cur.add_problems([Problem("x", "1+1", "2"), Problem("y", "2+2", "4")])
+    cur.record_measurement({"x": (4, 1), "y": (4, 0)})
+    dm = CurriculumDataModule(cur, batch_size=4)
+    assert list(dm.train_dataloader()) == [[{"id": "x", "question": "1+1", "answer": "2", "n": 8}]]
+    assert dm.state_dict() == {"curriculum": cur.state_dict()}
+    with pytest.raises(ValueError, match=r"CurriculumDataModule: sft_source must be one of"):
+        CurriculumDataModule(cur, sft_source="x")
+
+
+# ------------------------------------------------------------------------ plug-in (item 6)
+class DigitReward:
+    """1.0 for a completion with a digit in it."""
+
+    def __call__(self, completions, answers, **_):
+        return [float(any(ch.isdigit() for ch in c)) for c in completions]
+
+
+FIELDS = {"question": "problem", "answer": "final", "solutions": "sols"}
+PROMPT = {"template": "Q:{question}\nA:"}
+QUIET = dict(
+    accelerator="cpu",
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
+
+
+def _weights(module):
+    return {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
+
+
+def test_plug_in_sft_then_grpo_in_a_plain_trainer(tiny_model_dir, tmp_path):
+    path = tmp_path / "mine.jsonl"
+    rows = [
+        {"problem": "1+1", "final": "2", "sols": ["1+1=2;\\boxed{2}", "1+1 is 2;\\boxed{2}"]},
+        {"problem": "2+3", "final": "5", "sols": ["2+3=5;\\boxed{5}", "3+2=5;\\boxed{5}"]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dm = ProblemDataModule(train=str(path), fields=FIELDS, sft_batch_size=2)
+    dm.setup("fit")
+    cur = dm.curriculum
+    assert [p.question for p in dm.problems.values()] == ["1+1", "2+3"]
+    bank = [s for pid in dm.problems for s in cur.bank.take(pid, 9)]
+    assert bank == [s for r in rows for s in r["sols"]]  # the file's solutions, all in the bank
+
+    # SFT on the bank's pairs
+    sft = SFTModule(model=str(tiny_model_dir), prompt=PROMPT, lr=1e-3, max_length=64)
+    before = _weights(sft)
+    trainer = L.Trainer(max_steps=2, **QUIET)
+    trainer.fit(sft, datamodule=dm)
+    assert trainer.global_step == 2
+    after = _weights(sft)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    # GRPO on the same DataModule once a measurement makes the problems solvable
+    cur.record_measurement({pid: (4, 1) for pid in dm.problems})
+    assert cur.pools.members(Pool.SOLVABLE) == list(dm.problems)
+    history = {pid: len(cur.pools.history(pid)) for pid in dm.problems}
+    measurements = cur.measurements
+    grpo = GRPOModule(
+        model=str(tiny_model_dir),
+        prompt=PROMPT,
+        reward=DigitReward(),
+        max_new_tokens=6,
+        temperature=1.0,
+        lr=1e-3,
+    )
+    callbacks = [
+        PassRateEvaluation(k=2, every_n_epochs=1),
+        RolloutNSchedule(num_groups=2, n_init=2, n_max=4),
+    ]
+    trainer = L.Trainer(max_epochs=2, callbacks=callbacks, **QUIET)
+    trainer.fit(grpo, datamodule=dm)
+    assert trainer.global_step >= 1
+    assert cur.schedule is callbacks[1]  # installed in the fit's curriculum
+    # epoch 0 at least: its RL tally closed (one accuracy each) and a measurement (another)
+    assert all(len(cur.pools.history(pid)) >= history[pid] + 2 for pid in dm.problems)
+    assert cur.measurements >= measurements + 1
+    assert cur.last_epoch_acc and set(cur.last_epoch_acc) <= set(dm.problems)
+    assert cur.tally == {} and cur.cursor["closed"] >= 0
+    assert cur.group_of and set(cur.group_of) <= set(dm.problems)
+    assert set(cur.n_per_problem) == set(cur.group_of)
+    assert all(n in (2, 4) for n in cur.n_per_problem.values())

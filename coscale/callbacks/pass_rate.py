@@ -88,7 +88,8 @@ class PassRateEvaluation(Callback):
     def _epoch_end(self, trainer: Any, pl_module: Any, epoch: int, log: bool) -> None:
         if (cur := curriculum_of(pl_module)) is None or (epoch + 1) % self.every_n_epochs:
             return
-        cur.close_epoch(epoch, lr=getattr(pl_module, "lr", None))  # RL tally first
+        if cur.close_epoch(epoch, lr=getattr(pl_module, "lr", None)) is None:
+            return  # closed and measured already (a resumed fit may end an epoch twice)
         self.evaluate(trainer, pl_module, tag=f"epoch_{epoch}", log=log)
         if not log:
             pl_module.log_dict(self.last_metrics, rank_zero_only=True)  # -> callback_metrics

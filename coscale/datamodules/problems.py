@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from coscale.checks import at_least, one_of
 from coscale.curriculum import Curriculum, CurriculumSettings, SFTSource
-from coscale.datamodules.serving import CurriculumDataModule
+from coscale.datamodules.serving import CurriculumDataModule, serving_errors
 from coscale.schedule import NSchedule
 from coscale.solution_sources import SolutionSource
 from coscale.tasks import BAD_ROW_CHOICES, FieldMap, load_problems
@@ -115,6 +115,7 @@ class ProblemDataModule(CurriculumDataModule):
             rl_unmeasured=rl_unmeasured,
             seed=seed,
         )
+        errors += serving_errors(sft_source, batch_size, sft_batch_size, val_batch_size)
         if errors := errors + settings.errors():
             raise ValueError("ProblemDataModule: " + "; ".join(errors))
         curriculum = Curriculum(settings, teacher=teacher, schedule=schedule)

@@ -34,6 +34,13 @@ def data_kind(module: Any) -> str:
     return kind
 
 
+def serving_errors(sft_source, batch_size, sft_batch_size, val_batch_size) -> list[str]:
+    """Every bad serving setting, named."""
+    errors = one_of(SFT_SOURCES, sft_source=sft_source)
+    errors += at_least(1, batch_size=batch_size, sft_batch_size=sft_batch_size)
+    return errors + at_least(1, val_batch_size=val_batch_size)
+
+
 class CurriculumDataModule(L.LightningDataModule):
     """One fit's view of a curriculum.
 
@@ -58,10 +65,7 @@ class CurriculumDataModule(L.LightningDataModule):
         val_problems: Sequence[Problem] = (),
     ) -> None:
         super().__init__()
-        errors = one_of(SFT_SOURCES, sft_source=sft_source)
-        errors += at_least(1, batch_size=batch_size, sft_batch_size=sft_batch_size)
-        errors += at_least(1, val_batch_size=val_batch_size)
-        if errors:
+        if errors := serving_errors(sft_source, batch_size, sft_batch_size, val_batch_size):
             raise ValueError(f"{type(self).__name__}: " + "; ".join(errors))
         self.curriculum, self.sft_source, self.rl_groups = curriculum, sft_source, rl_groups
         self.batch_size, self.sft_batch_size = batch_size, sft_batch_size

@@ -318,7 +318,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     def end_epoch(self, curriculum: Curriculum, epoch: int) -> None:
         """Closes ``epoch`` in the curriculum (once: a callback may have done it already) and
         logs the pools and the schedule's decisions."""
-        metrics = curriculum.close_epoch(epoch, lr=self.lr)
+        metrics = curriculum.close_epoch(epoch, lr=self.lr) or {}
         metrics |= {f"pool/{k}": float(v) for k, v in curriculum.pools.counts().items()}
         if self._trainer is not None and self.trainer.training:
             self.log_dict(metrics, rank_zero_only=True)
