@@ -1,6 +1,7 @@
 """Run by tests/test_ddp.py as a script: SFT and GRPO fits with strategy=ddp on 2 CPU processes.
 
-Each rank writes its DataModule state and a checksum of its weights to ``<out>/rank<r>.json``.
+Each rank writes its curriculum's state and a checksum of its weights to ``<out>/rank<r>.json``.
+What a fit is served follows the module: SFT pairs for the SFTModule, solvable problems for GRPO.
 Lightning launches rank 1 by running this script again with the same arguments.
 """
 
@@ -44,14 +45,13 @@ def main(model_dir: str, out: str) -> None:
         p.to_dict() | {"solutions": arithmetic.solutions_of(p, 2)}
         for p in arithmetic.generate(10, (2,), 5, "d")
     ]
-    dm = ProblemDataModule(train=rows, mode="sft", sft_batch_size=4, batch_size=2, seed=1)
+    dm = ProblemDataModule(train=rows, sft_batch_size=4, batch_size=2, bank_solutions=2, seed=1)
     dm.load()
-    dm.scale_solutions(2)
+    cur = dm.curriculum
     sft = SFTModule(model=model_dir, lr=1e-2)
     _trainer(max_steps=2).fit(sft, datamodule=dm)
     for i, pid in enumerate(dm.problems):
-        dm.pools.record(pid, 10, 2 + i % 4)
-    dm.mode = "rl"
+        cur.pools.record(pid, 10, 2 + i % 4)
     grpo = GRPOModule(
         model=model_dir,
         reward=DigitReward(),
@@ -64,7 +64,7 @@ def main(model_dir: str, out: str) -> None:
     _trainer(max_epochs=3, callbacks=[schedule]).fit(grpo, datamodule=dm)
     rank = int(os.environ.get("LOCAL_RANK", 0))
     state = {
-        "data": dm.state_dict(),
+        "data": cur.state_dict(),
         "sft_sum": float(sum(p.double().sum() for p in sft.policy.parameters())),
         "grpo_sum": float(sum(p.double().sum() for p in grpo.policy.parameters())),
     }

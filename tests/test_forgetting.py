@@ -294,17 +294,18 @@ def test_default_mastered_set_comes_from_the_datamodule(tiny_model, char_tokeniz
         p.to_dict() | {"solutions": arithmetic.solutions_of(p, 2)}
         for p in arithmetic.generate(6, (2, 3), 0, "d")
     ]
-    dm = ProblemDataModule(train=rows, mode="sft", sft_batch_size=2)
+    # an SFTModule is served the bank's pairs (one own solution per problem)
+    dm = ProblemDataModule(train=rows, sft_batch_size=2, bank_solutions=1)
     dm.load()
-    dm.scale_solutions(1)
     for pid in ("d-0", "d-3"):
-        dm.pools.record(pid, 10, 10)  # solved
+        dm.curriculum.pools.record(pid, 10, 10)  # solved
     module = _module(tiny_model, char_tokenizer, forgetting_guard="parameter")
     L.Trainer(
         max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     ).fit(module, datamodule=dm)  # fmt: skip
     assert module.guard_report["mastered_examples"] == 2.0
+    assert [r["id"] for r in dm.curriculum.mastered()] == ["d-0", "d-3"]
 
 
 def test_empty_mastered_set_warns_and_trains_unguarded(tiny_model, char_tokenizer):

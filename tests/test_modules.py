@@ -53,9 +53,13 @@ def _changed(before, module):
 
 
 def test_sft_two_steps_change_weights_and_loss_is_finite(tiny_model_dir):
-    dm = ProblemDataModule(train=_rows(), mode="sft", sft_batch_size=4)
+    # an SFTModule (data_kind "sft") is served the bank's pairs: up to 2 own solutions each
+    dm = ProblemDataModule(train=_rows(), sft_batch_size=4, bank_solutions=2)
     dm.load()
-    dm.scale_solutions(2)
+    bank = dm.curriculum.bank
+    assert [bank.count(i) for i, p in dm.problems.items()] == [
+        min(2, len(p.solutions)) for p in dm.problems.values()
+    ]
     module = SFTModule(model=str(tiny_model_dir), lr=1e-2)
     before = _params(module)
     trainer = _trainer(2)
@@ -68,9 +72,10 @@ def _rl_dm(n_per_problem, batch_size=None):
     batch_size = batch_size or len(n_per_problem)
     dm = ProblemDataModule(train=_rows(len(n_per_problem)), batch_size=batch_size)
     dm.load()
+    cur = dm.curriculum
     for pid, n in zip(dm.problems, n_per_problem):
-        dm.pools.record(pid, 10, 3)  # acc 0.3 -> solvable
-        dm.n_per_problem[pid] = n
+        cur.pools.record(pid, 10, 3)  # acc 0.3 -> solvable
+        cur.n_per_problem[pid] = n
     return dm
 
 
@@ -103,8 +108,9 @@ def test_grpo_two_steps_with_different_n_per_problem(tiny_model_dir):
     assert len(_changed(before, module)) == len(before)
     assert trainer.callback_metrics["train/skipped"] == 0
     # the epoch's outcomes reached the pools, and the next epoch serves the rebuilt solvable set
-    assert all(len(dm.pools.history(pid)) == 2 for pid in dm.problems)
-    solvable = dm.pools.members(Pool.SOLVABLE)
+    pools = dm.curriculum.pools
+    assert all(len(pools.history(pid)) == 2 for pid in dm.problems)
+    solvable = pools.members(Pool.SOLVABLE)
     served = [item["id"] for batch in dm.train_dataloader() for item in batch]
     assert sorted(served) == sorted(solvable)
 
@@ -119,4 +125,4 @@ def test_grpo_batch_without_signal_is_skipped_not_crashed(tiny_model_dir):
     assert trainer.callback_metrics["train/skipped"] == 1
     assert trainer.callback_metrics["train/frac_zero_std"] == 1
     # all-wrong problems fall back to unsolvable after the epoch
-    assert dm.pools.members(Pool.UNSOLVABLE) == list(dm.problems)
+    assert dm.curriculum.pools.members(Pool.UNSOLVABLE) == list(dm.problems)

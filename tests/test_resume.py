@@ -1,7 +1,8 @@
 """Resume: N steps uninterrupted == N/2 steps, restart from the checkpoint, N/2 more.
 
 The restart is a fresh module and DataModule in the same process, loading only what the
-checkpoint holds: weights, optimiser, pools, bank, replay buffer, N per problem, loader position.
+checkpoint holds: weights, optimiser, the curriculum (pools, bank, replay buffer, N per problem,
+open RL tally, fit cursor) and the run's RNG state.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule
+from coscale.stages.checkpoint import CommitCheckpoint, RunState
 from coscale.tasks import arithmetic
 
 
@@ -25,9 +27,10 @@ def _setup(model_dir):
     rows = [p.to_dict() for p in arithmetic.generate(6, (2,), 3, "r")]
     dm = ProblemDataModule(train=rows, batch_size=2, seed=7)
     dm.load()
+    cur = dm.curriculum
     for i, pid in enumerate(dm.problems):
-        dm.pools.record(pid, 10, 4)
-        dm.n_per_problem[pid] = 2 + i % 3
+        cur.pools.record(pid, 10, 4)
+        cur.n_per_problem[pid] = 2 + i % 3
     module = GRPOModule(
         model=str(model_dir),
         reward=DigitReward(),
@@ -39,42 +42,107 @@ def _setup(model_dir):
     return module, dm
 
 
-def _fit(module, dm, steps, ckpt_dir, ckpt_path=None):
-    ckpt = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=1)
+def _fit(module, dm, ckpt_dir, ckpt_path=None, callbacks=None, **limits):
+    if callbacks is None:
+        callbacks = [RunState(), CommitCheckpoint(str(ckpt_dir), every_n_steps=1)]
     trainer = L.Trainer(
-        max_steps=steps,
         accelerator="cpu",
         logger=False,
-        callbacks=[ckpt],
+        callbacks=callbacks,
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
+        default_root_dir=ckpt_dir,
+        **limits,
     )
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-    return trainer
+    return callbacks[0].spent()  # RunState: rollouts of the whole fit, before a restart included
 
 
-@pytest.mark.parametrize("split", [1, 2])
-def test_interrupted_and_resumed_equals_uninterrupted(tiny_model_dir, tmp_path, split):
-    # 6 problems, batch 2 -> 3 batches in epoch 0; with this seed the first batch has no signal
-    # (no optimiser step), so step 1 ends mid-epoch and step 2 ends on the epoch's last batch
-    full_module, full_dm = _setup(tiny_model_dir)
-    _fit(full_module, full_dm, 5, tmp_path / "full")
-
-    first_module, first_dm = _setup(tiny_model_dir)
-    _fit(first_module, first_dm, split, tmp_path / "part")
-    resumed_module, resumed_dm = _setup(tiny_model_dir)  # a new process would start like this
-    _fit(
-        resumed_module, resumed_dm, 5, tmp_path / "part", ckpt_path=tmp_path / "part" / "last.ckpt"
-    )
-
-    assert resumed_dm.state_dict()["pools"] == full_dm.state_dict()["pools"]
-    assert resumed_dm.state_dict()["bank"] == full_dm.state_dict()["bank"]
-    assert resumed_dm.n_per_problem == full_dm.n_per_problem
+def _assert_same_run(resumed_module, resumed_dm, full_module, full_dm, model_dir):
+    got, want = resumed_dm.curriculum.state_dict(), full_dm.curriculum.state_dict()
+    assert got["pools"] == want["pools"]
+    assert got["bank"] == want["bank"]
+    assert got["tally"] == want["tally"]
+    assert resumed_dm.curriculum.n_per_problem == full_dm.curriculum.n_per_problem
     full, resumed = full_module.policy.state_dict(), resumed_module.policy.state_dict()
     for name in full:
         torch.testing.assert_close(resumed[name], full[name], rtol=0, atol=1e-6, msg=name)
     # and training did happen: the weights moved away from the initial model
-    initial, _ = _setup(tiny_model_dir)
+    initial, _ = _setup(model_dir)
     moved = [n for n in full if not torch.equal(full[n], initial.policy.state_dict()[n])]
     assert moved
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_interrupted_and_resumed_equals_uninterrupted(tiny_model_dir, tmp_path, split):
+    # 6 problems, batch 2 -> 3 batches per epoch, one optimiser step each with this seed: step 1
+    # ends mid-epoch, step 3 on the epoch's last batch (its end-of-epoch work done and saved).
+    # split=1 needs the fix reported with this migration: a fit that max_steps stops mid-epoch
+    # must not close that epoch (GRPOModule / PassRateEvaluation.on_train_epoch_end), else
+    # CommitCheckpoint's epoch-end save holds a half epoch closed and the rest is served anew.
+    full_module, full_dm = _setup(tiny_model_dir)
+    full_spent = _fit(full_module, full_dm, tmp_path / "full", max_steps=5)
+
+    first_module, first_dm = _setup(tiny_model_dir)
+    _fit(first_module, first_dm, tmp_path / "part", max_steps=split)
+    resumed_module, resumed_dm = _setup(tiny_model_dir)  # a new process would start like this
+    last = tmp_path / "part" / "last.ckpt"
+    spent = _fit(resumed_module, resumed_dm, tmp_path / "part", ckpt_path=last, max_steps=5)
+
+    assert spent == full_spent and full_spent["rollouts"] > 0
+    _assert_same_run(resumed_module, resumed_dm, full_module, full_dm, tiny_model_dir)
+
+
+def test_checkpoint_before_the_epoch_end_work_closes_that_epoch_first(tiny_model_dir, tmp_path):
+    # Lightning's ModelCheckpoint saves last.ckpt after the epoch's last step and then skips its
+    # epoch-end save (same step): the checkpoint holds epoch 0's open RL tally, not its close.
+    # A fit resumed from it must close epoch 0 before it trains epoch 1. Needs the fix reported
+    # with this migration: GRPOModule.on_fit_start does that work through end_epoch, which calls
+    # self.log_dict, refused by Lightning in on_fit_start (log to the loggers there instead).
+    full_module, full_dm = _setup(tiny_model_dir)
+    full_probe = _EpochStart(full_dm, epoch=1)
+    callbacks = [RunState(), CommitCheckpoint(str(tmp_path / "full")), full_probe]
+    full_spent = _fit(full_module, full_dm, tmp_path / "full", callbacks=callbacks, max_epochs=2)
+
+    first_module, first_dm = _setup(tiny_model_dir)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "part", every_n_train_steps=1, save_last=True)
+    _fit(first_module, first_dm, tmp_path / "part", callbacks=[RunState(), ckpt], max_epochs=1)
+    saved = torch.load(tmp_path / "part" / "last.ckpt", weights_only=False)
+    state = saved["ProblemDataModule"]["curriculum"]
+    trained = sorted(state["tally"])
+    assert trained and state["cursor"]["closed"] == -1  # saved before epoch 0 was closed
+    before = _lengths(state["pools"])
+
+    resumed_module, resumed_dm = _setup(tiny_model_dir)
+    probe = _EpochStart(resumed_dm, epoch=1)
+    last = tmp_path / "part" / "last.ckpt"
+    spent = _fit(
+        resumed_module,
+        resumed_dm,
+        tmp_path / "resumed",
+        ckpt_path=last,
+        callbacks=[RunState(), probe],
+        max_epochs=2,
+    )
+    assert spent == full_spent
+    # epoch 0 closed once, before epoch 1's first batch: one more entry per problem it trained,
+    # the pools then as the uninterrupted run's at that point
+    assert _lengths(probe.pools) == {pid: before[pid] + (pid in trained) for pid in before}
+    assert probe.pools == full_probe.pools
+    _assert_same_run(resumed_module, resumed_dm, full_module, full_dm, tiny_model_dir)
+
+
+class _EpochStart(L.Callback):
+    """Keeps the pools' state when the first batch of ``epoch`` starts."""
+
+    def __init__(self, dm, epoch: int) -> None:
+        self.dm, self.epoch, self.pools = dm, epoch, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.current_epoch == self.epoch and self.pools is None:
+            self.pools = self.dm.curriculum.pools.state_dict()
+
+
+def _lengths(pools):
+    return {p["id"]: len(p["history"]) for p in pools["problems"]}

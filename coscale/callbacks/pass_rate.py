@@ -14,7 +14,7 @@ from lightning.pytorch import Callback
 from typing_extensions import override
 
 from coscale.checks import at_least
-from coscale.modules.feed import curriculum_of
+from coscale.modules.feed import curriculum_of, epoch_finished
 from coscale.modules.loggers import log_to_loggers
 from coscale.pools import Pool
 from coscale.stages.measure import measure
@@ -83,16 +83,20 @@ class PassRateEvaluation(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._epoch_end(trainer, pl_module, trainer.current_epoch, log=False)
+        if epoch_finished(trainer):
+            self._epoch_end(trainer, pl_module, trainer.current_epoch, log=False)
 
     def _epoch_end(self, trainer: Any, pl_module: Any, epoch: int, log: bool) -> None:
         if (cur := curriculum_of(pl_module)) is None or (epoch + 1) % self.every_n_epochs:
             return
-        if cur.close_epoch(epoch, lr=getattr(pl_module, "lr", None)) is None:
+        closed = cur.close_epoch(epoch, lr=getattr(pl_module, "lr", None))
+        if closed is None:
             return  # closed and measured already (a resumed fit may end an epoch twice)
         self.evaluate(trainer, pl_module, tag=f"epoch_{epoch}", log=log)
-        if not log:
-            pl_module.log_dict(self.last_metrics, rank_zero_only=True)  # -> callback_metrics
+        if not log:  # -> callback_metrics; with the close's sched/ metrics the module won't get
+            pl_module.log_dict(closed | self.last_metrics, rank_zero_only=True)
+        else:
+            log_to_loggers(trainer, closed)
 
     def evaluate(self, trainer: Any, pl_module: Any, tag: str = "", log: bool = True) -> dict:
         """Measures the chosen problems now and records them in the fit's curriculum.

@@ -17,3 +17,10 @@ def curriculum_of(module: Any) -> Curriculum | None:
     trainer = getattr(module, "_trainer", None)
     curriculum = getattr(getattr(trainer, "datamodule", None), "curriculum", None)
     return curriculum if isinstance(curriculum, Curriculum) else None
+
+
+def epoch_finished(trainer: Any) -> bool:
+    """False when the running fit stopped before its epoch's last batch (``max_steps``,
+    ``should_stop``): such an epoch is not over, so it must not be closed."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    return loop is None or loop._num_ready_batches_reached()

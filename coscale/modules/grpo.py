@@ -26,7 +26,7 @@ from coscale.curriculum import Curriculum
 from coscale.logprobs import sequence_logprobs
 from coscale.losses import GRPOLoss, PolicyLoss
 from coscale.modules.distributed import all_gather_objects, global_max, global_sum
-from coscale.modules.feed import curriculum_of
+from coscale.modules.feed import curriculum_of, epoch_finished
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.loggers import log_to_loggers
 from coscale.modules.optim import adamw_with_warmup
@@ -308,19 +308,19 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         # restored between an epoch's last step and its end-of-epoch work: do that work first
         curriculum = curriculum_of(self)
         if curriculum is not None and (epoch := curriculum.pending_epoch()) is not None:
-            self.end_epoch(curriculum, epoch)
+            self.end_epoch(curriculum, epoch, in_loop=False)  # self.log is refused here
 
     @override
     def on_train_epoch_end(self) -> None:
-        if (curriculum := curriculum_of(self)) is not None:
+        if (curriculum := curriculum_of(self)) is not None and epoch_finished(self.trainer):
             self.end_epoch(curriculum, self.current_epoch)
 
-    def end_epoch(self, curriculum: Curriculum, epoch: int) -> None:
+    def end_epoch(self, curriculum: Curriculum, epoch: int, in_loop: bool = True) -> None:
         """Closes ``epoch`` in the curriculum (once: a callback may have done it already) and
         logs the pools and the schedule's decisions."""
         metrics = curriculum.close_epoch(epoch, lr=self.lr) or {}
         metrics |= {f"pool/{k}": float(v) for k, v in curriculum.pools.counts().items()}
-        if self._trainer is not None and self.trainer.training:
+        if in_loop and self._trainer is not None and self.trainer.training:
             self.log_dict(metrics, rank_zero_only=True)
         else:
             log_to_loggers(self._trainer, metrics)
