@@ -68,7 +68,7 @@ def finished_arm(run_dir: str, quick: bool):
     args = ["--config", demo_config(), "--pipeline.run_dir", run_dir, "--pipeline.logger", "none"]
     init = parser.instantiate(parser.parse_args([*args, *(QUICK if quick else [])]))
     init.data.load()
-    init.data.load_state_dict(state["data"])
+    init.data.load_state_dict({"curriculum": state["curriculum"]})
     spent = {k: sum(s[k] for s in stages.values()) for k in ("sft_examples", "rollouts")}
     return os.path.join(run_dir, "final", "model"), spent, init.pipeline, init.data
 
@@ -96,7 +96,7 @@ def sft_arm(base: str, problems: list, per_problem: int, size: int, cfg, data, s
         for p in chosen
         for s in list(tiers.solutions(p.question))[:per_problem]
     ]
-    items += data._replay_for(len(items))
+    items += data.curriculum._replay_for(len(items))
     random.Random(seed).shuffle(items)
     epochs = max(1, round(size / len(items)))
     sft = {**instantiate(cfg.sft), "batch_size": data.sft_batch_size}
@@ -111,7 +111,7 @@ def grpo_arm(start: str, problems: list, rollouts: int, cfg, data, out: str) -> 
         start,
         problems,
         rollouts,
-        data.rollout_n,
+        data.curriculum.settings.rollout_n,
         instantiate(cfg.grpo),
         data.batch_size,
         out,
@@ -147,7 +147,7 @@ def main() -> None:
     base = resolve_model_path(cfg.model)
     problems = list(data.problems.values())
     random.Random(0).shuffle(problems)
-    fresh = fresh_problems(data.bank.total(), {p.question for p in problems})
+    fresh = fresh_problems(data.curriculum.bank.total(), {p.question for p in problems})
     models, spend = {"(a) base": base}, {"(a) base": {"sft_examples": 0, "rollouts": 0}}
     before = budget.snapshot()
     b, _ = sft_arm(base, fresh, 1, spent_f["sft_examples"], cfg, data, seed=1)

@@ -65,8 +65,8 @@ def stage_models(cfg: Any, results: dict[str, Any]) -> dict[str, str]:
 
     models = {"base": resolve_model_path(cfg.model)}
     for it in range(1, cfg.iterations + 1):
-        # the RL stage's model; its SFT model when no problem was solvable (RL skipped)
-        for stage in ("rl", "sft"):
+        # re-distilled, else RL, else SFT model (RL is skipped when nothing is solvable)
+        for stage in ("redistill", "rl", "sft"):
             folder = os.path.join(cfg.run_dir, f"it{it}", stage, "model")
             if os.path.exists(folder):
                 models[f"iteration {it}"] = folder
