@@ -32,7 +32,9 @@ from coscale.checks import at_least
 from coscale.commit import commit_point, write_json
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule, SFTModule
+from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
+from coscale.modules.sft import settings_errors as sft_settings_errors
 from coscale.schedule import NSchedule
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import measure_stage
@@ -116,27 +118,35 @@ class PipelineConfig:
         errors += at_least(1, optional=True, eval_max_problems=self.eval_max_problems)
         if self.final_keep not in KEEP:
             errors.append(f"final_keep must be one of {', '.join(KEEP)}; got {self.final_keep!r}")
-        errors += _unknown_keys("sft", SFTModule, self.sft) + _unknown_keys(
-            "grpo", GRPOModule, self.grpo
-        )
-        if not (unknown := _unknown_keys("schedule", NSchedule, self.schedule)):
-            try:
-                NSchedule(**self.schedule)
-            except ValueError as err:
-                unknown = [str(err)]
-        errors += unknown
+        errors += _typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
+        errors += _typed_errors("grpo", GRPOModule, self.grpo, grpo_settings_errors)
+        errors += _typed_errors("schedule", NSchedule, self.schedule, _schedule_errors)
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
 
 
-def _unknown_keys(name: str, cls: type, args: dict[str, Any]) -> list[str]:
-    """A message per key of ``args`` that ``cls`` does not take (the model is the pipeline's)."""
-    params = set(inspect.signature(cls).parameters) - {"model"}
-    return [
-        f"{name}.{key} is not an argument of {cls.__name__} (it takes: {', '.join(sorted(params))})"
-        for key in args
-        if key not in params
-    ]
+def _typed_errors(name: str, cls: type, args: dict[str, Any], ranges) -> list[str]:
+    """``args`` checked against ``cls``'s typed signature (keys, types, ``class_path`` parts)
+    by jsonargparse, then its value ranges by ``ranges``; messages name ``pipeline.<name>``."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, skip={"model"}, instantiate=False)
+    try:
+        parser.parse_object(args)
+    except Exception as err:  # jsonargparse's ArgumentError: unknown key or wrong type
+        detail = " ".join(line.strip() for line in str(err).splitlines())
+        params = ", ".join(sorted(set(inspect.signature(cls).parameters) - {"model"}))
+        return [f"{name}: {detail} ({cls.__name__} takes: {params})"]
+    return [f"{name}.{e}" for e in ranges(**args)]
+
+
+def _schedule_errors(**args: Any) -> list[str]:
+    try:
+        NSchedule(**args)
+    except ValueError as err:
+        return [str(err).removeprefix("schedule: ")]
+    return []
 
 
 def instantiate(value: Any) -> Any:

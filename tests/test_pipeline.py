@@ -54,13 +54,54 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys, wandb_log):
     AutoTokenizer.from_pretrained(run_dir / "final" / "model")
 
 
-def _pipeline(tmp_path, **settings):
+def _pipeline(tmp_path, data=None, **settings):
     from coscale.datamodules import ProblemDataModule
     from coscale.pipeline import Pipeline, PipelineConfig
 
-    rows = [{"id": "a", "question": "1+1", "answer": "2"}]
+    rows = [{"id": i, "question": f"{i}+1", "answer": "2"} for i in "abc"]
     cfg = PipelineConfig(model="unused", run_dir=str(tmp_path), logger="none", **settings)
-    return Pipeline(cfg, ProblemDataModule(train=rows))
+    return Pipeline(cfg, ProblemDataModule(train=rows, **(data or {})))
+
+
+class _StubSFT:
+    """Stands in for SFTModule in stage tests: records how it was built, exports a folder."""
+
+    def __init__(self, model, **kwargs):
+        self.model = model
+
+    def export(self, path):
+        return str(path)
+
+
+def _capture_sft_stage(pipe, monkeypatch) -> list[dict]:
+    """Runs nothing: every fit records what it would train on and with which limits."""
+    seen: list[dict] = []
+
+    def fake_fit(name, module, data, callbacks, epochs, max_steps=None):
+        seen.append({"name": name, "items": data.items("sft"), "max_steps": max_steps})
+
+    monkeypatch.setattr("coscale.stages.sft.SFTModule", _StubSFT)
+    pipe.ctx.fit = fake_fit
+    return seen
+
+
+def test_redistillation_uses_the_data_sections_redistill_settings(tmp_path, monkeypatch):
+    # the first build ran per-iteration re-distillation with its own defaults (1 per problem,
+    # cap 1000) instead of data.redistill_per_problem / redistill_max_total
+    data = {"redistill_per_problem": 2, "redistill_max_total": 3, "bank_solutions": 0}
+    pipe = _pipeline(tmp_path, data=data, sft_max_steps=7)
+    seen = _capture_sft_stage(pipe, monkeypatch)
+    pipe.data.load()
+    cur = pipe.curriculum
+    for step, (pid, text) in enumerate([("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1")]):
+        cur.bank.record_rollout(pid, text, True, step)
+    pipe.sft("it1/redistill")
+    (fit,) = seen
+    texts = [item["solution"] for item in fit["items"]]
+    assert texts == [t for _, t in cur.bank.redistill_set(2, 3, seed=0)] and len(texts) == 3
+    assert set(texts) <= {"a3", "a2", "b1"}  # 2 latest of a, 1 of b, capped at 3
+    assert fit["max_steps"] == 7  # sft_max_steps reaches every SFT stage
+    assert pipe.models["it1/redistill"].endswith("it1/redistill/model")
 
 
 def _stage_plan(tmp_path, **settings) -> list[str]:
@@ -98,8 +139,15 @@ def test_settings_are_checked_before_any_work():
     with pytest.raises(ValueError) as err:
         PipelineConfig(model="m", grpo={"lrr": 1e-3}, sft={"lr": 1e-3}, schedule={"n_init": -4})
     msg = str(err.value)
-    assert "grpo.lrr is not an argument of GRPOModule" in msg and "sft." not in msg
-    assert "n_init must be an int >= 1, got -4" in msg
+    assert "grpo: Option 'lrr' is not accepted (GRPOModule takes: " in msg and "sft" not in msg
+    assert "schedule.n_init must be an int >= 1, got -4" in msg
+    with pytest.raises(ValueError) as err:  # wrong types, and ranges the modules check
+        PipelineConfig(model="m", grpo={"lr": "fast"}, sft={"max_length": 1})
+    msg = str(err.value)
+    assert 'grpo: Parser key "lr": Expected a <class \'float\'>. Got value: fast' in msg
+    assert "sft.lr must be > 0 (got 1e-05), max_length >= 2 (got 1)" in msg
+    ok = {"loss": {"class_path": "coscale.losses.DAPOLoss", "init_args": {"epsilon": 0.2}}}
+    PipelineConfig(model="m", grpo={**ok, "prompt": {"template": "Q:{question}"}})
 
 
 def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):

@@ -363,6 +363,23 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _check(scale_rewards, lr, num_iterations, micro_batch_size, temperature, val_samples) -> None:
+    errors = settings_errors(
+        scale_rewards, lr, num_iterations, micro_batch_size, temperature, val_samples
+    )
+    if errors:
+        raise ValueError("GRPOModule: " + "; ".join(errors))
+
+
+def settings_errors(
+    scale_rewards="group",
+    lr=1e-6,
+    num_iterations=1,
+    micro_batch_size=32,
+    temperature=0.7,
+    val_samples=8,
+    **_: Any,
+) -> list[str]:
+    """Every out-of-range setting, named (checked by the pipeline before any work, too)."""
     errors = []
     if scale_rewards not in ("group", "batch", "none"):
         errors.append(f"scale_rewards must be one of group, batch, none; got {scale_rewards!r}")
@@ -375,8 +392,7 @@ def _check(scale_rewards, lr, num_iterations, micro_batch_size, temperature, val
     ]:
         if not ok:
             errors.append(f"{name} out of range: {value}")
-    if errors:
-        raise ValueError("GRPOModule: " + "; ".join(errors))
+    return errors
 
 
 def _default_reward() -> Any:

@@ -104,13 +104,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         mastered: list[dict[str, str]] | None = None,
     ) -> None:
         super().__init__()
-        errors = _guard_errors(forgetting_guard, guard_refresh_every, guard_batch_size)
-        if lr <= 0 or max_length < 2 or val_samples < 1:
-            errors.insert(
-                0,
-                f"lr must be > 0 (got {lr}), max_length >= 2 (got {max_length}), "
-                f"val_samples >= 1 (got {val_samples})",
-            )
+        errors = settings_errors(
+            lr, max_length, val_samples, forgetting_guard, guard_refresh_every, guard_batch_size
+        )
         if errors:
             raise ValueError("SFTModule: " + "; ".join(errors))
         in_memory = not isinstance(model, (str, os.PathLike))
@@ -270,6 +266,25 @@ def _check_strategy(strategy: Any, guard: str) -> None:
             f"SFTModule: forgetting_guard={guard!r} works on one device or with DDP, not with "
             f"{name} (sharded parameters); set forgetting_guard: none or strategy: ddp"
         )
+
+
+def settings_errors(
+    lr=1e-5,
+    max_length=1024,
+    val_samples=8,
+    forgetting_guard="none",
+    guard_refresh_every=1,
+    guard_batch_size=16,
+    **_: Any,
+) -> list[str]:
+    """Every out-of-range setting, named (checked by the pipeline before any work, too)."""
+    errors = []
+    if lr <= 0 or max_length < 2 or val_samples < 1:
+        errors.append(
+            f"lr must be > 0 (got {lr}), max_length >= 2 (got {max_length}), "
+            f"val_samples >= 1 (got {val_samples})"
+        )
+    return errors + _guard_errors(forgetting_guard, guard_refresh_every, guard_batch_size)
 
 
 def _guard_errors(guard: Any, refresh_every: Any, batch_size: Any) -> list[str]:
