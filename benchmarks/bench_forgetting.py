@@ -37,10 +37,10 @@ import warnings
 import torch
 
 from coscale.callbacks.sft_stage import run_sft
-from coscale.rewards import extract_boxed
+from coscale.models.tiny import save_tiny
 from coscale.rollout.base import SamplingParams
+from coscale.scoring.rewards import extract_boxed
 from coscale.tasks.builtin import builtin_rows
-from coscale.tiny import save_tiny
 
 ARMS = {  # name: (forgetting_guard, mastered pairs also in the training set)
     "none": ("none", False),

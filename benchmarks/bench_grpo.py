@@ -47,8 +47,8 @@ from paired import (
 )
 from torch.utils.data import DataLoader
 
-from coscale.losses import GRPOLoss
 from coscale.modules import GRPOModule
+from coscale.rl.losses import GRPOLoss
 
 PLAIN = {"fast_rollouts": False, "sort_micro_batches": False, "share_prompt_in_update": False}
 """GRPOModule with every speed path off (HF generate, micro-batches in rollout order, full width)."""

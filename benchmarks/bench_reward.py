@@ -1,4 +1,4 @@
-"""Throughput of `coscale.rewards.MathReward` against calling math-verify directly in one process.
+"""Throughput of `coscale.scoring.rewards.MathReward` against calling math-verify directly in one process.
 
 Two answer sets, each a few thousand distinct (completion, gold) pairs, about 2/3 correct:
 simple integers, and mixed symbolic answers (square roots, multiples of pi, fractions, decimals).
@@ -20,7 +20,7 @@ import statistics
 import time
 from functools import partial
 
-from coscale.rewards import MathReward, extract_boxed, wrap_latex
+from coscale.scoring.rewards import MathReward, extract_boxed, wrap_latex
 
 
 def integer_pairs(n: int, offset: int = 0) -> tuple[list[str], list[str]]:

@@ -8,7 +8,7 @@ no packing, no padding-free batches, fp32, AdamW at lr 1e-5 (constant), grad-nor
 bf16=False, gradient_checkpointing=False, report_to="none"`; its data set is tokenized when
 the trainer is built (off the clock), coscale tokenizes inside its step (on the clock).
 
-coscale runs with its defaults, so padding-free batches (`coscale.packing`): the same loss
+coscale runs with its defaults, so padding-free batches (`coscale.sft.packing`): the same loss
 and gradient, no FLOPs on padding. TRL's `padding_free=True` is left off: on CPU it would attend
 over the whole packed row under a [S, S] mask.
 

@@ -4,7 +4,7 @@ METHOD.md: the efficiency of an RL step is quadratic in x = lr / N, E(x) = x mu_
 with an optimum at x* = mu_p / (2 mu_n). This sweep measures it: from one start model, on the
 training problems that model can solve sometimes (0 < acc < 1), every (lr, N) of the grid runs
 plain GRPO (fixed N) for the same number of rollouts, and its efficiency is the pass@1 gained
-on those problems. A least-squares fit of the quadratic (coscale.theory.fit_efficiency) gives
+on those problems. A least-squares fit of the quadratic (coscale.rl.theory.fit_efficiency) gives
 mu_p, mu_n and x*; the plot shows the points, the fit and x*. Held-out sets are never used.
 
 Run: .venv/bin/python benchmarks/lr_n_sweep.py --start runs/demo/it1/sft/model
@@ -21,11 +21,11 @@ from typing import Any
 
 import lightning as L
 
+from coscale.app.demo import correct_counts
 from coscale.datamodules import ProblemDataModule
-from coscale.demo import correct_counts
 from coscale.modules import GRPOModule
+from coscale.rl.theory import fit_efficiency, optimal_lr_over_n
 from coscale.tasks import tiers
-from coscale.theory import fit_efficiency, optimal_lr_over_n
 
 GRID = [(lr, n) for n in (4, 16) for lr in (2.5e-5, 1e-4, 4e-4)]
 """(lr, N) pairs of the default sweep: x = lr / N from 1.6e-6 to 1e-4, with x = 6.25e-6 and

@@ -38,7 +38,7 @@ SIZES: dict[str, dict[str, int]] = {
 
 def build(size: str, seed: int = 0):
     """(model, tokenizer) of a named size, built from a config (random weights)."""
-    from coscale.tiny import build_char_tokenizer, build_tiny_model
+    from coscale.models.tiny import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
     return build_tiny_model(tok, seed=seed, **SIZES[size]), tok

@@ -9,7 +9,7 @@ Arms, all from the same shipped base model on the built-in task (coscale.tasks.t
   (e) SFT (b), then plain GRPO
   (f) CoScale-RL: the demo pipeline (coscale/configs/demo.yaml)
 (f) runs first; its spend (SFT examples and rollouts, pool measurements included, counted by
-coscale.budget) fixes the budget of the others: (b)/(c) train on as many SFT examples, (d) samples
+coscale.loop.budget) fixes the budget of the others: (b)/(c) train on as many SFT examples, (d) samples
 as many rollouts, (e) splits the same two budgets. Every SFT arm mixes in the same replay share
 as (f). Reports per-set pass@1 with 95% intervals, the ratio of the 4-set average over the base,
 the trained problems' pass@16 for (b) vs (c), and the budget of every arm.
@@ -29,12 +29,12 @@ import time
 from lr_n_sweep import plain_grpo, sweep
 from lr_n_sweep import write as write_sweep
 
-from coscale import budget
+from coscale.app.cli import pipeline_parser
+from coscale.app.demo import QUICK, _measure, average, demo_config, table
 from coscale.callbacks import run_sft
-from coscale.cli import pipeline_parser
-from coscale.demo import QUICK, _measure, average, demo_config, table
+from coscale.loop import budget
+from coscale.models.policy import resolve_model_path
 from coscale.pipeline import Pipeline, instantiate
-from coscale.policy import resolve_model_path
 from coscale.tasks import tiers
 
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from coscale.cli import main
+from coscale.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

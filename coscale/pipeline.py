@@ -8,7 +8,7 @@
       it<k>/redistill SFT from pi0 on what RL found (when ``redistill_each_iteration``)
     final        retrain from pi0 on everything collected; keep a model (``final_keep``)
 
-State lives in one :class:`~coscale.curriculum.Curriculum`. Commit points: a stage fit writes
+State lives in one :class:`~coscale.loop.curriculum.Curriculum`. Commit points: a stage fit writes
 its ``last.ckpt`` (the curriculum, RNG and spend in it) every ``checkpoint_every_n_steps`` steps
 and after each epoch's end work; when a stage ends, ``pipeline_state.json`` (curriculum, done
 stages, results, spend) is replaced atomically. A run killed anywhere and started again with the
@@ -27,15 +27,15 @@ from typing import Any
 
 import lightning as L
 
-from coscale import budget
 from coscale.checks import at_least
-from coscale.commit import commit_point, write_json
 from coscale.datamodules import ProblemDataModule
+from coscale.loop import budget
+from coscale.loop.commit import commit_point, write_json
+from coscale.loop.schedule import NSchedule
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.modules.sft import settings_errors as sft_settings_errors
-from coscale.schedule import NSchedule
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import measure_stage
 from coscale.stages.final import KEEP, final_stage

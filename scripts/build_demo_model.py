@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from coscale.sft_batch import token_mean_loss, tokenize_pairs
+from coscale.models.tiny import build_char_tokenizer, build_tiny_model
+from coscale.sft.batch import token_mean_loss, tokenize_pairs
 from coscale.tasks import tiers
-from coscale.tiny import build_char_tokenizer, build_tiny_model
 
 OUT = Path(__file__).resolve().parents[1] / "coscale" / "assets" / "demo_model"
 

@@ -23,8 +23,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def char_tokenizer():
-    """The default character tokenizer (`coscale.tiny.build_char_tokenizer()`)."""
-    from coscale.tiny import build_char_tokenizer
+    """The default character tokenizer (`coscale.models.tiny.build_char_tokenizer()`)."""
+    from coscale.models.tiny import build_char_tokenizer
 
     return build_char_tokenizer()
 
@@ -32,7 +32,7 @@ def char_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model(char_tokenizer):
     """A 2-layer, 64-wide random Llama for `char_tokenizer` (seed 0), in eval mode."""
-    from coscale.tiny import build_tiny_model
+    from coscale.models.tiny import build_tiny_model
 
     return build_tiny_model(char_tokenizer, seed=0)
 

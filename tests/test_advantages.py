@@ -1,4 +1,4 @@
-"""Tests for coscale.advantages: group-relative advantages with unequal group sizes."""
+"""Tests for coscale.rl.advantages: group-relative advantages with unequal group sizes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from coscale.advantages import Advantages, group_advantages
+from coscale.rl.advantages import Advantages, group_advantages
 
 # Four groups of sizes 3, 2, 1, 2, interleaved in one batch:
 #   group 0: rewards 1, 0, 0   mean 1/3, deviations 2/3, -1/3, -1/3,

@@ -1,4 +1,4 @@
-"""Tests for the ``builtin:`` models resolved by coscale.policy (moved from coscale.tasks.builtin).
+"""Tests for the ``builtin:`` models resolved by coscale.models.policy (moved from coscale.tasks.builtin).
 
 ``builtin:demo`` is the folder shipped in the package; ``builtin:tiny?...`` is built under the
 cache root on first use and found there afterwards. Bad specs name every bad setting at once.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from coscale import policy
+from coscale.models import policy
 from coscale.tasks import builtin
 
 

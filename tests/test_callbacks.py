@@ -28,12 +28,12 @@ from coscale.callbacks import (
     run_sft,
     sft_stage,
 )
-from coscale.curriculum import CurriculumSettings
 from coscale.datamodules import ProblemDataModule
+from coscale.loop.curriculum import CurriculumSettings
+from coscale.loop.pools import Pool
+from coscale.loop.schedule import NSchedule
 from coscale.modules import GRPOModule, SFTModule
-from coscale.pools import Pool
 from coscale.rollout.base import SamplingParams
-from coscale.schedule import NSchedule
 from coscale.stages import measure as measure_stage
 
 

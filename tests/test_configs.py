@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from coscale.cli import lightning_cli, pipeline_parser
+from coscale.app.cli import lightning_cli, pipeline_parser
 from coscale.datamodules import ProblemDataModule
 from coscale.pipeline import PipelineConfig
 
@@ -29,7 +29,7 @@ def test_config_parses_and_instantiates(path, tmp_path, monkeypatch):
         "every config opens with what it trains and how to launch it"
     )
     if "\neval:" in "\n" + path.read_text():
-        from coscale.evaluate import EvalConfig, eval_parser
+        from coscale.app.evaluate import EvalConfig, eval_parser
 
         parser = eval_parser()
         init = parser.instantiate(parser.parse_args(["--config", str(path)]))

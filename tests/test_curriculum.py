@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from coscale.curriculum import Curriculum, CurriculumSettings
-from coscale.pools import Pool
-from coscale.schedule import NSchedule
+from coscale.loop.curriculum import Curriculum, CurriculumSettings
+from coscale.loop.pools import Pool
+from coscale.loop.schedule import NSchedule
 from coscale.tasks import Problem, load_problems
 from coscale.tasks.arithmetic import ArithmeticTeacher
 
@@ -59,7 +59,7 @@ def _all_in_pool(cur: Curriculum, pool: Pool) -> bool:
 # -------------------------------------------------------------------------------- import
 def test_importing_the_curriculum_does_not_import_lightning():
     code = (
-        "import sys, coscale.curriculum, coscale.schedule\n"
+        "import sys, coscale.loop.curriculum, coscale.loop.schedule\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('lightning', 'pytorch_lightning', 'lightning_fabric')))"
     )

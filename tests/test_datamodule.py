@@ -3,7 +3,7 @@ the own solutions put in the bank at load, the loaders (served by the module's `
 mid-epoch resume through the state, and one plug-in run in a plain ``lightning.Trainer``.
 
 The rules themselves (data scaling, SFT pairs, RL items, tally, schedule) are tested on the
-Lightning-free :class:`~coscale.curriculum.Curriculum` in ``test_curriculum.py``.
+Lightning-free :class:`~coscale.loop.curriculum.Curriculum` in ``test_curriculum.py``.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from coscale.callbacks import PassRateEvaluation, RolloutNSchedule
-from coscale.curriculum import Curriculum
 from coscale.datamodules import ProblemDataModule
 from coscale.datamodules import batches as batches_module
 from coscale.datamodules.serving import CurriculumDataModule
+from coscale.loop.curriculum import Curriculum
+from coscale.loop.pools import Pool
 from coscale.modules import GRPOModule, SFTModule
-from coscale.pools import Pool
 from coscale.tasks import Problem
 from coscale.tasks.arithmetic import ArithmeticTeacher
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from coscale.cli import main
-from coscale.demo import SETS
+from coscale.app.cli import main
+from coscale.app.demo import SETS
 
 
 @pytest.mark.slow

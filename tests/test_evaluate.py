@@ -13,9 +13,9 @@ import pytest
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from coscale import evaluate as ev
-from coscale.benchmark_eval import evaluate, format_table, result_rows
-from coscale.cli import main, pipeline_parser
+from coscale.app import evaluate as ev
+from coscale.app.benchmark_eval import evaluate, format_table, result_rows
+from coscale.app.cli import main, pipeline_parser
 from coscale.modules import GRPOModule, SFTModule
 from coscale.rollout import RolloutBackend, Rollouts, SamplingParams
 from coscale.tasks.benchmarks import parse_source

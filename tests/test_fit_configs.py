@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coscale.cli import lightning_cli
+from coscale.app.cli import lightning_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from coscale.datamodules import ProblemDataModule
-from coscale.forgetting import (
+from coscale.loop.pools import ProblemPools
+from coscale.loop.solutions import SolutionBank
+from coscale.modules import SFTModule
+from coscale.modules import sft as sft_module
+from coscale.sft.batch import token_mean_loss, tokenize_pairs
+from coscale.sft.forgetting import (
     ForgettingGuard,
     conflict_masks,
     guarded_parameters,
@@ -25,11 +30,6 @@ from coscale.forgetting import (
     mastered_items,
     reference_gradient,
 )
-from coscale.modules import SFTModule
-from coscale.modules import sft as sft_module
-from coscale.pools import ProblemPools
-from coscale.sft_batch import token_mean_loss, tokenize_pairs
-from coscale.solutions import SolutionBank
 from coscale.tasks import arithmetic
 
 T, F = True, False
@@ -332,7 +332,7 @@ _DDP_WORKER = """
 import json, os, sys
 import lightning as L, torch
 from torch.utils.data import DataLoader
-from coscale.forgetting import guarded_parameters, reference_gradient
+from coscale.sft.forgetting import guarded_parameters, reference_gradient
 from coscale.modules import SFTModule
 from tests.test_forgetting import ddp_rows
 
@@ -390,7 +390,7 @@ def test_ddp_mastered_gradient_is_averaged_and_ranks_agree(tiny_model_dir, tmp_p
 
 
 def test_the_option_is_set_from_yaml_through_the_cli(tmp_path, monkeypatch):
-    from coscale.cli import lightning_cli
+    from coscale.app.cli import lightning_cli
 
     monkeypatch.chdir(tmp_path)
     config = Path(__file__).resolve().parents[1] / "configs" / "sft_tiny.yaml"

@@ -10,7 +10,7 @@ Two graphs are checked, and each test lists every cycle it finds, with the impor
   under ``if TYPE_CHECKING:`` do not count);
 - deferred too: the module-level imports plus those inside functions, where a cycle is a
   layering cycle that a deferred import only hides (e.g. policy -> tasks.builtin -> tasks.tiers
-  -> solution_sources -> policy, removed by moving ``builtin:`` models to `coscale.policy`).
+  -> solution_sources -> policy, removed by moving ``builtin:`` models to `coscale.models.policy`).
 
 Only `KNOWN_CYCLES` may remain; an entry that is no cycle any more is reported as a warning.
 """

@@ -110,9 +110,7 @@ def test_sigkill_at_every_kind_of_commit_point_resumes_to_the_same_result(uninte
     _assert_same(_final(run_dir), want)
 
 
-def test_sigkill_by_a_timer_inside_the_rl_stage_resumes_to_the_same_result(
-    uninterrupted, tmp_path
-):
+def test_sigkill_by_a_timer_inside_the_rl_stage_resumes_to_the_same_result(uninterrupted, tmp_path):
     want, _ = uninterrupted
     run_dir = tmp_path / "run"
     log = tmp_path / "timer.log"

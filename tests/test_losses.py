@@ -1,4 +1,4 @@
-"""Tests for coscale.losses: every variant against values worked out by hand."""
+"""Tests for coscale.rl.losses: every variant against values worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from coscale.losses import (
+from coscale.rl.losses import (
     LOSSES,
     DAPOLoss,
     DrGRPOLoss,

@@ -1,4 +1,4 @@
-"""Tests for coscale.metrics: unbiased pass@k and the PassAtK torchmetrics Metric."""
+"""Tests for coscale.scoring.metrics: unbiased pass@k and the PassAtK torchmetrics Metric."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from coscale.metrics import PassAtK, pass_at_k
+from coscale.scoring.metrics import PassAtK, pass_at_k
 
 
 def _enumerate(n: int, c: int, k: int) -> float:

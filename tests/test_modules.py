@@ -6,8 +6,8 @@ import lightning as L
 import torch
 
 from coscale.datamodules import ProblemDataModule
+from coscale.loop.pools import Pool
 from coscale.modules import GRPOModule, SFTModule
-from coscale.pools import Pool
 from coscale.tasks import arithmetic
 
 

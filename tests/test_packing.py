@@ -1,4 +1,4 @@
-"""Padding-free SFT batches (coscale.packing): the layout, and the padded path's numbers."""
+"""Padding-free SFT batches (coscale.sft.packing): the layout, and the padded path's numbers."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import transformers
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, MistralConfig
 
-from coscale import packing
 from coscale.modules import SFTModule
 from coscale.rollout.kv_cache import full_attention_only
-from coscale.sft_batch import IGNORE, solution_loss, token_mean_loss, tokenize_pairs
+from coscale.sft import packing
+from coscale.sft.batch import IGNORE, solution_loss, token_mean_loss, tokenize_pairs
 
 PROMPTS = ["Compute 2+3.", "x", "What is 7*6?\n", "Add 10 and 20, then 5."]
 SOLUTIONS = ["5", "1+1=2 done, the answer is 2", "42.", "35, since 10+20=30 and 30+5=35"]

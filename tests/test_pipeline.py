@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coscale.cli import main
+from coscale.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -144,9 +144,9 @@ def test_settings_are_checked_before_any_work():
     with pytest.raises(ValueError) as err:  # wrong types, and ranges the modules check
         PipelineConfig(model="m", grpo={"lr": "fast"}, sft={"max_length": 1})
     msg = str(err.value)
-    assert 'grpo: Parser key "lr": Expected a <class \'float\'>. Got value: fast' in msg
+    assert "grpo: Parser key \"lr\": Expected a <class 'float'>. Got value: fast" in msg
     assert "sft.lr must be > 0 (got 1e-05), max_length >= 2 (got 1)" in msg
-    ok = {"loss": {"class_path": "coscale.losses.DAPOLoss", "init_args": {"epsilon": 0.2}}}
+    ok = {"loss": {"class_path": "coscale.rl.losses.DAPOLoss", "init_args": {"epsilon": 0.2}}}
     PipelineConfig(model="m", grpo={**ok, "prompt": {"template": "Q:{question}"}})
 
 

@@ -1,4 +1,4 @@
-"""Tests for coscale.pools: transitions at and around every threshold and budget, errors, state."""
+"""Tests for coscale.loop.pools: transitions at and around every threshold and budget, errors, state."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from coscale.pools import Pool, ProblemPools
+from coscale.loop.pools import Pool, ProblemPools
 
 _PER_ID = ("pool_of", "history", "accuracy", "solutions_used", "rl_rounds")
 

@@ -1,4 +1,4 @@
-"""Tests for coscale.rewards: extraction, gold formats, stats, threads, hard timeout, no leaks."""
+"""Tests for coscale.scoring.rewards: extraction, gold formats, stats, threads, hard timeout, no leaks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ import time
 
 import pytest
 
-from coscale.rewards import EXTRACTORS, MathReward, extract_boxed, extract_last_number, wrap_latex
+from coscale.scoring.rewards import (
+    EXTRACTORS,
+    MathReward,
+    extract_boxed,
+    extract_last_number,
+    wrap_latex,
+)
 
 # 9^(9^(9^...)): parsing is fast, but math-verify's comparison then tries to evaluate the tower
 # and did not finish within 60 s (measured with math-verify 0.9.0): a genuine hang, no test hook.

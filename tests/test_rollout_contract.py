@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from coscale.logprobs import sequence_logprobs
+from coscale.rl.logprobs import sequence_logprobs
 from coscale.rollout import (
     CachedDecodeBackend,
     HFGenerateBackend,

@@ -1,4 +1,4 @@
-"""Tests for coscale.solution_sources: the data set's own solutions and a verified teacher.
+"""Tests for coscale.loop.solution_sources: the data set's own solutions and a verified teacher.
 
 The teacher's model is replaced by a fake backend that returns scripted completions as real
 ``Rollouts``, and its verifier by a stub that accepts a completion when it boxes the problem's
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coscale.prompting import PromptFormat
+from coscale.loop.solution_sources import DatasetSolutions, TeacherSolutions
+from coscale.models.prompting import PromptFormat
 from coscale.rollout.base import Rollouts, normalize_n_per_prompt
-from coscale.solution_sources import DatasetSolutions, TeacherSolutions
 from coscale.tasks import Problem
 
 P = Problem("p", "1+2", "3", solutions=("s1", "s2", "s3", "s4"))

@@ -1,4 +1,4 @@
-"""Tests for coscale.solutions: bank order and duplicates, replay buffer, redistill set, state."""
+"""Tests for coscale.loop.solutions: bank order and duplicates, replay buffer, redistill set, state."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from coscale.solutions import SolutionBank
+from coscale.loop.solutions import SolutionBank
 
 
 def _all_queries(bank: SolutionBank) -> dict:

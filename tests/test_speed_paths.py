@@ -18,10 +18,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from coscale.logprobs import sequence_logprobs
 from coscale.modules import GRPOModule
 from coscale.modules import grpo as grpo_module
 from coscale.modules.grpo import micro_batches
+from coscale.rl.logprobs import sequence_logprobs
 from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, SamplingParams
 from coscale.rollout.cached import filter_logits, pick_tokens
 
@@ -285,7 +285,7 @@ def test_grpo_defaults_to_the_fast_backend(tiny_model, char_tokenizer):
 
 # ------------------------------------------------------------------------- update paths
 def test_sft_loss_from_solution_logits_only_equals_the_full_pass(tiny_model, char_tokenizer):
-    from coscale.sft_batch import solution_loss, token_mean_loss, tokenize_pairs
+    from coscale.sft.batch import solution_loss, token_mean_loss, tokenize_pairs
 
     prompts, sols = ["Compute 2+3.", "x", "What is 7*6?\n"], ["5", "1+1=2 done", "42."]
     enc = tokenize_pairs(char_tokenizer, prompts, sols, max_length=64)

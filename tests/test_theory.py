@@ -1,4 +1,4 @@
-"""Tests for coscale.theory: effective Rollout N, lr/N efficiency and N per group."""
+"""Tests for coscale.rl.theory: effective Rollout N, lr/N efficiency and N per group."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from coscale.theory import (
+from coscale.rl.theory import (
     effective_rollouts,
     efficiency,
     fit_efficiency,

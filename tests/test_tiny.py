@@ -1,4 +1,4 @@
-"""Tests for coscale.tiny: the character tokenizer and the tiny Llama model."""
+"""Tests for coscale.models.tiny: the character tokenizer and the tiny Llama model."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from coscale.tiny import DEFAULT_CHARS, build_char_tokenizer, build_tiny_model, save_tiny
+from coscale.models.tiny import DEFAULT_CHARS, build_char_tokenizer, build_tiny_model, save_tiny
 
 TEXT = "Let x = 3.\n\n  Then \\frac{x^2}{2} = 4.5, isn't it? {a_1} [b] (c) 'q' \"r\"\tok!"
 

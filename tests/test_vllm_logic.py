@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from coscale.logprobs import sequence_logprobs
+from coscale.rl.logprobs import sequence_logprobs
 from coscale.rollout import SamplingParams, build_backend
 from coscale.rollout import vllm_engine as ve
 from coscale.rollout.vllm import VLLMBackend
@@ -559,10 +559,10 @@ def test_bad_settings_and_choices_are_named(char_tokenizer, tiny_model):
 
 
 def test_importing_coscale_never_imports_vllm():
-    import coscale.evaluate
+    import coscale.app.evaluate
     import coscale.rollout.vllm
 
-    assert coscale.evaluate.eval_command and coscale.rollout.vllm.VLLMBackend
+    assert coscale.app.evaluate.eval_command and coscale.rollout.vllm.VLLMBackend
     assert "vllm" not in sys.modules or not hasattr(sys.modules["vllm"], "__file__")
 
 
@@ -579,9 +579,9 @@ def _sharded_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
+    from coscale.models.tiny import build_char_tokenizer, build_tiny_model
     from coscale.rollout.vllm_parity import trainer_logprobs
     from coscale.rollout.weights import full_tensor
-    from coscale.tiny import build_char_tokenizer, build_tiny_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

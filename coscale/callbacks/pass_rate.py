@@ -14,9 +14,9 @@ from lightning.pytorch import Callback
 from typing_extensions import override
 
 from coscale.checks import at_least
+from coscale.loop.pools import Pool
 from coscale.modules.feed import curriculum_of, epoch_finished
 from coscale.modules.loggers import log_to_loggers
-from coscale.pools import Pool
 from coscale.stages.measure import measure
 
 _POOLS = [p.value for p in Pool]

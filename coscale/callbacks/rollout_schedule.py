@@ -1,7 +1,7 @@
 """RolloutNSchedule: gives the fit's curriculum a Rollout N schedule (one N per difficulty group).
 
 A thin adapter for a user's own ``Trainer``. The rule (groups by difficulty, N raised on
-plateaus or set from lr / N_eff) is :class:`coscale.schedule.NSchedule`; the curriculum owns it,
+plateaus or set from lr / N_eff) is :class:`coscale.loop.schedule.NSchedule`; the curriculum owns it,
 saves its state, and steps it when the RL module closes an epoch.
 """
 
@@ -12,13 +12,13 @@ from typing import Any
 from lightning.pytorch import Callback
 from typing_extensions import override
 
+from coscale.loop.schedule import NSchedule
 from coscale.modules.feed import curriculum_of
 from coscale.modules.loggers import log_to_loggers
-from coscale.schedule import NSchedule
 
 
 class RolloutNSchedule(NSchedule, Callback):
-    """An :class:`~coscale.schedule.NSchedule` (same arguments) that installs itself in the fit's
+    """An :class:`~coscale.loop.schedule.NSchedule` (same arguments) that installs itself in the fit's
     curriculum, unless that has one already (e.g. restored), and groups the solvable problems at
     fit start. Lightning saves its state with the callbacks; the curriculum saves it too.
     """

@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from coscale.checks import at_least, is_number  # noqa: F401  (re-exported)
-from coscale.curriculum import Curriculum
+from coscale.loop.curriculum import Curriculum
 from coscale.modules.loggers import log_to_loggers  # noqa: F401  (re-exported)
 from coscale.modules.sft import SFTModule
 from coscale.stages.measure import pass_rates, sample_counts  # noqa: F401  (re-exported)

@@ -1,4 +1,4 @@
-"""ProblemDataModule: loads problems into a :class:`~coscale.curriculum.Curriculum` and serves it.
+"""ProblemDataModule: loads problems into a :class:`~coscale.loop.curriculum.Curriculum` and serves it.
 
 The curriculum owns every piece of the loop's state (pools, histories, the open RL tally, N and
 groups, bank, replay buffer) and every rule; this class only reads the sources named in its
@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from coscale.checks import at_least, one_of
-from coscale.curriculum import Curriculum, CurriculumSettings, SFTSource
 from coscale.datamodules.serving import CurriculumDataModule, serving_errors
-from coscale.schedule import NSchedule
-from coscale.solution_sources import SolutionSource
+from coscale.loop.curriculum import Curriculum, CurriculumSettings, SFTSource
+from coscale.loop.schedule import NSchedule
+from coscale.loop.solution_sources import SolutionSource
 from coscale.tasks import BAD_ROW_CHOICES, FieldMap, load_problems
 from coscale.tasks.benchmarks import SOURCE_PREFIX, source_rows
 from coscale.tasks.builtin import builtin_rows, is_builtin

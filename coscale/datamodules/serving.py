@@ -1,4 +1,4 @@
-"""CurriculumDataModule: serves a :class:`~coscale.curriculum.Curriculum` to one Lightning fit.
+"""CurriculumDataModule: serves a :class:`~coscale.loop.curriculum.Curriculum` to one Lightning fit.
 
 What a fit gets depends on the module, not on a flag flipped from outside: a module whose
 ``data_kind`` is ``"sft"`` gets (question, solution) pairs of ``sft_source``; one whose
@@ -16,8 +16,8 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from coscale.checks import at_least, one_of
-from coscale.curriculum import SFT_SOURCES, Curriculum, SFTSource
 from coscale.datamodules.batches import epoch_loader, shard_batches
+from coscale.loop.curriculum import SFT_SOURCES, Curriculum, SFTSource
 from coscale.tasks import Problem
 
 DATA_KINDS = ("sft", "rl")

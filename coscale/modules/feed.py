@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coscale.curriculum import Curriculum
+from coscale.loop.curriculum import Curriculum
 
 
 def curriculum_of(module: Any) -> Curriculum | None:

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from coscale.budget import spend
-from coscale.metrics import PassAtK
-from coscale.policy import export_policy, load_policy
-from coscale.prompting import PromptFormat
+from coscale.loop.budget import spend
+from coscale.models.policy import export_policy, load_policy
+from coscale.models.prompting import PromptFormat
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
+from coscale.scoring.metrics import PassAtK
 
 
 class PolicyMixin:

@@ -21,16 +21,16 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from coscale.advantages import group_advantages
-from coscale.curriculum import Curriculum
-from coscale.logprobs import sequence_logprobs
-from coscale.losses import GRPOLoss, PolicyLoss
+from coscale.loop.curriculum import Curriculum
+from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.modules.distributed import all_gather_objects, global_max, global_sum
 from coscale.modules.feed import curriculum_of, epoch_finished
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.loggers import log_to_loggers
 from coscale.modules.optim import adamw_with_warmup
-from coscale.prompting import PromptFormat, as_prompt_format
+from coscale.rl.advantages import group_advantages
+from coscale.rl.logprobs import sequence_logprobs
+from coscale.rl.losses import GRPOLoss, PolicyLoss
 from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.rollout.cached import CachedDecodeBackend
 
@@ -90,7 +90,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self,
         model: str | Any,
         tokenizer: str | None = None,
-        prompt: PromptFormat = PromptFormat(),
+        prompt: PromptFormat | str = PromptFormat(),
         reward: Any = None,
         loss: PolicyLoss | None = None,
         scale_rewards: str = "group",
@@ -396,6 +396,6 @@ def settings_errors(
 
 
 def _default_reward() -> Any:
-    from coscale.rewards import MathReward
+    from coscale.scoring.rewards import MathReward
 
     return MathReward()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from coscale.logging_setup import wandb_mode
+from coscale.modules.wandb_mode import wandb_mode
 
 LoggerKind = Literal["wandb", "csv", "none"]
 

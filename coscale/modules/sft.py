@@ -6,7 +6,7 @@ the final retrain; batches are lists of ``{"question", "solution"}`` dicts from
 :class:`~coscale.datamodules.ProblemDataModule` or any loader that yields the same.
 
 ``forgetting_guard`` (off by default) masks each step's gradient against the gradient of a
-mastered set (:mod:`coscale.forgetting`). Per optimiser step the order is: backward (DDP has
+mastered set (:mod:`coscale.sft.forgetting`). Per optimiser step the order is: backward (DDP has
 averaged the gradients) -> ``on_before_optimizer_step``: refresh the mastered gradient when due,
 zero the conflicting coordinates -> gradient clipping (it sees the masked gradient) -> the
 optimiser step -> the frozen coordinates are put back (momentum and weight decay do not move
@@ -25,18 +25,18 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from coscale.forgetting import (
+from coscale.models.prompting import PromptFormat, as_prompt_format
+from coscale.modules.feed import curriculum_of
+from coscale.modules.generation import PolicyMixin
+from coscale.modules.optim import adamw_with_warmup
+from coscale.rollout.base import SamplingParams
+from coscale.sft.batch import solution_loss, tokenize_pairs
+from coscale.sft.forgetting import (
     ForgettingGuard,
     guarded_parameters,
     mean_loss,
     reference_gradient,
 )
-from coscale.modules.feed import curriculum_of
-from coscale.modules.generation import PolicyMixin
-from coscale.modules.optim import adamw_with_warmup
-from coscale.prompting import PromptFormat, as_prompt_format
-from coscale.rollout.base import SamplingParams
-from coscale.sft_batch import solution_loss, tokenize_pairs
 
 
 class SFTModule(PolicyMixin, L.LightningModule):
@@ -57,8 +57,8 @@ class SFTModule(PolicyMixin, L.LightningModule):
         dtype: Weights' dtype name (``float32``, ``bfloat16``, ``float16``).
         gradient_checkpointing: Recompute activations in the backward pass to save memory.
         padding_free: Run each batch with its rows end to end and attention kept per row
-            (:mod:`coscale.packing`), so no FLOPs go to padding; same loss up to float rounding.
-            Applies where :func:`coscale.packing.can_pack` holds (SDPA, no window shorter than
+            (:mod:`coscale.sft.packing`), so no FLOPs go to padding; same loss up to float rounding.
+            Applies where :func:`coscale.sft.packing.can_pack` holds (SDPA, no window shorter than
             a row, no activation checkpointing); any other model takes the padded path
             (``bench_sft.py`` measures both).
         trust_remote_code: Allow custom model code shipped with the model (off unless asked).
@@ -68,7 +68,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         val_max_new_tokens: Token limit of a validation sample.
         forgetting_guard: ``none`` (off), or freeze the coordinates whose gradient opposes the
             mastered set's per ``parameter`` or per ``neuron`` (output row); see
-            :mod:`coscale.forgetting`. Logs ``train/masked_frac`` and the mastered-set loss
+            :mod:`coscale.sft.forgetting`. Logs ``train/masked_frac`` and the mastered-set loss
             (``train/mastered_loss_start`` / ``_end``; also in :attr:`guard_report`).
         guard_refresh_every: Optimiser steps between recomputations of the mastered gradient.
         guard_batch_size: Mastered pairs per recomputation, all ranks together (the set is
@@ -84,7 +84,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self,
         model: str | Any,
         tokenizer: str | None = None,
-        prompt: PromptFormat = PromptFormat(),
+        prompt: PromptFormat | str = PromptFormat(),
         lr: float = 1e-5,
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
@@ -299,6 +299,6 @@ def _guard_errors(guard: Any, refresh_every: Any, batch_size: Any) -> list[str]:
 
 
 def _default_reward() -> Any:
-    from coscale.rewards import MathReward
+    from coscale.scoring.rewards import MathReward
 
     return MathReward()

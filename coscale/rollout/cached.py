@@ -37,7 +37,12 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from coscale.logprobs import cache_kwargs, keep_last_logits, position_ids_from_mask, token_logprobs
+from coscale.rl.logprobs import (
+    cache_kwargs,
+    keep_last_logits,
+    position_ids_from_mask,
+    token_logprobs,
+)
 from coscale.rollout.base import SamplingParams
 from coscale.rollout.compiled import CompiledDecodeStep
 from coscale.rollout.hf import HFGenerateBackend

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache, StaticCache
 
-from coscale.logprobs import cache_kwargs, keep_last_logits
+from coscale.rl.logprobs import cache_kwargs, keep_last_logits
 from coscale.rollout.kv_cache import full_attention_only
 
 

@@ -52,7 +52,7 @@ def build_backend(
                 "rollout_backend='vllm' needs model_path, the folder or hub name the engine "
                 "loads (export the policy with save_pretrained first)"
             )
-        from coscale.policy import resolve_model_path
+        from coscale.models.policy import resolve_model_path
         from coscale.rollout.vllm import VLLMBackend
 
         path = resolve_model_path(os.fspath(model_path))

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from coscale.logprobs import token_logprobs
+from coscale.rl.logprobs import token_logprobs
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
 
 

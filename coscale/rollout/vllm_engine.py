@@ -161,7 +161,7 @@ class VLLMEngine:
 def resolve_tokenizer(tokenizer: Any, model: str) -> Any:
     """A tokenizer object from an object, a name/folder, or None (the model's)."""
     if tokenizer is None or isinstance(tokenizer, str):
-        from coscale.policy import load_tokenizer
+        from coscale.models.policy import load_tokenizer
 
         return load_tokenizer(tokenizer or model)
     if tokenizer.pad_token_id is None:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from coscale.logprobs import sequence_logprobs
+from coscale.rl.logprobs import sequence_logprobs
 from coscale.rollout.base import Rollouts
 from coscale.rollout.vllm_sync import ParityError
 from coscale.rollout.weights import is_sharded

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from coscale.logprobs import effective_temperature
+from coscale.rl.logprobs import effective_temperature
 from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.rollout.hf import _stop_cut
 

@@ -5,7 +5,7 @@ each epoch's end-of-epoch work (it is a ``Checkpoint``, so Lightning runs its ep
 after the module's and the other callbacks'). Lightning's ``ModelCheckpoint`` skips a save at
 a step it has saved already, which is how an epoch's end work used to be lost.
 :class:`RunState` puts in the same checkpoint what Lightning leaves out: the RNG states and the
-compute the fit has spent (``coscale.budget``), so a resumed fit counts and samples as an
+compute the fit has spent (``coscale.loop.budget``), so a resumed fit counts and samples as an
 uninterrupted one.
 """
 
@@ -19,8 +19,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint
 from typing_extensions import override
 
-from coscale import budget
-from coscale.commit import commit_point
+from coscale.loop import budget
+from coscale.loop.commit import commit_point
 
 
 class CommitCheckpoint(Checkpoint):

@@ -14,8 +14,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
-from coscale.curriculum import Curriculum
 from coscale.datamodules.serving import CurriculumDataModule
+from coscale.loop.curriculum import Curriculum
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
 
 

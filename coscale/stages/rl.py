@@ -9,9 +9,9 @@ the stage resumes from its checkpoint, which holds the schedule with the rest of
 from __future__ import annotations
 
 from coscale.callbacks.pass_rate import PassRateEvaluation
+from coscale.loop.pools import Pool
+from coscale.loop.schedule import NSchedule
 from coscale.modules import GRPOModule
-from coscale.pools import Pool
-from coscale.schedule import NSchedule
 from coscale.stages.context import StageContext
 
 

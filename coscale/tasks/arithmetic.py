@@ -3,7 +3,7 @@
 Problems are sums and differences of a few small integers, generated from a seed. A
 programmatic teacher writes distinct step-by-step solutions by combining the terms in
 different orders, so "more solutions per problem" is real. Answers are checked by
-:class:`~coscale.rewards.MathReward` in ``\\boxed{}``.
+:class:`~coscale.scoring.rewards.MathReward` in ``\\boxed{}``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from coscale.solution_sources import Request, SolutionSource
+from coscale.loop.solution_sources import Request, SolutionSource
 from coscale.tasks.problem import Problem
 from coscale.tasks.tiers import terms_of
 

@@ -3,7 +3,7 @@
 ``builtin:arithmetic?n=64&terms=2,3&seed=0&solutions=8`` is a generated arithmetic set (see
 :mod:`coscale.tasks.arithmetic`); ``builtin:tiers?T3=128&held_out=0`` is the demo task (see
 :mod:`coscale.tasks.tiers`). Built-in *models* (``builtin:demo``, ``builtin:tiny?...``) are
-resolved by `coscale.policy.resolve_model_path`: tasks do not depend on model loading.
+resolved by `coscale.models.policy.resolve_model_path`: tasks do not depend on model loading.
 """
 
 from __future__ import annotations

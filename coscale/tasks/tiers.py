@@ -19,7 +19,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from coscale.solution_sources import Request, SolutionSource
+from coscale.loop.solution_sources import Request, SolutionSource
 from coscale.tasks.problem import Problem
 
 CHARS = "0123456789+-=;\\boxed{}Q:A\n"

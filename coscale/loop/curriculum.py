@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from coscale.checks import at_least, one_of
-from coscale.forgetting import mastered_items
-from coscale.pools import Pool, ProblemPools
-from coscale.schedule import NSchedule
-from coscale.solution_sources import DatasetSolutions, SolutionSource
-from coscale.solutions import SolutionBank
+from coscale.loop.pools import Pool, ProblemPools
+from coscale.loop.schedule import NSchedule
+from coscale.loop.solution_sources import DatasetSolutions, SolutionSource
+from coscale.loop.solutions import SolutionBank
+from coscale.rl.theory import effective_rollouts
+from coscale.sft.forgetting import mastered_items
 from coscale.tasks import Problem
-from coscale.theory import effective_rollouts
 
 Item = dict[str, Any]
 SFTSource = Literal["bank", "redistill", "all"]

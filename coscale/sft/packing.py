@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface
 
-from coscale.logprobs import _takes
+from coscale.rl.logprobs import _takes
 from coscale.rollout.kv_cache import full_attention_only
 
 ATTENTION = "coscale_varlen_sdpa"

@@ -13,9 +13,9 @@ import os
 from importlib import resources
 from typing import Any
 
-from coscale.prompting import PromptFormat
+from coscale.models.prompting import PromptFormat
 from coscale.rollout.base import SamplingParams
-from coscale.stats import Estimate, pass_at_k_estimate
+from coscale.scoring.stats import Estimate, pass_at_k_estimate
 from coscale.tasks import tiers
 
 QUICK = [
@@ -39,8 +39,8 @@ def demo_config() -> str:
 
 def run_demo(rest: list[str]) -> dict[str, Any]:
     """Parses ``coscale demo [--quick] [--test_problems N] [overrides]`` and runs it."""
+    from coscale.app.run_config import pipeline_parser
     from coscale.pipeline import Pipeline
-    from coscale.run_config import pipeline_parser
 
     quick = "--quick" in rest
     rest = [a for a in rest if a != "--quick"]
@@ -61,7 +61,7 @@ def run_demo(rest: list[str]) -> dict[str, Any]:
 
 def stage_models(cfg: Any, results: dict[str, Any]) -> dict[str, str]:
     """Base, each iteration's exported model, and the final model, in order."""
-    from coscale.policy import resolve_model_path
+    from coscale.models.policy import resolve_model_path
 
     models = {"base": resolve_model_path(cfg.model)}
     for it in range(1, cfg.iterations + 1):
@@ -109,9 +109,9 @@ def _measure(path: str, problems: list, k: int) -> dict[str, Estimate]:
 
 def correct_counts(path: str, problems: list, k: int, seed: int = 0) -> list[int]:
     """Correct samples out of ``k`` (temperature 1.0) of the model at ``path`` per problem."""
-    from coscale.policy import load_policy
-    from coscale.rewards import MathReward
+    from coscale.models.policy import load_policy
     from coscale.rollout.hf import HFGenerateBackend
+    from coscale.scoring.rewards import MathReward
 
     model, tok = load_policy(path)
     backend, fmt = HFGenerateBackend(model, tok), PromptFormat(template=tiers.PROMPT)
@@ -155,7 +155,7 @@ def table(report: dict[str, Any], base: str = "base") -> str:
 
 def write_report(run_dir: str, results: dict[str, Any], report: dict[str, Any]) -> None:
     """``results.md``, ``results.json`` and the PNG plots in ``run_dir``."""
-    from coscale.demo_plots import plot_all
+    from coscale.app.demo_plots import plot_all
 
     text = table(report)
     with open(os.path.join(run_dir, "results.md"), "w") as f:

@@ -6,10 +6,10 @@ group's N:
 
 * ``plateau``: N x ``factor`` once the group's mean RL accuracy has not beaten its best by more
   than ``min_delta`` for ``patience`` epochs;
-* ``lr_ratio``: the smallest N with ``lr / N_eff(p_g, N) <= target`` (:mod:`coscale.theory`).
+* ``lr_ratio``: the smallest N with ``lr / N_eff(p_g, N) <= target`` (:mod:`coscale.rl.theory`).
 
 :class:`NSchedule` holds the settings and the running state (N, best, epochs without gain) of
-every group; the :class:`~coscale.curriculum.Curriculum` owns one and saves its state.
+every group; the :class:`~coscale.loop.curriculum.Curriculum` owns one and saves its state.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from coscale.checks import at_least
-from coscale.theory import n_for_lr_ratio
+from coscale.rl.theory import n_for_lr_ratio
 
 MODES = ("plateau", "lr_ratio")
 

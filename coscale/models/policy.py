@@ -27,7 +27,7 @@ TINY_SETTINGS = (
     "max_position_embeddings",
     "seed",
 )
-"""Settings of ``builtin:tiny?...`` (ints, passed to `coscale.tiny.build_tiny_model`)."""
+"""Settings of ``builtin:tiny?...`` (ints, passed to `coscale.models.tiny.build_tiny_model`)."""
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:
@@ -62,7 +62,9 @@ def builtin_model(spec: str, root: str | os.PathLike) -> str:
     sizes = _tiny_sizes(spec, dict(parse_qsl(query)))
     folder = Path(root) / ("tiny-" + "-".join(f"{k}{v}" for k, v in sorted(sizes.items())))
     if not (folder / "config.json").exists():
-        from coscale.tiny import save_tiny  # loads transformers and tokenizers: only when needed
+        from coscale.models.tiny import (
+            save_tiny,  # loads transformers and tokenizers: only when needed
+        )
 
         save_tiny(folder, **sizes)
     return str(folder)
@@ -83,7 +85,7 @@ def _tiny_sizes(spec: str, settings: dict[str, str]) -> dict[str, int]:
 
 def _demo_model() -> str:
     """The demo's base model shipped in ``coscale/assets/demo_model``."""
-    folder = Path(__file__).resolve().parent / "assets" / "demo_model"
+    folder = Path(__file__).resolve().parents[1] / "assets" / "demo_model"
     if not (folder / "model.safetensors").exists():
         raise FileNotFoundError(
             f"the demo model is missing from {folder}; build it with "

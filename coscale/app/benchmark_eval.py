@@ -1,7 +1,7 @@
 """pass@k of a model on named benchmarks: sample every problem n times, score, aggregate.
 
-The engine of ``coscale eval`` (`coscale.evaluate`), usable on its own with any
-`RolloutBackend` and reward: pass@k is the unbiased estimator of `coscale.metrics.pass_at_k`
+The engine of ``coscale eval`` (`coscale.app.evaluate`), usable on its own with any
+`RolloutBackend` and reward: pass@k is the unbiased estimator of `coscale.scoring.metrics.pass_at_k`
 over a benchmark's problems; `result_rows` adds a macro average over benchmarks.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from coscale.metrics import pass_at_k
 from coscale.rollout.base import RolloutBackend, SamplingParams
+from coscale.scoring.metrics import pass_at_k
 from coscale.tasks.problem import Problem
 
 

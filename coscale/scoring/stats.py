@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coscale.metrics import pass_at_k
+from coscale.scoring.metrics import pass_at_k
 
 
 @dataclass(frozen=True)

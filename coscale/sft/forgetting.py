@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from coscale.pools import Pool
+from coscale.loop.pools import Pool
 
 GRANULARITIES = ("parameter", "neuron")
 """Mask granularities; ``forgetting_guard`` in config also accepts ``"none"`` (off)."""

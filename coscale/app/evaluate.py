@@ -2,7 +2,7 @@
 
 Every problem gets ``samples`` completions from the chosen rollout backend (HF ``generate``
 or vLLM), scored by the same `MathReward` as training; pass@k is the unbiased estimator of
-`coscale.metrics.pass_at_k`, averaged over a benchmark's problems. The result is a table on
+`coscale.scoring.metrics.pass_at_k`, averaged over a benchmark's problems. The result is a table on
 stdout, a JSON file, and (``logger: wandb``) ``eval/<benchmark>/pass@<k>`` metrics plus a
 results table in W&B (offline without an API key). Lightning-free: plain PyTorch.
 
@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import torch
 
-from coscale.benchmark_eval import evaluate, format_table, result_rows
-from coscale.prompting import PromptFormat
+from coscale.app.benchmark_eval import evaluate, format_table, result_rows
+from coscale.models.prompting import PromptFormat
 from coscale.rollout.base import RolloutBackend, SamplingParams
 
 
@@ -92,7 +92,7 @@ def log_to_wandb(rows: Sequence[dict[str, Any]], config: EvalConfig) -> None:
     """``eval/<benchmark>/<metric>`` values and an ``eval/results`` table in one W&B run."""
     import wandb
 
-    from coscale.logging_setup import wandb_mode
+    from coscale.modules.wandb_mode import wandb_mode
 
     run = wandb.init(
         project=config.project,
@@ -115,7 +115,7 @@ def log_to_wandb(rows: Sequence[dict[str, Any]], config: EvalConfig) -> None:
 
 def run_eval(config: EvalConfig) -> list[dict[str, Any]]:
     """Loads the model and benchmarks, evaluates, prints, writes and logs; returns the rows."""
-    from coscale.rewards import MathReward
+    from coscale.scoring.rewards import MathReward
     from coscale.tasks.benchmarks import load_benchmark, parse_source
 
     benchmarks = {parse_source(s).name: load_benchmark(s) for s in config.benchmarks}
@@ -150,7 +150,7 @@ def run_eval(config: EvalConfig) -> list[dict[str, Any]]:
 
 def build_eval_backend(config: EvalConfig) -> tuple[RolloutBackend, Any]:
     """The backend and tokenizer of `config` (vLLM loads the weights itself, no HF copy)."""
-    from coscale.policy import load_policy, load_tokenizer, resolve_model_path
+    from coscale.models.policy import load_policy, load_tokenizer, resolve_model_path
     from coscale.rollout.factory import build_backend
 
     path = resolve_model_path(config.model)

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from coscale.budget import spend
-from coscale.logprobs import keep_last_logits
-from coscale.packing import can_pack, pack, packed_loss
+from coscale.loop.budget import spend
+from coscale.rl.logprobs import keep_last_logits
+from coscale.sft.packing import can_pack, pack, packed_loss
 
 IGNORE = -100
 
@@ -69,8 +69,8 @@ def solution_loss(
     head run only from the first solution token on (``logits_to_keep``) when the model takes it:
     the prompt's logits are never needed, so they are never computed. Same loss as the full pass.
 
-    With `padding_free` and a model that :func:`~coscale.packing.can_pack`, the batch runs packed
-    (:mod:`coscale.packing`): no FLOPs on padding, same loss up to float rounding.
+    With `padding_free` and a model that :func:`~coscale.sft.packing.can_pack`, the batch runs packed
+    (:mod:`coscale.sft.packing`): no FLOPs on padding, same loss up to float rounding.
     """
     if padding_free and can_pack(model, longest=enc["input_ids"].size(1)):
         return packed_loss(model, pack(enc, IGNORE))

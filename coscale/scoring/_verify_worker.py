@@ -1,4 +1,4 @@
-"""Math-verify checks in killable child processes, for `coscale.rewards.MathReward`.
+"""Math-verify checks in killable child processes, for `coscale.scoring.rewards.MathReward`.
 
 Child side (`check_pair`, `serve`): a fresh interpreter runs this file as a script, imports only
 math-verify (no coscale package, no torch), reads one JSON line `[gold, pred]` per check on stdin

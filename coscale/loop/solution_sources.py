@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coscale.prompting import PromptFormat
+from coscale.models.prompting import PromptFormat
 from coscale.rollout.base import SamplingParams
 from coscale.tasks.problem import Problem
 
@@ -60,7 +60,7 @@ class TeacherSolutions(SolutionSource):
         temperature: Sampling temperature (diverse solutions need > 0).
         dtype: Teacher weights' dtype (``float32``, ``bfloat16``, ``float16``).
         trust_remote_code: Allow custom model code from the model's folder (off by default).
-        reward: Verifier; defaults to :class:`coscale.rewards.MathReward`.
+        reward: Verifier; defaults to :class:`coscale.scoring.rewards.MathReward`.
     """
 
     def __init__(
@@ -117,14 +117,14 @@ class TeacherSolutions(SolutionSource):
     @property
     def reward(self) -> Callable[[list[str], list[str]], list[float]]:
         if self._reward is None:
-            from coscale.rewards import MathReward
+            from coscale.scoring.rewards import MathReward
 
             self._reward = MathReward()
         return self._reward
 
     def _load(self):
         if self._backend is None:
-            from coscale.policy import load_policy
+            from coscale.models.policy import load_policy
             from coscale.rollout.hf import HFGenerateBackend
 
             model, tokenizer = load_policy(

@@ -4,7 +4,7 @@
   ``${...}`` interpolation, ``--print_config``).
 - ``coscale run --config x.yaml``: the whole CoScale-RL pipeline (:mod:`coscale.pipeline`).
 - ``coscale demo [--quick]``: the pipeline on the built-in task and model.
-- ``coscale eval --config eval.yaml``: pass@1 / pass@k per benchmark (:mod:`coscale.evaluate`).
+- ``coscale eval --config eval.yaml``: pass@1 / pass@k per benchmark (:mod:`coscale.app.evaluate`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from coscale.run_config import build_run, pipeline_parser
+from coscale.app.run_config import build_run, pipeline_parser
 
 PIPELINE_COMMANDS = ("run", "demo")
 __all__ = ["main", "pipeline_parser"]
@@ -21,7 +21,7 @@ __all__ = ["main", "pipeline_parser"]
 
 def _offline_defaults() -> None:
     """W&B without an API key runs offline instead of failing."""
-    from coscale.logging_setup import wandb_mode
+    from coscale.modules.wandb_mode import wandb_mode
 
     os.environ["WANDB_MODE"] = wandb_mode()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     _offline_defaults()
     try:
         if argv and argv[0] == "eval":
-            from coscale.evaluate import eval_command
+            from coscale.app.evaluate import eval_command
 
             eval_command(argv[1:])
         elif argv and argv[0] in PIPELINE_COMMANDS:
@@ -71,7 +71,7 @@ def lightning_cli(argv: list[str], run: bool = True) -> Any:
 def run_command(argv: list[str]) -> dict[str, Any]:
     """``coscale run`` and ``coscale demo``."""
     if argv[0] == "demo":
-        from coscale.demo import run_demo
+        from coscale.app.demo import run_demo
 
         run_demo(argv[1:])
         return {}

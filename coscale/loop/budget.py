@@ -1,6 +1,6 @@
 """A process-wide count of the compute a run spends: SFT examples trained on and rollouts sampled.
 
-Every SFT example passes through :func:`coscale.sft_batch.tokenize_pairs` and every rollout
+Every SFT example passes through :func:`coscale.sft.batch.tokenize_pairs` and every rollout
 through a module's ``sample``; both add to :data:`BUDGET`, so a benchmark can compare methods
 at equal budget by reading the counter before and after each one.
 """

@@ -1,0 +1,1 @@
+"""SFT's parts: tokenised (question, solution) batches, padding-free packing, the forgetting guard."""
