@@ -200,7 +200,6 @@ class Pipeline:
                 self.stage(f"it{it}/redistill", self.sft)
         if self.cfg.final_retrain:
             self.stage("final", self.final)
-        self.results["pools"] = self.curriculum.pools.counts()
         if close_logger:
             self.close_logger()
         return self.results
@@ -256,6 +255,7 @@ class Pipeline:
             k: v + self.ctx.carried.get(k, 0) for k, v in spent.items()
         }
         self.done.append(name)
+        self.results["pools"] = self.curriculum.pools.counts()  # as of the last finished stage
         commit_point(f"{name} end, before the state file")
         self._save()
         commit_point(f"{name} state file written")
