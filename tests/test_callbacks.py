@@ -575,3 +575,30 @@ def test_one_fit_with_all_four_callbacks(tiny_model_dir):
     # drops the sched/ metrics close_epoch returns; the module's close then gets None.
     assert "sched/reward_group1" in logged
     assert {"pool/problems_fit_start", "pool/problems_epoch_0"} <= set(logger.tables)
+
+
+def test_redistillation_starts_no_fit_inside_the_running_one(tiny_model_dir, monkeypatch):
+    rl = SFTModule(model=str(tiny_model_dir), reward=ToyReward())
+    dm = _dm(["a", "b"], seed=3)
+    dm.curriculum.bank.record_rollout("a", "a rl", True, step=1)
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("Trainer.fit called inside the running fit")
+
+    monkeypatch.setattr(L.Trainer, "fit", no_fit)
+    before = _weights(rl)
+    cb = ReDistillation(sft=SFT, trainer={"max_epochs": 1, "max_steps": 1, **QUIET})
+    assert cb.run(_trainer(dm), rl) == 1 and not _same(before, _weights(rl))
+
+
+def test_in_fit_sft_refuses_what_its_loop_cannot_follow_before_training():
+    with pytest.raises(ValueError) as err:
+        ReDistillation(
+            sft={"forgetting_guard": "parameter"},
+            trainer={"gradient_clip_val": 1.0, "precision": "16-mixed"},
+        )
+    msg = str(err.value)
+    assert "sft.forgetting_guard='parameter' needs a fit of its own" in msg
+    assert "trainer.gradient_clip_val is not followed here" in msg
+    assert "trainer.precision must be one of 32-true, 32, bf16-mixed" in msg
+    FinalRetrain(trainer={"max_epochs": 2, "max_steps": 5, "precision": "bf16-mixed", **QUIET})

@@ -110,9 +110,7 @@ class FinalRetrain(Callback):
             items = dm.curriculum.sft_pairs("all")
             if items:
                 fit_end = _weights(pl_module) if self.keep == "better" else None
-                retrain_from_initial(
-                    self, pl_module, items, seed=dm.curriculum.settings.seed, dm=dm
-                )
+                retrain_from_initial(self, pl_module, items, seed=dm.curriculum.settings.seed)
                 self.runs += 1
                 self.results |= self.measure(trainer, pl_module, problems, "after")
                 self._keep_better(pl_module, fit_end)

@@ -81,7 +81,7 @@ class ReDistillation(Callback):
         if not items:
             rank_zero_warn("ReDistillation: empty re-distillation set; the policy is left as is")
             return 0
-        retrain_from_initial(self, pl_module, items, seed=dm.curriculum.settings.seed, dm=dm)
+        retrain_from_initial(self, pl_module, items, seed=dm.curriculum.settings.seed)
         self.runs += 1
         if self.export_dir and getattr(trainer, "is_global_zero", True):
             pl_module.export(self.export_dir)
@@ -106,27 +106,20 @@ def initial_weights(owner: Any, pl_module: Any) -> str | os.PathLike:
     return initial
 
 
-def retrain_from_initial(
-    owner: Any, pl_module: Any, items: list[dict], seed: int, dm: Any = None
-) -> None:
+def retrain_from_initial(owner: Any, pl_module: Any, items: list[dict], seed: int) -> None:
     """SFT from ``owner``'s initial weights with its ``sft`` / ``trainer_kwargs``, into the policy.
 
     It uses the policy module's prompt, tokenizer, reward, dtype, ``trust_remote_code`` and
     gradient checkpointing unless ``owner.sft`` sets them, on the policy's device. Under DDP every
     rank runs the same seeded fit; rank 0's weights are broadcast after it to be safe.
     """
-    device = pl_module.device
-    place = {"accelerator": "gpu", "devices": [device.index or 0]} if device.type == "cuda" else {}
     same = {k: getattr(pl_module, k) for k in _SHARED if hasattr(pl_module, k)}
     hparams = getattr(pl_module, "hparams", {})
     same |= {k: hparams[k] for k in _SHARED_HPARAMS if k in hparams}
-    trainer_kwargs = {"accelerator": "cpu"} | place | owner.trainer_kwargs
     initial = initial_weights(owner, pl_module)
     sft = same | owner.sft
-    if sft.get("forgetting_guard", "none") != "none" and "mastered" not in sft and dm is not None:
-        # the nested fit has no DataModule: hand it the solved problems to protect
-        sft["mastered"] = dm.curriculum.mastered()
-    module = sft_stage.run_sft(initial, items, sft, trainer_kwargs, seed)
+    # a plain loop on the policy's device: no fit starts inside the running one
+    module = sft_stage.finetune(initial, items, sft, owner.trainer_kwargs, seed, pl_module.device)
     sft_stage.copy_weights(module, pl_module)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         for tensor in pl_module.policy.state_dict().values():
@@ -139,6 +132,8 @@ def stage_errors(sft: Any, trainer: Any) -> list[str]:
     errors = [f"{k} must be a dict or None, got {v!r}" for k, v in pairs if not _dict_or_none(v)]
     if isinstance(sft, dict) and "model" in sft:
         errors.append("sft must not set 'model' (set initial_model instead)")
+    if not errors:  # what the in-fit SFT loop can follow, checked before training
+        errors += sft_stage.finetune_setting_errors(sft or {}, trainer or {})
     return errors
 
 
