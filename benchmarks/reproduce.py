@@ -35,6 +35,7 @@ from coscale.callbacks import run_sft
 from coscale.loop import budget
 from coscale.models.policy import resolve_model_path
 from coscale.pipeline import Pipeline, instantiate
+from coscale.stages.precision import resolve_precision
 from coscale.tasks import tiers
 
 
@@ -51,8 +52,9 @@ def coscale_arm(run_dir: str, quick: bool):
 
 
 def _precision(cfg) -> dict:
-    """(f)'s Trainer precision (bf16 autocast in the demo), for every other arm too."""
-    return {k: v for k, v in cfg.trainer.items() if k == "precision"}
+    """(f)'s Trainer precision (``auto`` resolved for this machine), for every other arm too."""
+    resolved, _ = resolve_precision(dict(cfg.trainer))
+    return {k: v for k, v in resolved.items() if k == "precision"}
 
 
 def finished_arm(run_dir: str, quick: bool):
@@ -116,7 +118,7 @@ def grpo_arm(start: str, problems: list, rollouts: int, cfg, data, out: str) -> 
         data.batch_size,
         out,
         seed=cfg.seed,
-        precision=cfg.trainer.get("precision"),
+        precision=_precision(cfg).get("precision"),
     )
 
 
@@ -194,7 +196,7 @@ def run_sweep(args, start: str, pool: list, cfg, work: str) -> None:
         pool,
         instantiate(cfg.grpo),
         os.path.join(work, "sweep"),
-        precision=cfg.trainer.get("precision"),
+        precision=_precision(cfg).get("precision"),
         **quick,
     )
     suffix = " --quick" if args.quick else ""

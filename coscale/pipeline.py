@@ -78,7 +78,9 @@ class PipelineConfig:
         project: W&B project name.
         seed: Global seed.
         trainer: Extra ``lightning.Trainer`` arguments for every stage (accelerator, devices,
-            strategy, precision, ...).
+            strategy, precision, ...). ``precision: auto`` takes bf16-mixed where the machine
+            computes bf16 natively, else 32-true, and prints which and why
+            (:mod:`coscale.stages.precision`).
         sft: ``SFTModule`` arguments (the model is the pipeline's).
         grpo: ``GRPOModule`` arguments (the model is the previous stage's).
         schedule: ``NSchedule`` arguments (Rollout N per difficulty group).

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from coscale.datamodules.serving import CurriculumDataModule
 from coscale.loop.curriculum import Curriculum
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
+from coscale.stages.precision import resolve_precision
 
 
 class StageContext:
@@ -34,6 +35,9 @@ class StageContext:
     def __init__(self, cfg, curriculum: Curriculum, data, logger, sft_args, grpo_args) -> None:
         self.cfg, self.curriculum, self.data, self.logger = cfg, curriculum, data, logger
         self.sft_args, self.grpo_args = sft_args, grpo_args
+        self.trainer_args, why = resolve_precision(dict(cfg.trainer))
+        if why:
+            print(f"[coscale] {why}", flush=True)
         self.carried: Counter[str] = Counter()  # spend restored from checkpoints this stage
 
     def path(self, *parts: str) -> str:
@@ -76,7 +80,7 @@ class StageContext:
             "enable_model_summary": False,
             "num_sanity_val_steps": 0,
             "limit_val_batches": 0,
-            **self.cfg.trainer,
+            **self.trainer_args,
         }
         return L.Trainer(
             default_root_dir=self.path(name),
@@ -90,7 +94,7 @@ class StageContext:
 
     def device(self) -> torch.device:
         """Where measurement samples outside a fit: the trainer's accelerator."""
-        accel = str(self.cfg.trainer.get("accelerator", "auto"))
+        accel = str(self.trainer_args.get("accelerator", "auto"))
         cuda = accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
         return torch.device("cuda" if cuda else "cpu")
 
