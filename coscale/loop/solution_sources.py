@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coscale.models.prompting import PromptFormat
+from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import SamplingParams
 from coscale.tasks.problem import Problem
 
@@ -53,7 +53,9 @@ class TeacherSolutions(SolutionSource):
 
     Args:
         model: Hub name or local path of the teacher.
-        prompt: How a question becomes the teacher's prompt.
+        prompt: How a question becomes the teacher's prompt (a ``PromptFormat`` or a bare
+            template); ``PromptFormat(chat=True)`` for an instruct teacher, whose completions
+            then end at its chat template's end-of-turn token.
         samples_per_problem: Rollouts drawn per problem per round.
         rounds: Rounds of sampling before giving up on a problem for this call.
         max_new_tokens: Token limit of one teacher solution.
@@ -66,7 +68,7 @@ class TeacherSolutions(SolutionSource):
     def __init__(
         self,
         model: str,
-        prompt: PromptFormat | None = None,
+        prompt: PromptFormat | str | None = None,
         samples_per_problem: int = 16,
         rounds: int = 1,
         max_new_tokens: int = 1024,
@@ -81,7 +83,7 @@ class TeacherSolutions(SolutionSource):
                 f"{samples_per_problem} and {rounds}"
             )
         self.model_name = model
-        self.prompt = prompt or PromptFormat()
+        self.prompt = as_prompt_format(prompt)
         self.samples_per_problem = samples_per_problem
         self.rounds = rounds
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)

@@ -1,7 +1,10 @@
-"""How a problem's question becomes the prompt the policy sees.
+"""How a problem's question becomes the prompt the policy sees, and how a chat turn ends.
 
-One object decides the prompt text for SFT, GRPO and evaluation alike, so that a model is
-always sampled on exactly the prompts it was trained on.
+One object decides the prompt text for SFT, GRPO, evaluation and teacher sampling alike, so that
+a model is always sampled on exactly the prompts it was trained on. For chat models the tokenizer's
+chat template also says where an answer ends: :func:`end_of_turn_id` is the special token it writes
+after an assistant message (``<|im_end|>`` in ChatML), which SFT appends to every target and
+the rollout backends stop at, whatever the tokenizer's EOS is.
 """
 
 from __future__ import annotations
@@ -45,6 +48,54 @@ class PromptFormat:
         if self.system:
             messages.insert(0, {"role": "system", "content": self.system})
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+_PROBE = "COSCALE_PROBE_7F3A"
+"""Placeholder message text, found again in the rendered template to cut out what surrounds it."""
+
+
+def end_of_turn_id(tokenizer: Any) -> int | None:
+    """The special token the chat template writes right after an assistant message, or None.
+
+    Found by rendering a one-exchange conversation and tokenising what follows the assistant's
+    text: ``<|im_end|>`` for ChatML (SmolLM2, Qwen), ``<|eot_id|>`` for Llama 3,
+    ``<end_of_turn>`` for Gemma. None without a chat template, or when the template writes no
+    special token there (a plain-text turn end cannot stop generation safely).
+    """
+    conversation = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": _PROBE}]
+    text = _render(tokenizer, conversation, add_generation_prompt=False)
+    if text is None or _PROBE not in text:
+        return None
+    tail = text.rpartition(_PROBE)[2].lstrip()
+    ids = tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else []
+    return ids[0] if ids and ids[0] in _special_ids(tokenizer) else None
+
+
+def generation_prompt(tokenizer: Any) -> str:
+    """What ``add_generation_prompt`` adds after a user turn (``<|im_start|>assistant\\n`` in
+    ChatML); "" without a chat template."""
+    turn = [{"role": "user", "content": _PROBE}]
+    opened = _render(tokenizer, turn, add_generation_prompt=True)
+    closed = _render(tokenizer, turn, add_generation_prompt=False)
+    if opened is None or closed is None or not opened.startswith(closed):
+        return ""
+    return opened[len(closed) :]
+
+
+def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> str | None:
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    except Exception:  # a template may refuse the probe conversation (jinja raise_exception)
+        return None
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {i for i, tok in added.items() if tok.special}
 
 
 # Module hyper-parameters (saved in Lightning checkpoints) hold a PromptFormat; allow it in

@@ -16,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 FINISH_REASONS: tuple[str, ...] = ("stop", "length")
-"""`"stop"`: EOS or a stop string ended the completion; `"length"`: max_new_tokens did."""
+"""`"stop"`: an end token (EOS or the chat template's end-of-turn token, e.g. `<|im_end|>`) or a
+stop string ended the completion; `"length"`: max_new_tokens did."""
 
 _TENSOR_FIELDS = ("prompt_index", "input_ids", "attention_mask", "completion_mask", "logprobs")
 
@@ -101,11 +102,12 @@ class Rollouts:
             prompt form one group.
         input_ids: [R, P+T] long, left-padded prompt then completion right-padded with pad.
         attention_mask: [R, P+T] long, 1 on prompt tokens and kept completion tokens.
-        completion_mask: [R, T] float, 1 on kept generated tokens (incl. EOS), 0 after.
+        completion_mask: [R, T] float, 1 on kept generated tokens (incl. the end token), 0 after.
         logprobs: [R, T] float32, log-prob of each sampled token under the sampling
             policy (logits / temperature, full vocab, before top-k/top-p); 0 where masked.
-        texts: R decoded completions (kept tokens only, no special tokens).
-        finish_reasons: R of "stop" (EOS or stop string) | "length".
+        texts: R decoded completions (kept tokens only, without the end token or any other
+            special token).
+        finish_reasons: R of "stop" (end token or stop string) | "length".
         prompt_length: P.
     """
 

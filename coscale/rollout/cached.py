@@ -6,8 +6,9 @@ speed path is a switch, on by default, and none changes what is computed:
 
 - `share_prefix`: every distinct prompt runs through the model once; its KV cache is then
   copied to its N rollouts (prefill costs B prompts instead of R rows).
-- `drop_finished`: rows that emitted EOS leave the decode batch. The batch is compacted once
-  at least 1/8 of its rows are done, so a copy of the cache is not paid on every step.
+- `drop_finished`: rows that emitted an end token (EOS or the chat template's end of turn) leave
+  the decode batch. The batch is compacted once at least 1/8 of its rows are done, so a copy of
+  the cache is not paid on every step.
 - `static_cache`: keys and values go into buffers allocated once per call and written in
   place (`kv_cache.PreallocatedLayer`), instead of HF `DynamicCache`'s `torch.cat`, which
   copies the whole cache on every token.

@@ -2,10 +2,12 @@
 
 The backend shares the policy module with the trainer, so there are no weights to sync.
 Per-prompt N is done by repeating each prompt N_i times in one batch (chunked by
-`batch_size`). Old log-probs come from the raw logits `generate` returns
+`batch_size`); prompts are left-padded with the pad token. A completion ends at an end
+token: EOS or the chat template's end-of-turn token (`<|im_end|>`), which a chat model emits
+to close its answer. Old log-probs come from the raw logits `generate` returns
 (`output_logits=True`), divided by the temperature, over the full vocabulary. Stop strings
-are applied afterwards: generation runs on to EOS or `max_new_tokens`, then each completion
-is cut after the token that completes its first stop string.
+are applied afterwards: generation runs on to an end token or `max_new_tokens`, then each
+completion is cut after the token that completes its first stop string.
 
 The checkpoint's own `generation_config` (e.g. `repetition_penalty`, `top_k` of an Instruct
 model) is ignored while sampling: only `SamplingParams` shapes the distribution, so the
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from coscale.models.prompting import end_of_turn_id
 from coscale.rl.logprobs import token_logprobs
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
 
@@ -135,7 +138,8 @@ class HFGenerateBackend(RolloutBackend):
         for row, end, eos in zip(tokens.tolist(), eos_end.tolist(), has_eos.tolist()):
             cut = _stop_cut(row[:end], sampling.stop, self._decode)
             ends.append(end if cut is None else cut)
-            texts.append(self._decode(row[: ends[-1]]))
+            # the end token stays in the ids (it was sampled: it has a log-prob), not in the text
+            texts.append(self._decode(row[: end - 1] if eos and cut is None else row[: ends[-1]]))
             reasons.append("stop" if eos or cut is not None else "length")
         ends_t = torch.tensor(ends, device=tokens.device)  # [R]
         width = int(ends_t.max())  # drop columns no completion uses
@@ -157,8 +161,10 @@ class HFGenerateBackend(RolloutBackend):
 
 
 def _eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
-    """The tokenizer's EOS plus any EOS ids in the model's generation config."""
-    ids = [tokenizer.eos_token_id]
+    """The ids that end a completion: the tokenizer's EOS, any EOS ids in the model's generation
+    config, and the chat template's end-of-turn token (``<|im_end|>``), which a chat model emits
+    to close its answer even where its EOS is another token (``<|endoftext|>``)."""
+    ids = [tokenizer.eos_token_id, end_of_turn_id(tokenizer)]
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids += configured if isinstance(configured, list) else [configured]
     found = tuple(dict.fromkeys(i for i in ids if i is not None))

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from coscale.loop.budget import spend
+from coscale.models.prompting import end_of_turn_id, generation_prompt
 from coscale.rl.logprobs import keep_last_logits
 from coscale.sft.packing import can_pack, pack, packed_loss
 
@@ -21,6 +22,11 @@ def tokenize_pairs(
     Prompts are encoded exactly as the rollout backends encode them (``tokenizer(prompt)``), so a
     model is trained on the token sequence it will later be sampled from. Labels are ``-100`` on
     the prompt and padding; a pair longer than ``max_length`` is cut on the right.
+
+    With ``add_eos`` each target ends with the token that stops its generation, a label like the
+    solution's: the chat template's end-of-turn token (``<|im_end|>``) after a chat prompt (one
+    that ends with the template's generation prompt, as ``PromptFormat(chat=True)`` renders it),
+    so the model learns to close its turn; the tokenizer's EOS after any other prompt.
     """
     if len(prompts) != len(solutions):
         raise ValueError(f"got {len(prompts)} prompts but {len(solutions)} solutions")
@@ -28,10 +34,13 @@ def tokenize_pairs(
         raise ValueError(f"max_length must be >= 2, got {max_length}")
     spend("sft_examples", len(prompts))
     eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
+    turn_end = end_of_turn_id(tokenizer) if add_eos else None
+    opening = generation_prompt(tokenizer) if turn_end is not None else ""
     rows = []
     for prompt, solution in zip(prompts, solutions):
+        end = [turn_end] if opening and prompt.endswith(opening) else eos
         p = tokenizer(prompt)["input_ids"]
-        s = tokenizer(solution, add_special_tokens=False)["input_ids"] + eos
+        s = tokenizer(solution, add_special_tokens=False)["input_ids"] + end
         rows.append(((p + s)[:max_length], ([IGNORE] * len(p) + s)[:max_length]))
     return _pad_right(rows, tokenizer.pad_token_id)
 
