@@ -22,6 +22,7 @@ import importlib
 import inspect
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -174,6 +175,7 @@ class Pipeline:
         self.current = config.model  # folder of the latest stage's model
         self.models: dict[str, str] = {}  # stage -> its exported model
         self.results: dict[str, Any] = {}
+        self.seconds: dict[str, float] = {}  # wall time per stage, not part of the results
         logger = make_logger(config.logger, os.path.join(config.run_dir, "logs"), config.project)
         sft, grpo = instantiate(config.sft), instantiate(config.grpo)
         self.ctx = StageContext(config, self.curriculum, data, logger, sft, grpo)
@@ -251,7 +253,11 @@ class Pipeline:
         bank = self.curriculum.bank.total()
         print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {bank} ==", flush=True)
         before, self.ctx.carried = budget.snapshot(), type(self.ctx.carried)()
+        start = time.perf_counter()
         fn(name)
+        # wall time of this process's part (a resumed stage counts only what it redid)
+        self.seconds[name] = round(time.perf_counter() - start, 1)
+        print(f"[coscale] {name} took {self.seconds[name]:.1f} s", flush=True)
         spent = budget.since(before)  # this process's part, plus what the fits restored
         self.results.setdefault("spend", {})[name] = {
             k: v + self.ctx.carried.get(k, 0) for k, v in spent.items()
@@ -275,6 +281,7 @@ class Pipeline:
             "models": self.models,
             "curriculum": self.curriculum.state_dict(),
             "results": self.results,
+            "seconds": self.seconds,
             "config": asdict(self.cfg),
         }
         write_json(self.state_path, state)  # atomic: a crash never leaves half a state file
@@ -285,6 +292,6 @@ class Pipeline:
         with open(self.state_path) as f:
             state = json.load(f)
         self.done, self.current, self.results = state["done"], state["current"], state["results"]
-        self.models = state["models"]
+        self.models, self.seconds = state["models"], state.get("seconds", {})
         self.curriculum.load_state_dict(state["curriculum"])
         print(f"[coscale] resuming after stages: {', '.join(self.done) or 'none'}")
