@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 
 from coscale.modules import GRPOModule
 from coscale.modules import grpo as grpo_module
-from coscale.modules.grpo import micro_batches
 from coscale.rl.logprobs import sequence_logprobs
+from coscale.rl.micro_batches import micro_batches
 from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, SamplingParams
 from coscale.rollout.cached import filter_logits, pick_tokens
 

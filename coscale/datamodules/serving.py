@@ -16,7 +16,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from coscale.checks import at_least, one_of
-from coscale.datamodules.batches import epoch_loader, shard_batches
+from coscale.datamodules.batches import epoch_loader
 from coscale.loop.curriculum import SFT_SOURCES, Curriculum, SFTSource
 from coscale.tasks import Problem
 
@@ -94,10 +94,10 @@ class CurriculumDataModule(L.LightningDataModule):
             trainer.current_epoch if trainer is not None else self.curriculum.cursor["epoch"] + 1
         )
         size = self.batch_size if kind == "rl" else self.sft_batch_size
-        items, seed = self.items(kind), self.curriculum.settings.seed
-        batches = len(shard_batches(items, size, seed, epoch))
-        skip = self.curriculum.start_epoch(epoch, batches)  # batches done before a restart
-        return epoch_loader(lambda: items, size, seed, epoch, skip)
+        loader = epoch_loader(lambda: self.items(kind), size, self.curriculum.settings.seed, epoch)
+        # batches done before a restart are skipped; the cursor learns this epoch's length
+        loader.dataset.skip = self.curriculum.start_epoch(epoch, len(loader.dataset))
+        return loader
 
     def val_dataloader(self):
         rows = [{"id": p.id, "question": p.question, "answer": p.answer} for p in self.val_problems]

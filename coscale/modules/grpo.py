@@ -31,6 +31,7 @@ from coscale.modules.optim import adamw_with_warmup
 from coscale.rl.advantages import group_advantages
 from coscale.rl.logprobs import sequence_logprobs
 from coscale.rl.losses import GRPOLoss, PolicyLoss
+from coscale.rl.micro_batches import merge_stats, micro_batches
 from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.rollout.cached import CachedDecodeBackend
 
@@ -207,7 +208,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             for i in range(n_chunks):
                 idx = chunks[i] if i < len(chunks) else rows[:0]
                 parts.append(self._micro_step(rollouts, advantages, mask, ref, idx, n_seq, n_tok))
-            stats = _merge_stats(parts)
+            stats = merge_stats(parts)
             stats["grad_norm"] = self._clip()
             opt.step()
             if (sched := self.lr_schedulers()) is not None:
@@ -330,27 +331,6 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         return adamw_with_warmup(
             self.policy, self.lr, self.betas, self.weight_decay, self.warmup_steps
         )
-
-
-def micro_batches(
-    rows: torch.Tensor, lengths: torch.Tensor, size: int, by_length: bool = True
-) -> list[torch.Tensor]:
-    """Splits ``rows`` ([K] rollout indices) into micro-batches of at most ``size``; with
-    ``by_length``, longest first (stable), so each holds completions of similar length and
-    trimming its padding saves the most. The loss sums micro-batches with batch-wide
-    normalisers, so the order changes only the float rounding of the gradient."""
-    if by_length:
-        rows = rows[torch.sort(lengths[rows], descending=True, stable=True).indices]
-    return list(rows.split(size))
-
-
-def _merge_stats(parts: list[tuple[dict, float]]) -> dict[str, float]:
-    """Batch stats from the micro-batches': losses add up (each is its share of the batch
-    loss), the other metrics are token-weighted means."""
-    total = sum(tokens for _, tokens in parts) or 1.0
-    merged = {key: sum(s[key] * t for s, t in parts) / total for key in parts[0][0]}
-    merged["loss"] = sum(s["loss"] for s, _ in parts)
-    return merged
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

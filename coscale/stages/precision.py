@@ -19,12 +19,10 @@ def cpu_flags() -> set[str]:
     """The CPU's feature flags (Linux ``/proc/cpuinfo``; empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+            lines = [line for line in f if line.startswith("flags")]
+    except OSError:  # not Linux: no flags known, so no native bf16 assumed
+        return set()
+    return set(lines[0].split(":", 1)[1].split()) if lines else set()
 
 
 def native_bf16(accelerator: str) -> tuple[bool, str]:
