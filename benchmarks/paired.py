@@ -92,7 +92,9 @@ def cpu_line() -> str:
     except (OSError, StopIteration):
         pass
     native = sorted(set(NATIVE_BF16_FLAGS) & cpu_flags())
-    return f"CPU: {name}; native bf16: {', '.join(native) if native else 'no (AVX2-only or similar)'}"
+    return (
+        f"CPU: {name}; native bf16: {', '.join(native) if native else 'no (AVX2-only or similar)'}"
+    )
 
 
 @dataclass

@@ -23,7 +23,7 @@ import inspect
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import lightning as L
@@ -33,6 +33,7 @@ from coscale.datamodules import ProblemDataModule
 from coscale.loop import budget
 from coscale.loop.commit import commit_point, write_json
 from coscale.loop.schedule import NSchedule
+from coscale.models.full_state import barrier, is_writer
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
@@ -282,9 +283,13 @@ class Pipeline:
             "curriculum": self.curriculum.state_dict(),
             "results": self.results,
             "seconds": self.seconds,
-            "config": asdict(self.cfg),
+            # fields as they are (JSON writes objects such as a strategy by their str): asdict
+            # would deep-copy a strategy that holds a sharded model, which FSDP2 refuses
+            "config": {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)},
         }
-        write_json(self.state_path, state)  # atomic: a crash never leaves half a state file
+        if is_writer():  # every rank holds the same state; rank 0 writes it
+            write_json(self.state_path, state)  # atomic: a crash never leaves half a state file
+        barrier()
 
     def _restore(self) -> None:
         if not os.path.exists(self.state_path):

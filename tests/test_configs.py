@@ -1,49 +1,293 @@
-"""Every shipped YAML parses and instantiates (models built offline from ``builtin:`` specs)."""
+"""Every shipped YAML parses, reads its data and builds its modules, offline.
+
+Names that would reach the network resolve to small local stand-ins (`offline_hub`): a hub
+model name (``Qwen/Qwen2.5-0.5B-Instruct``) or a packaged GGUF model (about 30 s to convert) becomes
+a tiny chat model built in a temporary folder; ``datasets.load_dataset`` serves a few in-memory
+rows with the columns of the published data set it is asked for, and refuses any other name,
+as an offline machine would. ``builtin:`` models and problem sets are built for real.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from coscale.app.cli import lightning_cli, pipeline_parser
 from coscale.datamodules import ProblemDataModule
-from coscale.pipeline import PipelineConfig
+from coscale.models import gguf, policy
+from coscale.modules import GRPOModule, SFTModule
+from coscale.pipeline import Pipeline, PipelineConfig
+from coscale.tasks.benchmarks import load_benchmark, parse_source
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted([*ROOT.glob("configs/**/*.yaml"), *ROOT.glob("coscale/configs/*.yaml")])
+IDS = [str(p.relative_to(ROOT)) for p in CONFIGS]
+QWEN = ROOT / "configs" / "qwen2.5-0.5b"
+CHEAP_BUILTIN_MODELS = ("builtin:demo", "builtin:tiny")  # shipped, or built in a second
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+QUESTION = "What is 2+3?"
+
+# ------------------------------------------------------------------ hub data stand-ins
+OMR_ANSWERS = {"Find 2+3.": "5", "How many primes are below 10?": "4", "Solve x+1=3.": "2"}
+OMR_SOLUTIONS = 3  # distinct generated solutions per answerable problem
 
 
-def _is_pipeline(path: Path) -> bool:
-    return "\npipeline:" in "\n" + path.read_text()
+def _omr_row(
+    problem: str, answer: str, solution: str, kind: str = "has_answer_extracted"
+) -> dict[str, Any]:
+    """One row of nvidia/OpenMathReasoning (split ``cot``): one generated solution."""
+    return {
+        "expected_answer": answer,
+        "problem_type": kind,
+        "problem_source": "aops_c4_high_school_math",
+        "generation_model": "DeepSeek-R1",
+        "pass_rate_72b_tir": "0.5",
+        "problem": problem,
+        "generated_solution": solution,
+        "inference_mode": "cot",
+    }
 
 
+def _omr_rows() -> list[dict[str, Any]]:
+    """Solutions of each problem spread over the split (as in the real one), a repeated
+    solution, and a proof row that the ``openmathreasoning`` source filters out."""
+    rows = [
+        _omr_row(q, a, f"Attempt {i}: the answer is \\boxed{{{a}}}.")
+        for i in range(OMR_SOLUTIONS)
+        for q, a in OMR_ANSWERS.items()
+    ]
+    rows.insert(2, dict(rows[0]))  # the same solution twice: merged once
+    rows.append(_omr_row("Prove that 7 is prime.", "n/a", "Proof.", kind="converted_proof"))
+    return rows
+
+
+def _math500_rows() -> list[dict[str, Any]]:
+    """HuggingFaceH4/MATH-500 (split ``test``): one row per problem, with an id."""
+    columns = ("problem", "solution", "answer", "subject", "level", "unique_id")
+    return [
+        dict(zip(columns, (f"Compute {i}+{i}.", f"{2 * i}", str(2 * i), "Algebra", 1, f"t/{i}")))
+        for i in range(1, 5)
+    ]
+
+
+def _amc_rows() -> list[dict[str, Any]]:
+    """AI-MO/aimo-validation-amc (split ``train``): numeric answers."""
+    return [{"id": i, "problem": f"Find {i}*7.", "answer": 7.0 * i, "url": "u"} for i in (1, 2)]
+
+
+def _olymmath_rows(level: str) -> list[dict[str, Any]]:
+    """RUC-AIBOX/OlymMATH, subset ``en-<level>`` (split ``test``)."""
+    return [
+        {"unique_id": f"{level}-{i}", "problem": f"{level}: {i}^2?", "answer": str(i * i),
+         "subject": "Number Theory"}
+        for i in (2, 3)
+    ]  # fmt: skip
+
+
+HUB_DATA = {  # (path, subset, split) -> rows, with the published columns
+    ("nvidia/OpenMathReasoning", None, "cot"): _omr_rows(),
+    ("HuggingFaceH4/MATH-500", None, "test"): _math500_rows(),
+    ("AI-MO/aimo-validation-amc", None, "train"): _amc_rows(),
+    ("RUC-AIBOX/OlymMATH", "en-easy", "test"): _olymmath_rows("easy"),
+    ("RUC-AIBOX/OlymMATH", "en-hard", "test"): _olymmath_rows("hard"),
+}
+
+
+@dataclass
+class Hub:
+    """What the configs asked the (stand-in) hub for."""
+
+    models: list[str] = field(default_factory=list)
+    datasets: list[tuple[str, str | None, str]] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def stand_in_model(tmp_path_factory) -> str:
+    """A 1-layer character-level Llama whose tokenizer has a ChatML chat template."""
+    from coscale.models.tiny import build_char_tokenizer, save_tiny
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = CHATML
+    folder = tmp_path_factory.mktemp("stand_in_model")
+    sizes = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+    return str(save_tiny(folder, tokenizer, **sizes))
+
+
+@pytest.fixture
+def offline_hub(monkeypatch, stand_in_model) -> Hub:
+    """Model names and hub data sets resolved to the stand-ins; returns what was asked for."""
+    import datasets
+
+    hub, resolve = Hub(), policy.resolve_model_path
+
+    def resolve_model_path(name: str) -> str:
+        if name.startswith(CHEAP_BUILTIN_MODELS) or Path(name).exists():
+            return resolve(name)
+        packaged = name.removeprefix(policy.BUILTIN_PREFIX).partition("?")[0]
+        if name.startswith(policy.BUILTIN_PREFIX) and packaged not in gguf.PACKAGED:
+            return resolve(name)  # an unknown builtin: its own error
+        hub.models.append(name)
+        return stand_in_model
+
+    def load_dataset(path, name=None, split=None, streaming=False, **kwargs):
+        key = (path, name, split)
+        if key not in HUB_DATA:
+            raise FileNotFoundError(f"{key} is not in the offline stand-in hub")
+        hub.datasets.append(key)
+        data = datasets.Dataset.from_list(HUB_DATA[key])
+        return data.to_iterable_dataset() if streaming else data
+
+    monkeypatch.setattr(policy, "resolve_model_path", resolve_model_path)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return hub
+
+
+# ---------------------------------------------------------------------- building a config
+def _kind(path: Path) -> str:
+    """``eval``, ``pipeline`` (coscale run) or ``fit`` (LightningCLI), by the top-level keys."""
+    keys = yaml.safe_load(path.read_text())
+    return "eval" if "eval" in keys else "pipeline" if "pipeline" in keys else "fit"
+
+
+def _model_of(path: Path) -> str:
+    """The model a config names: ``pipeline.model``, ``eval.model`` or its module's."""
+    config = yaml.safe_load(path.read_text())
+    return (config.get("pipeline") or config.get("eval") or config["model"]["init_args"])["model"]
+
+
+def _pipeline(path: Path) -> Any:
+    """``coscale run``'s parse of ``path``: ``.pipeline`` and ``.data`` (not loaded yet)."""
+    parser = pipeline_parser()
+    return parser.instantiate(parser.parse_args(["--config", str(path)]))
+
+
+def _stage_modules(config: PipelineConfig, data: ProblemDataModule) -> list[Any]:
+    """The SFT and GRPO modules the stages build, from the arguments a `Pipeline` makes."""
+    ctx = Pipeline(replace(config, logger="none"), data).ctx
+    return [
+        SFTModule(model=config.model, **ctx.sft_args),
+        GRPOModule(model=config.model, **ctx.grpo_args),
+    ]
+
+
+def _check_prompt(module: Any) -> None:
+    """The module's prompt format renders a question with its policy's tokenizer (a chat
+    template where ``chat: true``)."""
+    assert QUESTION in module.prompts_for([QUESTION])[0]
+
+
+def _check_pipeline(path: Path) -> None:
+    """``coscale run``'s parse and data load, then the stages' SFT and GRPO modules."""
+    init = _pipeline(path)
+    assert isinstance(init.pipeline, PipelineConfig)
+    assert isinstance(init.data, ProblemDataModule)
+    init.data.load()
+    assert init.data.problems
+    for module in _stage_modules(init.pipeline, init.data):
+        assert module.policy is not None
+        _check_prompt(module)
+
+
+def _check_fit(path: Path) -> None:
+    """``coscale fit``'s LightningCLI objects, and the DataModule's data."""
+    cli = lightning_cli(["--config", str(path), "--trainer.logger=false"], run=False)
+    assert cli.model.policy is not None
+    _check_prompt(cli.model)
+    assert isinstance(cli.datamodule, ProblemDataModule)
+    cli.datamodule.load()
+    assert cli.datamodule.problems
+
+
+def _check_eval(path: Path) -> None:
+    """`run_eval`'s steps short of sampling: benchmarks, tokenizer, prompts."""
+    from coscale.app.evaluate import EvalConfig, eval_parser
+
+    parser = eval_parser()
+    config = parser.instantiate(parser.parse_args(["--config", str(path)])).eval
+    assert isinstance(config, EvalConfig)
+    benchmarks = {parse_source(s).name: load_benchmark(s) for s in config.benchmarks}
+    assert len(benchmarks) == len(config.benchmarks) and all(benchmarks.values())
+    tokenizer = policy.load_tokenizer(config.tokenizer or config.model)
+    assert QUESTION in config.prompt(QUESTION, tokenizer)
+
+
+CHECKS = {"eval": _check_eval, "pipeline": _check_pipeline, "fit": _check_fit}
+
+
+# -------------------------------------------------------------------------------- tests
 def test_there_are_configs():
     assert len(CONFIGS) >= 3
+    assert {_kind(p) for p in CONFIGS} == set(CHECKS)
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(ROOT)) for p in CONFIGS])
-def test_config_parses_and_instantiates(path, tmp_path, monkeypatch):
+@pytest.mark.parametrize("path", CONFIGS, ids=IDS)
+def test_config_parses_loads_its_data_and_builds_its_modules(
+    path, tmp_path, monkeypatch, offline_hub
+):
     monkeypatch.chdir(tmp_path)
     assert path.read_text().startswith("#"), (
         "every config opens with what it trains and how to launch it"
     )
-    if "\neval:" in "\n" + path.read_text():
-        from coscale.app.evaluate import EvalConfig, eval_parser
+    CHECKS[_kind(path)](path)
+    assert set(offline_hub.models) <= {_model_of(path)}  # the only stand-in model
 
-        parser = eval_parser()
-        init = parser.instantiate(parser.parse_args(["--config", str(path)]))
-        assert isinstance(init.eval, EvalConfig)
-        return
-    if _is_pipeline(path):
-        parser = pipeline_parser()
-        init = parser.instantiate(parser.parse_args(["--config", str(path)]))
-        assert isinstance(init.pipeline, PipelineConfig)
-        assert isinstance(init.data, ProblemDataModule)
-        if str(init.data.train_source).startswith("builtin:"):  # hub data sets are not fetched
-            init.data.load()
-            assert init.data.problems
-    else:
-        cli = lightning_cli(["--config", str(path), "--trainer.logger=false"], run=False)
-        assert cli.model.policy is not None
-        assert isinstance(cli.datamodule, ProblemDataModule)
+
+def test_offline_hub_refuses_names_it_does_not_hold(offline_hub):
+    with pytest.raises(ValueError, match="could not load problem source 'typo'"):
+        load_benchmark("typo?path=nvidia/OpenMathReasonin")
+    with pytest.raises(ValueError, match="could not load source='HuggingFaceH4/MATH-5000'"):
+        ProblemDataModule(train="HuggingFaceH4/MATH-5000", split="test").load()
+    with pytest.raises(ValueError, match="unknown builtin model"):
+        policy.resolve_model_path("builtin:nope")
+
+
+@pytest.mark.parametrize("name", ["pipeline_1gpu.yaml", "pipeline_8gpu_fsdp.yaml"])
+def test_qwen_pipelines_train_on_openmathreasoning_with_solutions_merged(name, offline_hub):
+    """Data scaling needs many solutions per problem: the OpenMathReasoning rows of one
+    problem become one training problem with all its distinct solutions."""
+    data = _pipeline(QWEN / name).data
+    data.load()
+    problems = list(data.problems.values())
+    solutions = {p.question: len(p.solutions) for p in problems}
+    assert len(problems) == len(OMR_ANSWERS), f"one problem per row, not per question: {solutions}"
+    assert solutions == dict.fromkeys(OMR_ANSWERS, OMR_SOLUTIONS)  # proof row dropped
+    assert ("nvidia/OpenMathReasoning", None, "cot") in offline_hub.datasets
+    assert {p.question: p.answer for p in problems} == OMR_ANSWERS
+    assert data.curriculum.bank.total() == 0  # handed out per round by the pipeline
+    assert [p.answer for p in data.val_problems] == [str(2 * i) for i in range(1, 5)]
+
+
+def _yaml(name: str) -> dict[str, Any]:
+    """The raw YAML of a Qwen2.5-0.5B config."""
+    return yaml.safe_load((QWEN / name).read_text())
+
+
+def test_8gpu_config_is_the_1gpu_config_split_over_8_ranks():
+    """Same stages, hyper-parameters and data family; batches per rank; more problems."""
+    one, eight = _yaml("pipeline_1gpu.yaml"), _yaml("pipeline_8gpu_fsdp.yaml")
+    ranks = eight["pipeline"]["trainer"]["strategy"]["init_args"]["data_parallel_size"]
+    assert ranks == eight["pipeline"]["trainer"]["devices"] == 8
+    per_run, placement = ("run_dir", "trainer"), ("devices", "num_nodes", "strategy")
+    trainers = [{k: v for k, v in c["pipeline"]["trainer"].items() if k not in placement}
+                for c in (one, eight)]  # fmt: skip
+    assert trainers[0] == trainers[1]  # accelerator, precision
+    assert {k: v for k, v in one["pipeline"].items() if k not in per_run} == {
+        k: v for k, v in eight["pipeline"].items() if k not in per_run
+    }
+    for key in ("batch_size", "sft_batch_size"):
+        assert one["data"][key] == ranks * eight["data"][key], key
+    rest = ("train", "val", "batch_size", "sft_batch_size", "val_batch_size")
+    assert {k: v for k, v in one["data"].items() if k not in rest} == {
+        k: v for k, v in eight["data"].items() if k not in rest
+    }
+    assert parse_source(one["data"]["val"]) == parse_source(eight["data"]["val"])
+    small, large = parse_source(one["data"]["train"]), parse_source(eight["data"]["train"])
+    assert replace(small, limit=None, max_rows=None) == replace(large, limit=None, max_rows=None)
+    assert small.limit * ranks == large.limit and small.max_rows * ranks == large.max_rows

@@ -2,17 +2,21 @@
 
 `FakeLLM` stands in for `vllm.LLM` behind the real adapter (`VLLMEngine`): it samples token by
 token from its own copy of the tiny model, reports log-probs as vLLM's ``processed_logprobs``
-(after temperature) or ``raw_logprobs`` (before it), and loads weights through
-``apply_model(lambda model: model.load_weights(...))``. Variants that silently skip the load,
-report nothing loaded or hang exercise the sync guard.
+(after temperature, or before it as vLLM 0.10.0-0.10.1.1 did) or ``raw_logprobs`` (before it),
+and loads weights through ``apply_model(lambda model: model.load_weights(...))``. Variants that
+silently skip the load, report nothing loaded or hang exercise the sync guard. The engine's
+``vllm.__version__`` is faked per test (default 0.33.0).
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import math
+import os
 import sys
 import time
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +24,9 @@ import torch
 from torch import nn
 
 from coscale.rl.logprobs import sequence_logprobs
-from coscale.rollout import SamplingParams, build_backend
+from coscale.rollout import HFGenerateBackend, SamplingParams, build_backend
 from coscale.rollout import vllm_engine as ve
+from coscale.rollout.factory import close_backend
 from coscale.rollout.vllm import VLLMBackend
 from coscale.rollout.vllm_parity import fill_logprobs, parity_verdict
 from coscale.rollout.vllm_requests import (
@@ -41,6 +46,12 @@ from coscale.rollout.vllm_sync import (
     WeightSyncError,
     WeightSyncTimeout,
     call_with_timeout,
+)
+from coscale.rollout.vllm_versions import (
+    applies_temperature,
+    check_logprobs_source,
+    parse_version,
+    stop_llm,
 )
 from coscale.rollout.weights import (
     buckets,
@@ -63,10 +74,11 @@ class FakeLLM:
     """`vllm.LLM`'s surface over a private copy of a HF model (see the module docstring)."""
 
     def __init__(self, hf, tok, mode="processed_logprobs", copy_weights=True, report=True,
-                 delay=0.0, **engine_kwargs):  # fmt: skip
+                 delay=0.0, temperature_in_processed=True, **engine_kwargs):  # fmt: skip
         self.model, self.tokenizer, self.kwargs = copy.deepcopy(hf).eval(), tok, engine_kwargs
         self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(logprobs_mode=mode))
         self.copy_weights, self.report, self.delay = copy_weights, report, delay
+        self.temperature_in_processed = temperature_in_processed  # False: vLLM 0.10.0-0.10.1.1
         self.calls: list = []
         self.requests: list = []
         self.unseeded = torch.Generator().manual_seed(123)
@@ -91,11 +103,8 @@ class FakeLLM:
                 token = int(scaled.argmax())
             else:
                 token = int(torch.multinomial(scaled.softmax(-1), 1, generator=gen))
-            shown = (
-                scaled
-                if self.llm_engine.model_config.logprobs_mode == "processed_logprobs"
-                else logits
-            )
+            processed = self.llm_engine.model_config.logprobs_mode == "processed_logprobs"
+            shown = scaled if processed and self.temperature_in_processed else logits
             positions.append({token: SimpleNamespace(logprob=float(shown.log_softmax(-1)[token]))})
             tokens.append(token)
             text = self.tokenizer.decode(tokens, skip_special_tokens=True) if sp.stop else ""
@@ -131,12 +140,12 @@ class FakeLLM:
         self.calls.append(("reset",))
 
 
-def _backend(policy, tokenizer, fake_options=None, **options) -> VLLMBackend:
+def _backend(policy, tokenizer, fake_options=None, version="0.33.0", **options) -> VLLMBackend:
     fakes = []
 
     def factory(**kwargs):
         fakes.append(FakeLLM(policy, tokenizer, **(fake_options or {}), **kwargs))
-        return ve.VLLMEngine(fakes[-1], FakeSamplingParams)
+        return ve.VLLMEngine(fakes[-1], FakeSamplingParams, version)
 
     backend = VLLMBackend("unused/path", tokenizer, policy, engine_factory=factory, **options)
     backend.fake = lambda: (backend.engine, fakes[0])[1]
@@ -463,20 +472,40 @@ def test_fill_logprobs_without_a_policy_keeps_engine_values():
 # --- engine adapter, construction, choice --------------------------------------------------
 
 
-def _fake_vllm(monkeypatch, reject_logprobs_mode=False):
+def _fake_vllm(monkeypatch, reject_logprobs_mode=False, version=None, **environ):
+    """A `vllm` module whose LLM reads the launcher's variables as vLLM's external_launcher
+    does; ``os.environ`` is a copy holding `environ` instead of any launcher variable."""
     built = []
 
     class LLM:
         def __init__(self, **kwargs):
             if reject_logprobs_mode and "logprobs_mode" in kwargs:
                 raise TypeError("__init__() got an unexpected keyword argument 'logprobs_mode'")
+            if kwargs.get("distributed_executor_backend") == "external_launcher":
+                kwargs["_ranks"] = (int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]))
             built.append(kwargs)
 
     module = SimpleNamespace(LLM=LLM, SamplingParams=FakeSamplingParams)
+    if version is not None:
+        module.__version__ = version
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setattr(ve.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    launcher = {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "SLURM_LOCALID",
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+    }
+    env = {k: v for k, v in os.environ.items() if k not in launcher} | environ
+    monkeypatch.setattr(os, "environ", env)  # restored after the test, whatever it sets
     return built
+
+
+def _fake_ranks(monkeypatch, rank: int, world: int) -> None:
+    monkeypatch.setattr(ve.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(ve.dist, "get_world_size", lambda: world)
+    monkeypatch.setattr(ve.dist, "get_rank", lambda: rank)
 
 
 def test_build_engine_defaults_and_old_vllm_fallback(monkeypatch):
@@ -487,16 +516,14 @@ def test_build_engine_defaults_and_old_vllm_fallback(monkeypatch):
         "seed": 3, "enable_sleep_mode": True, "generation_config": "vllm",
         "logprobs_mode": "processed_logprobs", "enforce_eager": True,
     }  # fmt: skip
-    monkeypatch.setattr(ve.dist, "is_initialized", lambda: True)  # rank 3 of 4, 2-way TP
-    monkeypatch.setattr(ve.dist, "get_world_size", lambda: 4)
-    monkeypatch.setattr(ve.dist, "get_rank", lambda: 3)
-    replica = ve.engine_args("m", seed=5, extra={"tensor_parallel_size": 2})
-    assert replica["distributed_executor_backend"] == "external_launcher" and replica["seed"] == 6
     engine = ve.build_engine(**args)
     assert "logprobs_mode" not in built[0] and built[0]["enable_sleep_mode"]
-    assert ve.os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # in-process engine
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # in-process engine
     assert engine.logprobs_mode is None  # this fake says nothing: log-probs get recomputed
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")  # undo leaves it unset again
+    assert engine.version is None  # nor its version: never trusted
+    _fake_ranks(monkeypatch, rank=3, world=4)
+    replica = ve.engine_args("m", seed=5)
+    assert replica["distributed_executor_backend"] == "external_launcher" and replica["seed"] == 8
 
 
 def test_adapter_translates_calls():
@@ -564,6 +591,204 @@ def test_importing_coscale_never_imports_vllm():
 
     assert coscale.app.evaluate.eval_command and coscale.rollout.vllm.VLLMBackend
     assert "vllm" not in sys.modules or not hasattr(sys.modules["vllm"], "__file__")
+
+
+# --- vLLM versions: whose log-probs include the temperature (issue 15, item 5) --------------
+
+
+@pytest.mark.parametrize(
+    ("version", "applies"),
+    [
+        ("0.9.2", False),
+        ("0.10.0", False),
+        ("0.10.1.1", False),  # logprobs_mode exists, processed_logprobs are pre-temperature
+        ("0.10.2rc1", False),  # pre-releases of 0.10.2 may predate the fix
+        ("0.10.2.dev3+g1a2b3c4", False),
+        ("0.10.2", True),
+        ("0.10.2.post1", True),
+        ("0.11.0rc1", True),
+        ("0.33.0", True),
+        ("dev", False),  # a source build without metadata
+        (None, False),
+    ],
+)
+def test_versions_that_apply_the_temperature(version, applies):
+    assert applies_temperature(version) is applies
+
+
+def test_version_strings_parse_sanely():
+    assert (
+        parse_version("0.10.2.dev3+g1a2b3c4") < parse_version("0.10.2") < parse_version("0.11.0rc1")
+    )
+    assert parse_version("0.10.1.1") < parse_version("0.10.2") < parse_version("0.33.0")
+    assert parse_version("not a version") is None and parse_version(None) is None
+
+
+def test_logprobs_engine_is_refused_where_the_temperature_is_missing():
+    check_logprobs_source("engine", "0.10.2")  # fine
+    check_logprobs_source("auto", "0.10.1.1")  # auto falls back to the trainer instead
+    for version, shown in (("0.10.1.1", "'0.10.1.1'"), (None, "of unknown version")):
+        with pytest.raises(ValueError, match=r"logprobs='engine'") as err:
+            check_logprobs_source("engine", version)
+        assert shown in str(err.value) and "vllm>=0.10.2" in str(err.value)
+
+
+def test_old_vllm_logprobs_are_recomputed_by_the_trainer(policy, char_tokenizer):
+    sampling = SamplingParams(max_new_tokens=6, temperature=0.7, seed=1)
+
+    def trainer_view(ro):  # the contract: log_softmax(logits / 0.7)
+        with torch.no_grad():
+            return sequence_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_length, 0.7)
+
+    # vLLM 0.10.1.1 says processed_logprobs but leaves the temperature out
+    old = _backend(policy, char_tokenizer, {"temperature_in_processed": False},
+                   version="0.10.1.1", parity_tokens=4)  # fmt: skip
+    ro = old.generate(PROMPTS, 2, sampling)
+    assert old.last_logprob_source == "trainer" and old.vllm_version == "0.10.1.1"
+    torch.testing.assert_close(ro.logprobs, trainer_view(ro), rtol=0, atol=1e-6)
+    new = _backend(policy, char_tokenizer, version="0.10.2", parity_tokens=4)
+    ro = new.generate(PROMPTS, 2, sampling)
+    assert new.last_logprob_source == "engine"
+    torch.testing.assert_close(ro.logprobs, trainer_view(ro), rtol=0, atol=1e-4)
+    strict = _backend(policy, char_tokenizer, version="0.10.1.1", logprobs="engine")
+    with pytest.raises(ValueError, match=r"logprobs='engine'.*'0\.10\.1\.1'"):
+        strict.generate(PROMPTS, 1, sampling)
+
+
+def test_logprobs_engine_on_old_vllm_fails_at_choice_time(monkeypatch, char_tokenizer):
+    _fake_vllm(monkeypatch, version="0.10.1.1")
+    with pytest.raises(ValueError, match=r"logprobs='engine'.*'0\.10\.1\.1'"):
+        VLLMBackend("m", char_tokenizer, logprobs="engine")
+    assert VLLMBackend("m", char_tokenizer).logprobs == "auto"  # auto: recomputed instead
+    engine = ve.build_engine(model="m")
+    assert engine.version == "0.10.1.1"
+
+
+# --- launchers and tensor parallelism (issue 15, items 4 and 6) -----------------------------
+
+
+def test_external_launcher_gets_its_ranks_without_torchrun(monkeypatch):
+    # Lightning's subprocess launcher sets LOCAL_RANK only: vLLM used to fail on KeyError 'RANK'
+    built = _fake_vllm(monkeypatch, version="0.33.0", LOCAL_RANK="1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _fake_ranks(monkeypatch, rank=1, world=2)
+    engine = ve.build_engine(**ve.engine_args("m", seed=5))
+    assert built[0]["distributed_executor_backend"] == "external_launcher"
+    assert built[0]["_ranks"] == (1, 1) and built[0]["seed"] == 6
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("1", "2")
+    assert engine.version == "0.33.0"
+    monkeypatch.setattr(ve.dist, "is_initialized", lambda: False)  # no process group to join
+    with pytest.raises(RuntimeError, match="launch with torchrun"):
+        ve.build_engine(model="m", distributed_executor_backend="external_launcher")
+
+
+def test_launcher_env_from_torchrun_lightning_and_slurm():
+    torchrun = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}
+    assert ve.launcher_env(torchrun, 3, 4, device=1) == torchrun
+    assert ve.launcher_env({"LOCAL_RANK": "1"}, 3, 4, device=1) == torchrun  # Lightning
+    assert ve.launcher_env({}, 3, 4, device=1) == torchrun  # the rank's CUDA device
+    assert ve.launcher_env({"SLURM_LOCALID": "1"}, 3, 4, device=None) == torchrun  # SLURM, no GPU
+    with pytest.raises(RuntimeError, match=r"no LOCAL_RANK, SLURM_LOCALID.*launch with torchrun"):
+        ve.launcher_env({}, 3, 4, device=None)
+    with pytest.raises(RuntimeError, match=r"RANK=2 but torch.distributed says 3"):
+        ve.launcher_env({"RANK": "2"}, 3, 4, device=1)
+    with pytest.raises(RuntimeError, match=r"LOCAL_RANK=0 but this rank trains on cuda:2"):
+        ve.launcher_env({"LOCAL_RANK": "0"}, 0, 2, device=2)  # Trainer(devices=[2, 3])
+
+
+def test_tensor_parallel_engines_are_refused_across_ranks(monkeypatch, char_tokenizer):
+    tp2 = {"tensor_parallel_size": 2}
+    assert ve.engine_args("m", extra=tp2)["tensor_parallel_size"] == 2  # one process: vLLM's own
+    _fake_ranks(monkeypatch, rank=0, world=2)
+    with pytest.raises(ValueError, match=r"rollout_options\.engine_kwargs\.tensor_parallel_size"):
+        ve.engine_args("m", extra=tp2)
+    with pytest.raises(ValueError, match=r"must be 1 under torch\.distributed, got 2"):
+        VLLMBackend("m", char_tokenizer, engine_kwargs=tp2, engine_factory=object)
+    assert ve.engine_args("m", extra={"tensor_parallel_size": 1})["seed"] == 0
+
+
+# --- shutdown at the end of a stage (issue 15, item 7) --------------------------------------
+
+
+def test_close_shuts_the_engine_down_and_frees_it(policy, char_tokenizer):
+    closed, built = [], []
+
+    class ClosingLLM(FakeLLM):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.myself = self  # a reference cycle: only the cycle collector frees it
+
+        def shutdown(self):
+            closed.append(id(self))
+
+    def factory(**kwargs):
+        llm = ClosingLLM(policy, char_tokenizer, **kwargs)
+        built.append(weakref.ref(llm))
+        gc.freeze()  # as vLLM does after building an in-process engine
+        return ve.VLLMEngine(llm, FakeSamplingParams, "0.33.0")
+
+    backend = VLLMBackend("unused/path", char_tokenizer, policy, engine_factory=factory,
+                          parity_every=0)  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=4, seed=0)
+    try:
+        backend.generate(PROMPTS, 1, sampling)
+        backend.close()
+        alive = built[0]() is not None  # close() itself must unfreeze and collect
+    finally:
+        gc.unfreeze()
+    assert len(closed) == 1 and not alive  # shut down, and no reference left
+    assert backend.needs_sync  # a new engine starts from the checkpoint, not the policy
+    backend.close()  # nothing to close: fine
+    _perturb(policy, 0.01)
+    backend.generate(PROMPTS, 1, sampling)  # one process: a new engine, synced from the policy
+    assert len(built) == 2 and backend.book.version == 1 and not backend.needs_sync
+    close_backend(backend)
+    assert len(closed) == 2
+    close_backend(None)  # a backend never built
+    close_backend(HFGenerateBackend(policy, char_tokenizer))  # nothing to free
+
+
+def test_stop_llm_uses_the_hook_each_version_has():
+    calls = []
+    hook = lambda name: lambda: calls.append(name)  # noqa: E731
+    v1 = SimpleNamespace(
+        llm_engine=SimpleNamespace(engine_core=SimpleNamespace(shutdown=hook("core")))
+    )
+    v0 = SimpleNamespace(
+        llm_engine=SimpleNamespace(model_executor=SimpleNamespace(shutdown=hook("exec")))
+    )
+    new = SimpleNamespace(shutdown=hook("llm"), llm_engine=v1.llm_engine)
+    for llm in (v1, v0, new, SimpleNamespace()):
+        stop_llm(llm)
+    assert calls == ["core", "exec", "llm"]  # one hook each, the newest API first
+
+
+def test_rl_stage_closes_the_backend_even_when_the_fit_fails(monkeypatch):
+    from coscale.stages import rl
+
+    closed = []
+
+    class Module:
+        def __init__(self, **_):
+            self._backend = SimpleNamespace(close=lambda: closed.append("close"))
+
+        def export(self, path):
+            return f"exported {path}"
+
+    def ctx(fail):
+        def fit(*_):
+            if fail:
+                raise RuntimeError("fit failed")
+
+        return SimpleNamespace(curriculum=None, cfg=SimpleNamespace(rl_eval_every=0, rl_epochs=1),
+                               resumable=lambda name: True, grpo_args={}, view=lambda: None,
+                               fit=fit, path=lambda *parts: "/".join(parts))  # fmt: skip
+
+    monkeypatch.setattr(rl, "GRPOModule", Module)
+    assert rl.rl_stage(ctx(False), "rl1", "m") == "exported rl1/model" and closed == ["close"]
+    with pytest.raises(RuntimeError, match="fit failed"):
+        rl.rl_stage(ctx(True), "rl2", "m")
+    assert closed == ["close", "close"]
 
 
 # --- real sharding: 2 CPU ranks (gloo) ------------------------------------------------------

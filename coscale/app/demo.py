@@ -99,28 +99,39 @@ def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, k: int) -> d
     return report
 
 
-def _measure(path: str, problems: list, k: int) -> dict[str, Estimate]:
-    correct = correct_counts(path, problems, k)
+def _measure(
+    path: str, problems: list, k: int, fmt: PromptFormat | None = None, max_new_tokens: int = 96
+) -> dict[str, Estimate]:
+    correct = correct_counts(path, problems, k, fmt=fmt, max_new_tokens=max_new_tokens)
     return {
         "pass@1": pass_at_k_estimate(k, correct, 1),
         f"pass@{k}": pass_at_k_estimate(k, correct, k),
     }
 
 
-def correct_counts(path: str, problems: list, k: int, seed: int = 0) -> list[int]:
-    """Correct samples out of ``k`` (temperature 1.0) of the model at ``path`` per problem."""
+def correct_counts(
+    path: str,
+    problems: list,
+    k: int,
+    seed: int = 0,
+    fmt: PromptFormat | None = None,
+    max_new_tokens: int = 96,
+) -> list[int]:
+    """Correct samples out of ``k`` (temperature 1.0) of the model at ``path`` per problem,
+    prompted with ``fmt`` (default: the demo task's plain prompt; a chat format uses the
+    model's own chat template)."""
     from coscale.models.policy import load_policy
     from coscale.rollout.hf import HFGenerateBackend
     from coscale.scoring.rewards import MathReward
 
     model, tok = load_policy(path)
-    backend, fmt = HFGenerateBackend(model, tok), PromptFormat(template=tiers.PROMPT)
-    sampling = SamplingParams(max_new_tokens=96, temperature=1.0, seed=seed)
+    backend, fmt = HFGenerateBackend(model, tok), fmt or PromptFormat(template=tiers.PROMPT)
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
     correct: list[int] = []
     with MathReward() as reward:
         for start in range(0, len(problems), 64):
             chunk = problems[start : start + 64]
-            ro = backend.generate([fmt(p.question) for p in chunk], k, sampling)
+            ro = backend.generate([fmt(p.question, tok) for p in chunk], k, sampling)
             scores = reward(ro.texts, [chunk[i].answer for i in ro.prompt_index.tolist()])
             counts = [0] * len(chunk)
             for i, s in zip(ro.prompt_index.tolist(), scores):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch.distributed as dist
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
@@ -120,10 +119,7 @@ def retrain_from_initial(owner: Any, pl_module: Any, items: list[dict], seed: in
     sft = same | owner.sft
     # a plain loop on the policy's device: no fit starts inside the running one
     module = sft_stage.finetune(initial, items, sft, owner.trainer_kwargs, seed, pl_module.device)
-    sft_stage.copy_weights(module, pl_module)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        for tensor in pl_module.policy.state_dict().values():
-            dist.broadcast(tensor, src=0)
+    sft_stage.copy_weights(module, pl_module)  # rank 0's weights on every rank (or shard)
 
 
 def stage_errors(sft: Any, trainer: Any) -> list[str]:

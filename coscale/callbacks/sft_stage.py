@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from coscale.checks import at_least, is_number  # noqa: F401  (re-exported)
 from coscale.loop.curriculum import Curriculum
+from coscale.models.full_state import full_state_dict, load_full_state_dict
 from coscale.modules.loggers import log_to_loggers  # noqa: F401  (re-exported)
 from coscale.modules.sft import SFTModule
 from coscale.sft.batch import solution_loss
@@ -162,12 +163,13 @@ def finetune_setting_errors(sft_kwargs, trainer_kwargs) -> list[str]:
 def copy_weights(src_module: Any, dst_module: Any) -> None:
     """Loads ``src_module``'s policy weights into ``dst_module``'s policy, in place.
 
-    Either may be a module with a ``policy`` or a bare ``torch.nn.Module``. A rollout backend
+    Either may be a module with a ``policy`` or a bare ``torch.nn.Module``, sharded (FSDP2) or
+    not; under DDP or FSDP2 every rank calls it and rank 0's weights win. A rollout backend
     of ``dst_module`` is pointed at the updated policy (an engine like vLLM holds a copy).
     """
     src = getattr(src_module, "policy", src_module)
     dst = getattr(dst_module, "policy", dst_module)
-    dst.load_state_dict(src.state_dict())
+    load_full_state_dict(dst, full_state_dict(src))  # gathered / broadcast when sharded
     if hasattr(type(dst_module), "backend"):
         dst_module.backend.update_weights(dst)
 

@@ -183,9 +183,10 @@ def _sync_special_tokens(model: Any, tokenizer: Any) -> None:
 
 
 def export_policy(model: Any, tokenizer: Any, path: str | os.PathLike) -> str:
-    """Saves model (safetensors), tokenizer and generation config to ``path``; returns it."""
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    return path
+    """Saves model (safetensors), tokenizer and generation config to ``path``; returns it.
+
+    Under DDP or FSDP2 every rank calls it: the whole weights are gathered, rank 0 writes, and
+    no rank returns before the folder is complete (:mod:`coscale.models.full_state`)."""
+    from coscale.models.full_state import save_full
+
+    return save_full(model, tokenizer, path)

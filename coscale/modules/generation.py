@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from coscale.loop.budget import spend
+from coscale.models.full_state import load_full_state_dict
 from coscale.models.policy import export_policy, load_policy
 from coscale.models.prompting import PromptFormat
 from coscale.rollout import build_backend
@@ -121,7 +122,7 @@ class PolicyMixin:
                 "reset_to_initial needs the module to be built from a model path or name"
             )
         fresh, _ = load_policy(self.model_source, self.tokenizer, **self._load_kwargs)
-        self.policy.load_state_dict(fresh.state_dict())
+        load_full_state_dict(self.policy, fresh.state_dict())  # into the shards under FSDP2
 
 
 def _pass_ks(samples: int) -> tuple[int, ...]:

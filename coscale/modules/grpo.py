@@ -34,6 +34,8 @@ from coscale.rl.losses import GRPOLoss, PolicyLoss
 from coscale.rl.micro_batches import merge_stats, micro_batches
 from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.rollout.cached import CachedDecodeBackend
+from coscale.rollout.factory import close_backend
+from coscale.rollout.lockstep import in_lockstep
 
 
 class GRPOModule(PolicyMixin, L.LightningModule):
@@ -229,7 +231,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             ro.prompt_length,
             self.sampling.temperature,
             trim_padding=self.sort_micro_batches,
-            prompt_index=ro.prompt_index[idx] if self.share_prompt_in_update else None,
+            prompt_index=ro.prompt_index[idx] if self._share_prompt() else None,
         )  # [m, T]
         out = self.loss_fn(
             logp,
@@ -243,6 +245,12 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         world = self.trainer.world_size if self._trainer is not None else 1
         self.manual_backward(out.loss * world)  # DDP averages gradients over ranks; undo it
         return {"loss": float(out.loss.detach()), **out.metrics}, tokens
+
+    def _share_prompt(self) -> bool:
+        """Whether the update runs each prompt once. Not for a sharded policy on several ranks:
+        whether a micro-batch shares a prompt decides between one and two forward passes, and
+        under FSDP2 every rank must run as many (each one is a collective)."""
+        return self.share_prompt_in_update and not in_lockstep(self.policy)
 
     def _ref_logprobs(self, ro: Rollouts, rows: torch.Tensor) -> torch.Tensor | None:
         if self.ref_policy is None:
@@ -303,6 +311,12 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     @override
     def on_train_start(self) -> None:
         self.backend.update_weights(self.policy)  # a resumed policy reaches the engine
+
+    @override
+    def teardown(self, stage: str) -> None:
+        # a vLLM engine's GPU memory, after any fit / validate / test; rebuilt (and synced) on
+        # the next use. Lightning skips this hook when the fit raises: rl_stage closes too.
+        close_backend(self._backend)
 
     @override
     def on_fit_start(self) -> None:

@@ -48,6 +48,7 @@ from coscale.rollout.base import SamplingParams
 from coscale.rollout.compiled import CompiledDecodeStep
 from coscale.rollout.hf import HFGenerateBackend
 from coscale.rollout.kv_cache import new_cache
+from coscale.rollout.lockstep import all_finished
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 DROP_FRACTION = 8
@@ -136,7 +137,7 @@ class CachedDecodeBackend(HFGenerateBackend):
             tokens[rows, t] = picked
             logprobs[rows, t] = token_logprobs(logits, picked, sampling.temperature)
             done[rows] |= torch.isin(picked, eos)
-            if t + 1 == t_max or bool(done.all()):
+            if t + 1 == t_max or all_finished(bool(done.all()), self.model):
                 break
             rows, picked = self._maybe_drop(rows, picked, done, cache)
             pos = (next_pos[rows] + t).unsqueeze(1)  # [m, 1]
@@ -167,7 +168,8 @@ class CachedDecodeBackend(HFGenerateBackend):
             return rows, picked
         finished = done[rows]  # [m]
         count = int(finished.sum())
-        if count == 0 or count * DROP_FRACTION < len(rows):
+        # all done: keep the rows, as another rank of a sharded policy may still be decoding
+        if count == 0 or count == len(rows) or count * DROP_FRACTION < len(rows):
             return rows, picked
         keep = (~finished).nonzero().squeeze(1)  # [m']
         cache.batch_select_indices(keep)

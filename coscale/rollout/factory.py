@@ -1,7 +1,8 @@
 """Choosing a rollout backend by name (``rollout_backend: hf | vllm`` in YAML) or passing one.
 
 The vLLM backend is imported only when chosen, and without vllm installed the choice itself
-fails with "install coscale[vllm] to use the vLLM rollout backend".
+fails with "install coscale[vllm] to use the vLLM rollout backend". `close_backend` frees what a
+backend holds outside Python's reach (a vLLM engine's GPU memory) when its stage ends.
 """
 
 from __future__ import annotations
@@ -58,3 +59,14 @@ def build_backend(
         path = resolve_model_path(os.fspath(model_path))
         return VLLMBackend(path, tokenizer=tokenizer, policy=policy, **options)
     raise ValueError(f"rollout_backend must be one of {', '.join(BACKENDS)}, got {kind!r}")
+
+
+def close_backend(backend: RolloutBackend | None) -> None:
+    """Shuts `backend`'s engine down where it has one (``close()``, e.g. `VLLMBackend`).
+
+    HF backends sample with the policy itself and hold nothing to free; None (a backend never
+    built) is fine too. Under torch.distributed every rank calls it at the same point.
+    """
+    close = getattr(backend, "close", None)
+    if callable(close):
+        close()

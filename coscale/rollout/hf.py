@@ -29,6 +29,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 from coscale.models.prompting import end_of_turn_id
 from coscale.rl.logprobs import token_logprobs
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
+from coscale.rollout.lockstep import agreed_max
 
 
 class HFGenerateBackend(RolloutBackend):
@@ -79,6 +80,9 @@ class HFGenerateBackend(RolloutBackend):
         prompt_ids = enc["input_ids"].to(device)[prompt_index]  # [R, P]
         prompt_mask = enc["attention_mask"].to(device)[prompt_index]  # [R, P]
         step = self.batch_size or len(prompt_index)
+        starts = list(range(0, len(prompt_index), step))
+        # a sharded policy: as many chunks on every rank (the extra ones are thrown away)
+        extra = agreed_max(len(starts), self.model) - len(starts)
         with _seeded(sampling.seed, device), _sampling_mode(self.model):
             pieces = [
                 self._sample(
@@ -87,8 +91,8 @@ class HFGenerateBackend(RolloutBackend):
                     sampling,
                     prompt_index[i : i + step],
                 )
-                for i in range(0, len(prompt_index), step)
-            ]
+                for i in starts + [0] * extra
+            ][: len(starts)]
         tokens = _pad_cat([p[0] for p in pieces], self.tokenizer.pad_token_id)  # [R, T]
         logprobs = _pad_cat([p[1] for p in pieces], 0.0)  # [R, T]
         return self._assemble(prompt_index, prompt_ids, prompt_mask, tokens, logprobs, sampling)

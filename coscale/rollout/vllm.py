@@ -13,13 +13,16 @@ vllm. Per training step:
    ``generate`` (where the policy's forward pass is allowed under FSDP): engine and trainer
    log-probs of freshly sampled tokens (temperature 1) must agree within ``parity_atol``.
 
-Old log-probs are the engine's where they match the contract (`logprobs_trusted`), else the
-trainer's policy recomputes them. In one process, a policy changed since the last sync is synced
-before sampling (``on_stale="sync"``) or refused (``"error"``).
+Old log-probs are the engine's where they match the contract (`logprobs_trusted`) on a vLLM that
+applies the temperature to them (>= 0.10.2, `vllm_versions`), else the trainer's policy
+recomputes them. In one process, a policy changed since the last sync is synced before sampling
+(``on_stale="sync"``) or refused (``"error"``). ``close()`` shuts the engine down and frees its
+GPU memory (at the end of each RL stage); the next call builds a new one and syncs it first.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -58,7 +61,14 @@ from coscale.rollout.vllm_sync import (
     push_weights,
     remaining,
 )
+from coscale.rollout.vllm_versions import (
+    applies_temperature,
+    check_logprobs_source,
+    describe,
+    installed_version,
+)
 
+log = logging.getLogger(__name__)
 PROBE_TEXT = "1 + 1 ="  # parity probe before any prompt was seen
 
 
@@ -76,7 +86,8 @@ class VLLMBackend(RolloutBackend):
         max_model_len: Longest prompt + completion; None: the model's.
         sleep_level: 0 keeps the engine awake; 1 offloads weights to CPU and frees the KV
             cache between rollouts; 2 drops the weights too (every sampling needs a sync first).
-        logprobs: ``auto`` (engine's when they match the contract), ``engine``, ``trainer``.
+        logprobs: ``auto`` (engine's when they match the contract), ``engine`` (refused on vLLM
+            < 0.10.2), ``trainer``.
         sync_timeout_s: Deadline of the engine-side part of one sync; None: no deadline.
         sync_bucket_mb: Weights sent per load call.
         param_prefix: Prefix of the policy's parameters in a container passed to
@@ -89,7 +100,8 @@ class VLLMBackend(RolloutBackend):
         honor_seed: Reproduce seeded calls exactly (one seeded request per rollout).
         on_stale: ``sync``, ``error`` or ``ignore`` a policy changed since the last sync.
         seed: Engine seed.
-        engine_kwargs: Extra `vllm.LLM` arguments (override the defaults).
+        engine_kwargs: Extra `vllm.LLM` arguments (override the defaults;
+            ``tensor_parallel_size`` must stay 1 under torch.distributed).
         engine_factory: Builds the engine from `vllm.LLM` keyword arguments (tests pass fakes).
     """
 
@@ -118,8 +130,8 @@ class VLLMBackend(RolloutBackend):
         engine_factory: Callable[..., Any] | None = None,
     ) -> None:
         check_settings(**{k: v for k, v in locals().items() if k != "self"})
-        if engine_factory is None:
-            require_vllm()  # fail at choice time, not at the first rollout
+        if engine_factory is None:  # fail at choice time, not at the first rollout
+            check_logprobs_source(logprobs, installed_version(require_vllm()))
         self.tokenizer = resolve_tokenizer(tokenizer, model)
         tok_path = tokenizer if isinstance(tokenizer, str) else None
         args = (dtype, gpu_memory_utilization, max_model_len, sleep_level, seed, engine_kwargs)
@@ -141,19 +153,41 @@ class VLLMBackend(RolloutBackend):
         self._awake, self._weights_valid = {"weights", "kv_cache"}, True
         self._fingerprint = None if self.policy is None else params_fingerprint(self.policy)
         self._probe: list[list[int]] = []
+        self.vllm_version: str | None = None  # the engine's, once built
         self.last_logprob_source: str | None = None
         self.last_parity: ParityResult | None = None
 
     @property
     def engine(self) -> Any:
-        """The engine, built on first use."""
+        """The engine, built on first use (and again after `close`)."""
         if self._engine is None:
             self._engine = self._factory(**self._args)
+            self.vllm_version = getattr(self._engine, "version", None)
+            log.info(describe(self.vllm_version))
+            try:
+                check_logprobs_source(self.logprobs, self.vllm_version)
+            except ValueError:
+                self.close()  # never leave a refused engine holding GPU memory
+                raise
         return self._engine
+
+    def close(self) -> None:
+        """Shuts the engine down and frees its GPU memory; does nothing without one.
+
+        Under torch.distributed every rank calls it at the same point (e.g. the end of a
+        fit): building the next engine is collective. The backend stays usable: the next call
+        builds a new engine from ``model``, which holds no trained weights, so it is synced
+        from the policy first (`needs_sync`).
+        """
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        self._awake, self._weights_valid = {"weights", "kv_cache"}, self.policy is None
+        engine.shutdown()
 
     @property
     def needs_sync(self) -> bool:
-        """True when the engine holds no usable weights (after a level-2 sleep)."""
+        """True when the engine holds no trained weights (after a level-2 sleep or `close`)."""
         return not self._weights_valid
 
     def generate(
@@ -213,8 +247,9 @@ class VLLMBackend(RolloutBackend):
         if not self._weights_valid:
             if self.policy is None or not single:
                 raise WeightSyncError(
-                    "sleep_level=2 dropped the engine's weights and no sync followed: call "
-                    "update_weights(model) before generate, or use sleep_level=1"
+                    "the engine holds no trained weights (sleep_level=2 dropped them, or close() "
+                    "rebuilt the engine) and no sync followed: call update_weights(model) before "
+                    "generate (every rank), or use sleep_level=1"
                 )
             self.update_weights(self.policy)
         self._wake(("weights", "kv_cache"))
@@ -241,7 +276,9 @@ class VLLMBackend(RolloutBackend):
         if self.logprobs == "trainer" and self.policy is None:
             raise ValueError("logprobs='trainer' needs the trainer's model: pass policy=...")
         trusted = self.logprobs == "engine" or (
-            self.logprobs == "auto" and logprobs_trusted(self.engine.logprobs_mode, sampling)
+            self.logprobs == "auto"
+            and applies_temperature(self.vllm_version)  # >= 0.10.2: temperature included
+            and logprobs_trusted(self.engine.logprobs_mode, sampling)
         )
         self.last_logprob_source = fill_logprobs(
             rollouts, trusted, self.policy, sampling.temperature, self.recompute_batch_size

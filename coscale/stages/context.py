@@ -7,6 +7,7 @@ from the stage's own ``last.ckpt`` when one is there.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import Counter
 
@@ -36,6 +37,9 @@ class StageContext:
         self.cfg, self.curriculum, self.data, self.logger = cfg, curriculum, data, logger
         self.sft_args, self.grpo_args = sft_args, grpo_args
         self.trainer_args, why = resolve_precision(dict(cfg.trainer))
+        # a strategy object (from YAML's class_path) holds its fit's model: each fit gets a
+        # copy of it taken before any fit used it
+        self._strategy = copy.deepcopy(self.trainer_args.pop("strategy", "auto"))
         if why:
             print(f"[coscale] {why}", flush=True)
         self.carried: Counter[str] = Counter()  # spend restored from checkpoints this stage
@@ -81,6 +85,7 @@ class StageContext:
             "num_sanity_val_steps": 0,
             "limit_val_batches": 0,
             **self.trainer_args,
+            "strategy": copy.deepcopy(self._strategy),
         }
         return L.Trainer(
             default_root_dir=self.path(name),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from coscale.models.full_state import barrier, is_writer
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import judge, judged_problems
 from coscale.stages.sft import sft_stage
@@ -49,7 +50,8 @@ def final_stage(ctx: StageContext, name: str, current: str, earlier: list[tuple[
                 results["val/final_kept_iteration"] = float(it)
     ctx.log(results)
     out = ctx.path(name, "model")
-    if os.path.abspath(kept) != os.path.abspath(out):
+    if os.path.abspath(kept) != os.path.abspath(out) and is_writer():
         shutil.copytree(kept, out, dirs_exist_ok=True)
+    barrier()  # no rank reads the kept model before rank 0 has copied it
     print("[coscale] final: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()), flush=True)
     return results, out

@@ -12,6 +12,7 @@ from coscale.callbacks.pass_rate import PassRateEvaluation
 from coscale.loop.pools import Pool
 from coscale.loop.schedule import NSchedule
 from coscale.modules import GRPOModule
+from coscale.rollout.factory import close_backend
 from coscale.stages.context import StageContext
 
 
@@ -33,5 +34,8 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
                 k=cfg.eval_k, max_problems=cfg.eval_max_problems, every_n_epochs=cfg.rl_eval_every
             )
         )
-    ctx.fit(name, module, ctx.view(), callbacks, cfg.rl_epochs)
+    try:
+        ctx.fit(name, module, ctx.view(), callbacks, cfg.rl_epochs)
+    finally:  # free the stage's vLLM engine (GPU memory) for the next stage; never build one here
+        close_backend(module._backend)
     return module.export(ctx.path(name, "model"))
