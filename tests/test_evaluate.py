@@ -178,6 +178,50 @@ def test_eval_config_runs_with_model_and_data_mocked(tmp_path, monkeypatch):
     )
 
 
+class ClosingBackend(ScriptedBackend):
+    """A `ScriptedBackend` that counts `close` calls (a vLLM engine frees its GPU memory there);
+    ``fail`` makes sampling raise, as a crashed engine would."""
+
+    def __init__(self, right: dict[str, int], fail: bool) -> None:
+        super().__init__(right)
+        self.fail, self.closed = fail, 0
+
+    def generate(self, prompts, n_per_prompt, sampling) -> Rollouts:
+        if self.fail:
+            raise RuntimeError("engine died")
+        return super().generate(prompts, n_per_prompt, sampling)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["finished", "failed"])
+def test_eval_closes_the_backend_it_built(monkeypatch, fail):
+    built = []
+
+    def fake_build_backend(kind, policy, tokenizer, model_path=None, **options):
+        built.append(ClosingBackend({"1": 2, "2": 1}, fail))
+        assert (kind, policy, model_path, options) == ("vllm", None, "some/model", {"seed": 1})
+        return built[-1]
+
+    monkeypatch.setattr("coscale.rollout.factory.build_backend", fake_build_backend)
+    monkeypatch.setattr("coscale.models.policy.load_tokenizer", lambda name: None)
+    monkeypatch.setattr(
+        "coscale.tasks.benchmarks.load_benchmark",
+        lambda spec: [Problem("a", "1", "1"), Problem("b", "2", "2")],
+    )
+    monkeypatch.setattr(ev.PromptFormat, "__call__", lambda self, q, tok=None: f"Q:{q}")
+    config = ev.EvalConfig(model="some/model", benchmarks=["math500"], samples=2, k=[1, 2],
+                           backend="vllm", backend_options={"seed": 1}, logger="none",
+                           output=None, reward={"num_workers": 0})  # fmt: skip
+    if fail:
+        with pytest.raises(RuntimeError, match="engine died"):
+            ev.run_eval(config)
+    else:
+        assert ev.run_eval(config)[0]["pass@1"] == pytest.approx((1 + 1 / 2) / 2)
+    assert [backend.closed for backend in built] == [1]  # closed once, whatever happened
+
+
 def test_8gpu_fsdp_pipeline_config_instantiates_with_a_tiny_model():
     path = ROOT / "configs/qwen2.5-0.5b/pipeline_8gpu_fsdp.yaml"
     assert path.read_text().startswith("#")

@@ -26,6 +26,7 @@ from torch import nn
 from coscale.rl.logprobs import sequence_logprobs
 from coscale.rollout import HFGenerateBackend, SamplingParams, build_backend
 from coscale.rollout import vllm_engine as ve
+from coscale.rollout import vllm_launch as vl
 from coscale.rollout.factory import close_backend
 from coscale.rollout.vllm import VLLMBackend
 from coscale.rollout.vllm_parity import fill_logprobs, parity_verdict
@@ -489,7 +490,7 @@ def _fake_vllm(monkeypatch, reject_logprobs_mode=False, version=None, **environ)
     if version is not None:
         module.__version__ = version
     monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setattr(ve.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(vl.importlib.util, "find_spec", lambda name: object())
     launcher = {
         "RANK",
         "LOCAL_RANK",
@@ -503,9 +504,9 @@ def _fake_vllm(monkeypatch, reject_logprobs_mode=False, version=None, **environ)
 
 
 def _fake_ranks(monkeypatch, rank: int, world: int) -> None:
-    monkeypatch.setattr(ve.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(ve.dist, "get_world_size", lambda: world)
-    monkeypatch.setattr(ve.dist, "get_rank", lambda: rank)
+    monkeypatch.setattr(vl.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(vl.dist, "get_world_size", lambda: world)
+    monkeypatch.setattr(vl.dist, "get_rank", lambda: rank)
 
 
 def test_build_engine_defaults_and_old_vllm_fallback(monkeypatch):
@@ -561,7 +562,7 @@ def test_adapter_translates_calls():
 
 
 def test_choosing_vllm_without_vllm_says_how_to_install(monkeypatch, char_tokenizer):
-    monkeypatch.setattr(ve.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(vl.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(
         ImportError, match=r"install coscale\[vllm\] to use the vLLM rollout backend"
     ):
@@ -664,6 +665,15 @@ def test_logprobs_engine_on_old_vllm_fails_at_choice_time(monkeypatch, char_toke
     assert engine.version == "0.10.1.1"
 
 
+def test_an_engine_refused_for_its_version_is_shut_down():
+    stopped = []
+    old = SimpleNamespace(version="0.10.1.1", shutdown=lambda: stopped.append("old"))
+    with pytest.raises(ValueError, match=r"logprobs='engine'.*'0\.10\.1\.1'"):
+        ve.start_engine(lambda **kwargs: old, {"model": "m"}, "engine")
+    assert stopped == ["old"]  # never left holding GPU memory
+    assert ve.start_engine(lambda **kwargs: old, {"model": "m"}, "auto") is old
+
+
 # --- launchers and tensor parallelism (issue 15, items 4 and 6) -----------------------------
 
 
@@ -677,23 +687,23 @@ def test_external_launcher_gets_its_ranks_without_torchrun(monkeypatch):
     assert built[0]["_ranks"] == (1, 1) and built[0]["seed"] == 6
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("1", "2")
     assert engine.version == "0.33.0"
-    monkeypatch.setattr(ve.dist, "is_initialized", lambda: False)  # no process group to join
+    monkeypatch.setattr(vl.dist, "is_initialized", lambda: False)  # no process group to join
     with pytest.raises(RuntimeError, match="launch with torchrun"):
         ve.build_engine(model="m", distributed_executor_backend="external_launcher")
 
 
 def test_launcher_env_from_torchrun_lightning_and_slurm():
     torchrun = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}
-    assert ve.launcher_env(torchrun, 3, 4, device=1) == torchrun
-    assert ve.launcher_env({"LOCAL_RANK": "1"}, 3, 4, device=1) == torchrun  # Lightning
-    assert ve.launcher_env({}, 3, 4, device=1) == torchrun  # the rank's CUDA device
-    assert ve.launcher_env({"SLURM_LOCALID": "1"}, 3, 4, device=None) == torchrun  # SLURM, no GPU
+    assert vl.launcher_env(torchrun, 3, 4, device=1) == torchrun
+    assert vl.launcher_env({"LOCAL_RANK": "1"}, 3, 4, device=1) == torchrun  # Lightning
+    assert vl.launcher_env({}, 3, 4, device=1) == torchrun  # the rank's CUDA device
+    assert vl.launcher_env({"SLURM_LOCALID": "1"}, 3, 4, device=None) == torchrun  # SLURM, no GPU
     with pytest.raises(RuntimeError, match=r"no LOCAL_RANK, SLURM_LOCALID.*launch with torchrun"):
-        ve.launcher_env({}, 3, 4, device=None)
+        vl.launcher_env({}, 3, 4, device=None)
     with pytest.raises(RuntimeError, match=r"RANK=2 but torch.distributed says 3"):
-        ve.launcher_env({"RANK": "2"}, 3, 4, device=1)
+        vl.launcher_env({"RANK": "2"}, 3, 4, device=1)
     with pytest.raises(RuntimeError, match=r"LOCAL_RANK=0 but this rank trains on cuda:2"):
-        ve.launcher_env({"LOCAL_RANK": "0"}, 0, 2, device=2)  # Trainer(devices=[2, 3])
+        vl.launcher_env({"LOCAL_RANK": "0"}, 0, 2, device=2)  # Trainer(devices=[2, 3])
 
 
 def test_tensor_parallel_engines_are_refused_across_ranks(monkeypatch, char_tokenizer):

@@ -114,7 +114,11 @@ def log_to_wandb(rows: Sequence[dict[str, Any]], config: EvalConfig) -> None:
 
 
 def run_eval(config: EvalConfig) -> list[dict[str, Any]]:
-    """Loads the model and benchmarks, evaluates, prints, writes and logs; returns the rows."""
+    """Loads the model and benchmarks, evaluates, prints, writes and logs; returns the rows.
+
+    The backend is closed (`RolloutBackend.close`) as soon as the samples are scored, and when
+    evaluation fails.
+    """
     from coscale.scoring.rewards import MathReward
     from coscale.tasks.benchmarks import load_benchmark, parse_source
 
@@ -126,17 +130,20 @@ def run_eval(config: EvalConfig) -> list[dict[str, Any]]:
         top_p=config.top_p,
         seed=config.seed,
     )
-    with MathReward(**config.reward) as reward:
-        results = evaluate(
-            backend,
-            lambda qs: [config.prompt(q, tokenizer) for q in qs],
-            benchmarks,
-            reward,
-            config.samples,
-            config.k,
-            sampling,
-            config.batch_size,
-        )
+    try:
+        with MathReward(**config.reward) as reward:
+            results = evaluate(
+                backend,
+                lambda qs: [config.prompt(q, tokenizer) for q in qs],
+                benchmarks,
+                reward,
+                config.samples,
+                config.k,
+                sampling,
+                config.batch_size,
+            )
+    finally:
+        backend.close()  # a vLLM engine's GPU memory, even when evaluation failed
     rows = result_rows(results)
     print(format_table(rows), flush=True)
     if config.output:
@@ -149,7 +156,10 @@ def run_eval(config: EvalConfig) -> list[dict[str, Any]]:
 
 
 def build_eval_backend(config: EvalConfig) -> tuple[RolloutBackend, Any]:
-    """The backend and tokenizer of `config` (vLLM loads the weights itself, no HF copy)."""
+    """The backend and tokenizer of `config` (vLLM loads the weights itself, no HF copy).
+
+    The caller closes the backend when done with it (`RolloutBackend.close`).
+    """
     from coscale.models.policy import load_policy, load_tokenizer, resolve_model_path
     from coscale.rollout.factory import build_backend
 

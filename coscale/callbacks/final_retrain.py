@@ -116,7 +116,7 @@ class FinalRetrain(Callback):
                 self._keep_better(pl_module, fit_end)
             else:
                 rank_zero_warn("FinalRetrain: nothing to retrain on; the policy is left as is")
-            if items and self.export_dir and getattr(trainer, "is_global_zero", True):
+            if items and self.export_dir:  # every rank: the export gathers, rank 0 writes
                 pl_module.export(self.export_dir)
         finally:
             pl_module.to(back_to)

@@ -82,7 +82,7 @@ class ReDistillation(Callback):
             return 0
         retrain_from_initial(self, pl_module, items, seed=dm.curriculum.settings.seed)
         self.runs += 1
-        if self.export_dir and getattr(trainer, "is_global_zero", True):
+        if self.export_dir:  # every rank: the export gathers, rank 0 writes
             pl_module.export(self.export_dir)
         return len(items)
 

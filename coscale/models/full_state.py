@@ -20,10 +20,13 @@ from torch import nn
 
 
 def is_sharded(model: nn.Module) -> bool:
-    """Whether any parameter of ``model`` is a DTensor (FSDP2 / tensor parallel)."""
-    from torch.distributed.tensor import DTensor
+    """Whether ``model`` holds FSDP2 / tensor-parallel (DTensor) parameters or FSDP1 units:
+    its forward is a collective and its ``state_dict`` holds shards."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    if any(hasattr(p, "full_tensor") for p in model.parameters()):
+        return True
+    return any(isinstance(m, FSDP) for m in model.modules())
 
 
 def distributed() -> bool:

@@ -205,3 +205,11 @@ class RolloutBackend(ABC):
     @abstractmethod
     def update_weights(self, model: nn.Module) -> None:
         """Makes the engine sample from `model`'s current weights."""
+
+    def close(self) -> None:  # noqa: B027  (concrete: most backends hold nothing)
+        """Frees what the backend holds outside Python's reach; nothing by default.
+
+        Engines that own memory or processes (a vLLM engine's GPU memory) override it. Callers
+        close a backend when they are done with it (the end of a stage, of an evaluation); it
+        may be called again, and a closed backend may be used again where the engine says so.
+        """

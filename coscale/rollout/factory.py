@@ -2,7 +2,8 @@
 
 The vLLM backend is imported only when chosen, and without vllm installed the choice itself
 fails with "install coscale[vllm] to use the vLLM rollout backend". `close_backend` frees what a
-backend holds outside Python's reach (a vLLM engine's GPU memory) when its stage ends.
+backend holds outside Python's reach (a vLLM engine's GPU memory) when its stage ends, and
+accepts a backend never built.
 """
 
 from __future__ import annotations
@@ -62,11 +63,9 @@ def build_backend(
 
 
 def close_backend(backend: RolloutBackend | None) -> None:
-    """Shuts `backend`'s engine down where it has one (``close()``, e.g. `VLLMBackend`).
+    """`RolloutBackend.close` on `backend`, or nothing for None (a backend never built).
 
-    HF backends sample with the policy itself and hold nothing to free; None (a backend never
-    built) is fine too. Under torch.distributed every rank calls it at the same point.
+    Under torch.distributed every rank calls it at the same point.
     """
-    close = getattr(backend, "close", None)
-    if callable(close):
-        close()
+    if backend is not None:
+        backend.close()

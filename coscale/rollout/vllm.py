@@ -13,16 +13,15 @@ vllm. Per training step:
    ``generate`` (where the policy's forward pass is allowed under FSDP): engine and trainer
    log-probs of freshly sampled tokens (temperature 1) must agree within ``parity_atol``.
 
-Old log-probs are the engine's where they match the contract (`logprobs_trusted`) on a vLLM that
-applies the temperature to them (>= 0.10.2, `vllm_versions`), else the trainer's policy
-recomputes them. In one process, a policy changed since the last sync is synced before sampling
-(``on_stale="sync"``) or refused (``"error"``). ``close()`` shuts the engine down and frees its
-GPU memory (at the end of each RL stage); the next call builds a new one and syncs it first.
+Old log-probs are the engine's where they match the contract (`VLLMEngine.logprobs_match`: a
+vLLM >= 0.10.2 applies the temperature to them), else the trainer's policy recomputes them. In
+one process, a policy changed since the last sync is synced before sampling (``on_stale="sync"``)
+or refused (``"error"``). ``close()`` shuts the engine down and frees its GPU memory (at the end
+of each RL stage); the next call builds a new one and syncs it first.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -36,9 +35,10 @@ from coscale.rollout.vllm_engine import (
     check_settings,
     engine_args,
     eos_ids,
-    require_vllm,
     resolve_tokenizer,
+    start_engine,
 )
+from coscale.rollout.vllm_launch import check_installed
 from coscale.rollout.vllm_parity import (
     ParityResult,
     check_verdict,
@@ -47,12 +47,7 @@ from coscale.rollout.vllm_parity import (
     trainer_logprobs,
     world_size,
 )
-from coscale.rollout.vllm_requests import (
-    assemble_rollouts,
-    build_requests,
-    collect_completions,
-    logprobs_trusted,
-)
+from coscale.rollout.vllm_requests import assemble_rollouts, build_requests, collect_completions
 from coscale.rollout.vllm_sync import (
     SyncBook,
     WeightSyncError,
@@ -61,14 +56,7 @@ from coscale.rollout.vllm_sync import (
     push_weights,
     remaining,
 )
-from coscale.rollout.vllm_versions import (
-    applies_temperature,
-    check_logprobs_source,
-    describe,
-    installed_version,
-)
 
-log = logging.getLogger(__name__)
 PROBE_TEXT = "1 + 1 ="  # parity probe before any prompt was seen
 
 
@@ -131,7 +119,7 @@ class VLLMBackend(RolloutBackend):
     ) -> None:
         check_settings(**{k: v for k, v in locals().items() if k != "self"})
         if engine_factory is None:  # fail at choice time, not at the first rollout
-            check_logprobs_source(logprobs, installed_version(require_vllm()))
+            check_installed(logprobs)
         self.tokenizer = resolve_tokenizer(tokenizer, model)
         tok_path = tokenizer if isinstance(tokenizer, str) else None
         args = (dtype, gpu_memory_utilization, max_model_len, sleep_level, seed, engine_kwargs)
@@ -161,14 +149,8 @@ class VLLMBackend(RolloutBackend):
     def engine(self) -> Any:
         """The engine, built on first use (and again after `close`)."""
         if self._engine is None:
-            self._engine = self._factory(**self._args)
+            self._engine = start_engine(self._factory, self._args, self.logprobs)
             self.vllm_version = getattr(self._engine, "version", None)
-            log.info(describe(self.vllm_version))
-            try:
-                check_logprobs_source(self.logprobs, self.vllm_version)
-            except ValueError:
-                self.close()  # never leave a refused engine holding GPU memory
-                raise
         return self._engine
 
     def close(self) -> None:
@@ -276,9 +258,7 @@ class VLLMBackend(RolloutBackend):
         if self.logprobs == "trainer" and self.policy is None:
             raise ValueError("logprobs='trainer' needs the trainer's model: pass policy=...")
         trusted = self.logprobs == "engine" or (
-            self.logprobs == "auto"
-            and applies_temperature(self.vllm_version)  # >= 0.10.2: temperature included
-            and logprobs_trusted(self.engine.logprobs_mode, sampling)
+            self.logprobs == "auto" and self.engine.logprobs_match(sampling)
         )
         self.last_logprob_source = fill_logprobs(
             rollouts, trusted, self.policy, sampling.temperature, self.recompute_batch_size

@@ -1,22 +1,14 @@
 """Where coscale touches vLLM's API: building a colocated `vllm.LLM`, driving it, stopping it.
 
 `VLLMEngine` wraps `vllm.LLM` behind a few small methods (generate, load_weights, sleep,
-wake_up, reset_prefix_cache, logprobs_mode, version, shutdown). `VLLMBackend` talks only to
-those, so a test can hand it a fake engine, and an API change of vLLM is fixed here (or in
-`vllm_versions`, for what differs between versions). vLLM is imported when an engine is built,
-never when coscale is imported.
+wake_up, reset_prefix_cache, logprobs_mode, logprobs_match, version, shutdown). `VLLMBackend`
+talks only to those (and `start_engine` builds one), so a test can hand it a fake engine, and an
+API change of vLLM is fixed here (or in `vllm_versions`, for what differs between versions).
+vLLM is imported when an engine is built, never when coscale is imported.
 
 Choices (vLLM's API as of 0.10.2-0.33; every default can be overridden through `engine_kwargs`):
-- The engine runs in the training process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set unless
-  the user set it), so ``LLM.apply_model`` hands the live model to ``load_weights`` without
-  copying tensors across processes.
-- Under torch.distributed with several ranks, each rank drives its own engine on its own
-  prompts: ``distributed_executor_backend="external_launcher"`` (vLLM's torchrun support), with
-  the engine seed offset by the rank so that replicas sample differently. That executor reads
-  ``RANK`` and ``LOCAL_RANK`` from the environment; torchrun sets them, Lightning's own launcher
-  sets only ``LOCAL_RANK`` and SLURM neither, so `launcher_env` fills them from torch.distributed
-  and the rank's CUDA device. Tensor parallelism is refused there: vLLM then needs every rank
-  of a group to send the same prompts, and coscale's ranks each sample their own.
+- The engine runs in the training process, one per rank under torch.distributed (vLLM's
+  ``external_launcher``); `vllm_launch` prepares the process for it.
 - ``generation_config="vllm"``: the checkpoint's sampling defaults are ignored, as in the HF
   backend; only coscale's `SamplingParams` shape the distribution.
 - ``logprobs_mode="processed_logprobs"`` where vLLM knows the option (>= 0.10.0): log-probs
@@ -29,35 +21,49 @@ Choices (vLLM's API as of 0.10.2-0.33; every default can be overridden through `
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import logging
 import math
-import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from torch import Tensor
 
+from coscale.rollout.base import SamplingParams
 from coscale.rollout.hf import _eos_token_ids
-from coscale.rollout.vllm_requests import Request
-from coscale.rollout.vllm_versions import installed_version, release_memory, stop_llm
+from coscale.rollout.vllm_launch import prepare_environment, replica_args, require_vllm
+from coscale.rollout.vllm_requests import Request, logprobs_trusted
+from coscale.rollout.vllm_versions import (
+    applies_temperature,
+    check_logprobs_source,
+    describe,
+    installed_version,
+    release_memory,
+    stop_llm,
+)
+
+log = logging.getLogger(__name__)
 
 LOGPROB_SOURCES = ("auto", "engine", "trainer")
 STALE_ACTIONS = ("sync", "error", "ignore")
-INSTALL_HINT = "install coscale[vllm] to use the vLLM rollout backend (pip install 'coscale[vllm]')"
 
 
-def require_vllm() -> Any:
-    """Imports and returns the `vllm` module, or raises ImportError with `INSTALL_HINT`."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ImportError(INSTALL_HINT)
+def start_engine(factory: Callable[..., Any], args: Mapping[str, Any], logprobs: str) -> Any:
+    """``factory(**args)``, with its vLLM version logged and checked against `logprobs`.
+
+    Raises:
+        ValueError: When that version cannot give the `logprobs` source asked for; the engine is
+            shut down first, never left holding GPU memory.
+    """
+    engine = factory(**args)
+    version = getattr(engine, "version", None)
+    log.info(describe(version))
     try:
-        return importlib.import_module("vllm")
-    except ImportError as err:
-        raise ImportError(f"{INSTALL_HINT}; importing vllm failed: {err}") from err
+        check_logprobs_source(logprobs, version)
+    except ValueError:
+        engine.shutdown()
+        raise
+    return engine
 
 
 def engine_args(
@@ -84,32 +90,19 @@ def engine_args(
     if max_model_len is not None:
         args["max_model_len"] = max_model_len
     args.update(extra or {})
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        args.setdefault("distributed_executor_backend", "external_launcher")
-        args["seed"] = int(args["seed"]) + dist.get_rank()
-    tp = int(args.get("tensor_parallel_size", 1))
-    if tp != 1 and args.get("distributed_executor_backend") == "external_launcher":
-        raise ValueError(
-            f"rollout_options.engine_kwargs.tensor_parallel_size must be 1 under "
-            f"torch.distributed, got {tp}: each rank samples its own prompts with its own "
-            "seeds, while vLLM's external_launcher needs every rank of a tensor-parallel group "
-            "to send the same ones. Use one engine per rank (a model that fits one GPU), or "
-            "tensor parallelism in a single process"
-        )
-    return args
+    return replica_args(args)
 
 
 def build_engine(**kwargs: Any) -> VLLMEngine:
     """A `VLLMEngine` over `vllm.LLM(**kwargs)`, in this process.
 
     Raises:
-        ImportError: Without vllm installed (`INSTALL_HINT`).
-        RuntimeError: Under ``external_launcher`` when `launcher_env` cannot tell the ranks.
+        ImportError: Without vllm installed (`vllm_launch.INSTALL_HINT`).
+        RuntimeError: Under ``external_launcher`` when the ranks cannot be told
+            (`vllm_launch.prepare_environment`).
     """
     vllm = require_vllm()
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if kwargs.get("distributed_executor_backend") == "external_launcher":
-        os.environ.update(launcher_env(os.environ, *rank_layout()))
+    prepare_environment(kwargs)
     try:
         llm = vllm.LLM(**kwargs)
     except TypeError as err:  # vLLM < 0.10.0 has no logprobs_mode
@@ -117,60 +110,6 @@ def build_engine(**kwargs: Any) -> VLLMEngine:
             raise
         llm = vllm.LLM(**{k: v for k, v in kwargs.items() if k != "logprobs_mode"})
     return VLLMEngine(llm, vllm.SamplingParams, installed_version(vllm))
-
-
-def rank_layout() -> tuple[int, int, int | None]:
-    """(global rank, world size, CUDA device index or None) of this process.
-
-    Raises:
-        RuntimeError: Without an initialised torch.distributed, which external_launcher joins.
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(
-            "distributed_executor_backend='external_launcher' joins an existing "
-            "torch.distributed process group and none is initialised: launch with torchrun, or "
-            "build the backend inside a Lightning fit with several devices"
-        )
-    device = torch.cuda.current_device() if torch.cuda.is_available() else None
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def launcher_env(
-    environ: Mapping[str, str], rank: int, world_size: int, device: int | None
-) -> dict[str, str]:
-    """``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` for vLLM's external launcher.
-
-    The executor reads ``RANK`` and ``LOCAL_RANK`` and puts its engine on ``cuda:LOCAL_RANK``;
-    ``MASTER_ADDR`` / ``MASTER_PORT`` matter only when it has to create the process group, which
-    the trainer already did. Values already set are kept when they agree with torch.distributed;
-    a missing ``LOCAL_RANK`` is this rank's CUDA device (else ``SLURM_LOCALID``).
-
-    Raises:
-        RuntimeError: When a set value disagrees, or the local rank cannot be told.
-    """
-    problems = []
-    for name, value in (("RANK", rank), ("WORLD_SIZE", world_size)):
-        if environ.get(name, str(value)) != str(value):
-            problems.append(f"{name}={environ[name]} but torch.distributed says {value}")
-    local = environ.get("LOCAL_RANK")
-    if local is None:
-        local = str(device) if device is not None else environ.get("SLURM_LOCALID")
-    if local is None:
-        problems.append(
-            "no LOCAL_RANK, SLURM_LOCALID or CUDA device tells this rank's local rank: launch "
-            "with torchrun (it sets RANK, LOCAL_RANK, WORLD_SIZE) or set LOCAL_RANK"
-        )
-    elif device is not None and local != str(device):
-        problems.append(
-            f"LOCAL_RANK={local} but this rank trains on cuda:{device}, and vLLM would put its "
-            "engine on cuda:LOCAL_RANK: give each node's ranks devices 0..N-1 (choose GPUs with "
-            "CUDA_VISIBLE_DEVICES, not Trainer(devices=[...]))"
-        )
-    if problems:
-        raise RuntimeError(
-            "vLLM's external_launcher under torch.distributed: " + "; ".join(problems)
-        )
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local)}
 
 
 class VLLMEngine:
@@ -231,6 +170,12 @@ class VLLMEngine:
         config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
         mode = getattr(config, "logprobs_mode", None)
         return None if mode is None else str(getattr(mode, "value", mode))
+
+    def logprobs_match(self, sampling: SamplingParams) -> bool:
+        """Whether its log-probs are the `Rollouts.logprobs` contract's for `sampling`: after the
+        temperature (vLLM >= 0.10.2, `applies_temperature`), with top-k / top-p off and a
+        processed mode (`logprobs_trusted`)."""
+        return applies_temperature(self.version) and logprobs_trusted(self.logprobs_mode, sampling)
 
     def shutdown(self) -> None:
         """Stops the engine (`stop_llm`), drops it and frees its memory; idempotent."""

@@ -15,6 +15,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from coscale.models.full_state import is_sharded  # noqa: F401  (re-exported)
+
 WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 """Name parts that wrappers (FSDP1, activation checkpointing, torch.compile) insert."""
 
@@ -86,12 +88,3 @@ def buckets(named: Sequence[tuple[str, Tensor]], max_bytes: int) -> Iterator[lis
         size += nbytes
     if bucket:
         yield bucket
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether `model` holds FSDP1 units or FSDP2 (DTensor) parameters: its forward is a collective."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    if any(hasattr(p, "full_tensor") for p in model.parameters()):
-        return True
-    return any(isinstance(m, FSDP) for m in model.modules())

@@ -1,0 +1,144 @@
+"""Run by tests/test_multiprocess.py as a script, on 2 CPU processes over gloo.
+
+``fits <model_dir> <out>``: one ``Trainer.fit`` of an SFTModule and one of a GRPOModule with a
+ReDistillation callback under FSDP2 (Lightning's ``ModelParallelStrategy``, ``fully_shard`` per
+decoder layer), each followed by an export; rank 0 saves the gathered weights
+(``<out>/{sft,grpo}_gathered.pt``) and every rank writes what it saw to ``<out>/rank<r>.json``. Lightning launches rank 1 by running this script again.
+
+``lockstep <model_dir> <out>``: the cached-decode backend on a ``fully_shard``ed policy, where
+every row of rank 0 ends at its first token and rank 1 decodes to the token limit; rank 1's
+completions must equal those of the unsharded model. Without lockstep rank 0 stops stepping,
+rank 1 waits in its next forward's all-gather, and the gloo timeout (30 s) fails the run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+import lightning as L
+import torch
+
+from coscale.callbacks import ReDistillation
+from coscale.datamodules import ProblemDataModule
+from coscale.models.full_state import full_state_dict
+from coscale.modules import GRPOModule, SFTModule
+from coscale.tasks import arithmetic
+
+
+class DigitReward:
+    """1.0 for a completion with a digit: a signal the random tiny model sometimes earns."""
+
+    def __call__(self, completions, answers, **_):
+        return [float(any(ch.isdigit() for ch in c)) for c in completions]
+
+
+def _trainer(**kw) -> L.Trainer:
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        **kw,
+    )
+
+
+def _gathered(module, path: str) -> int:
+    """Gathers the policy's whole weights (every rank calls); rank 0 saves them to ``path``.
+    Returns how many tensors this rank got (0 on rank 1: only rank 0 receives them)."""
+    state = full_state_dict(module.policy)
+    if state:
+        torch.save(state, path)
+    return len(state)
+
+
+def fits(model_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    rows = [
+        p.to_dict() | {"solutions": arithmetic.solutions_of(p, 2)}
+        for p in arithmetic.generate(8, (2,), 5, "d")
+    ]
+    dm = ProblemDataModule(train=rows, sft_batch_size=4, batch_size=2, bank_solutions=2, seed=1)
+    dm.load()
+    sft = SFTModule(model=model_dir, lr=1e-2)
+    _trainer(max_steps=2).fit(sft, datamodule=dm)
+    sft_tensors = _gathered(sft, os.path.join(out, "sft_gathered.pt"))
+    sft.export(os.path.join(out, "sft"))
+    for i, pid in enumerate(dm.problems):
+        dm.curriculum.pools.record(pid, 10, 2 + i % 4)
+    grpo = GRPOModule(
+        model=model_dir,
+        reward=DigitReward(),
+        lr=5e-3,
+        max_new_tokens=6,
+        temperature=1.0,
+        micro_batch_size=3,
+    )
+    redistill = ReDistillation(
+        max_per_problem=2,
+        sft={"lr": 1e-2, "batch_size": 4},
+        trainer={"max_steps": 2},
+        export_dir=os.path.join(out, "redistilled"),
+    )
+    _trainer(max_epochs=1, callbacks=[redistill]).fit(grpo, datamodule=dm)
+    state = {
+        "sft_tensors": sft_tensors,
+        "grpo_tensors": _gathered(grpo, os.path.join(out, "grpo_gathered.pt")),
+        "redistill_runs": redistill.runs,
+        "sharded": type(next(grpo.policy.parameters())).__name__,
+    }
+    rank = int(os.environ.get("LOCAL_RANK", 0))
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(state, f)
+
+
+def _lockstep_rank(rank: int, model_dir: str, out: str, port: int) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    from coscale.models.policy import load_policy
+    from coscale.rollout.base import SamplingParams
+    from coscale.rollout.cached import CachedDecodeBackend
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    timeout = datetime.timedelta(seconds=30)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2, timeout=timeout)
+    torch.set_num_threads(1)
+    model, tok = load_policy(model_dir)
+    prompts, sampling = (
+        ["12+7=", "3+4=", "40-2="],
+        SamplingParams(max_new_tokens=12, temperature=1.0, seed=3),
+    )
+    plain = CachedDecodeBackend(model, tok).generate(prompts, 2, sampling).texts
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    backend = CachedDecodeBackend(model, tok)
+    if rank == 0:  # every token ends a row: rank 0 is done after one step
+        backend.eos_token_ids = tuple(range(len(tok)))
+    texts = backend.generate(prompts, 2, sampling).texts
+    with open(os.path.join(out, f"lockstep{rank}.json"), "w") as f:
+        json.dump({"plain": plain, "sharded": texts}, f)
+    torch.distributed.destroy_process_group()
+
+
+def lockstep(model_dir: str, out: str) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_lockstep_rank, args=(model_dir, out, port), nprocs=2)
+
+
+if __name__ == "__main__":
+    {"fits": fits, "lockstep": lockstep}[sys.argv[1]](sys.argv[2], sys.argv[3])

@@ -1,0 +1,148 @@
+"""The multi-GPU path on 2 CPU processes (gloo): the whole pipeline under DDP and under FSDP2,
+module fits under FSDP2 outside the pipeline, and decoding in lockstep on a sharded policy.
+
+Pipeline runs (tests/configs/two_ranks.yaml): every stage (warm-up SFT, measure, GRPO with N per
+group, re-distillation after iteration 1, final retrain, export) once in one process, once with
+``strategy: ddp`` and once with FSDP2 (``ModelParallelStrategy``, ``fully_shard`` per decoder
+layer), each on 2 processes. What must agree, and why:
+
+* the pools after the warm-up: measurement deals fixed, seeded chunks of problems to the ranks
+  and gathers the counts, so it does not depend on the number of processes (all three runs);
+* the whole curriculum (pools, histories, bank, replay buffer, N per problem) and the results,
+  DDP against FSDP2: both split the data and seed the rollouts alike; their weights differ only
+  by the rounding of the gradient reduction (all-reduce against reduce-scatter), far below what
+  could move a sampled token (inverse-CDF draws), so the runs take the same decisions;
+* the final weights, DDP against FSDP2, within 1e-4 (that rounding, over a few steps).
+The one-process run splits rollouts differently after the warm-up, so only its warm-up is held
+to the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "tests" / "configs" / "two_ranks.yaml"
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+FSDP2 = (
+    "{class_path: lightning.pytorch.strategies.ModelParallelStrategy, "
+    "init_args: {data_parallel_size: 2, tensor_parallel_size: 1}}"
+)
+STRATEGIES = {"single": None, "ddp": "ddp", "fsdp2": FSDP2}
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _pipeline(run_dir: Path, strategy: str | None) -> subprocess.CompletedProcess:
+    trainer = "{accelerator: cpu, precision: 32-true}"
+    if strategy is not None:
+        trainer = f"{{accelerator: cpu, precision: 32-true, devices: 2, strategy: {strategy}}}"
+    cmd = [sys.executable, "-m", "coscale", "run", "--config", str(CONFIG)]
+    cmd += ["--pipeline.run_dir", str(run_dir), "--pipeline.trainer", trainer]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=500)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    out = {}
+    for name, strategy in STRATEGIES.items():
+        run_dir = tmp_path_factory.mktemp(name) / "run"
+        done = _pipeline(run_dir, strategy)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+        out[name] = run_dir
+    return out
+
+
+def _state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "pipeline_state.json").read_text())
+
+
+def test_every_stage_ran_under_ddp_and_fsdp2(runs):
+    for name in ("ddp", "fsdp2"):
+        state = _state(runs[name])
+        assert state["done"] == [
+            "warmup",
+            "it1/scale",
+            "it1/sft",
+            "it1/eval",
+            "it1/rl",
+            "it1/redistill",
+            "it2/scale",
+            "it2/sft",
+            "it2/eval",
+            "it2/rl",
+            "final",
+        ]
+        assert "it1/rl" in state["models"] and "it1/redistill" in state["models"], name
+        assert state["results"]["spend"]["it1/rl"]["rollouts"] > 0, name
+
+
+def test_measurement_does_not_depend_on_the_number_of_processes(runs):
+    warmups = {name: _state(run)["results"]["warmup"] for name, run in runs.items()}
+    assert warmups["ddp"] == warmups["single"] == warmups["fsdp2"]
+    assert warmups["single"]["solvable"] > 0  # RL has work in every run
+
+
+def test_ddp_and_fsdp2_take_the_same_decisions(runs):
+    ddp, fsdp2 = _state(runs["ddp"]), _state(runs["fsdp2"])
+    assert ddp["curriculum"] == fsdp2["curriculum"]
+    assert ddp["results"] == fsdp2["results"]
+
+
+def test_exports_load_in_transformers_and_agree_across_strategies(runs):
+    from transformers import AutoModelForCausalLM
+
+    ddp = load_file(runs["ddp"] / "final" / "model" / "model.safetensors")
+    fsdp2 = load_file(runs["fsdp2"] / "final" / "model" / "model.safetensors")
+    assert ddp.keys() == fsdp2.keys()
+    for name, tensor in ddp.items():
+        assert torch.allclose(fsdp2[name], tensor, atol=1e-4), name
+    for stage in ("it1/rl", "it1/redistill", "final"):
+        model = AutoModelForCausalLM.from_pretrained(runs["fsdp2"] / stage / "model")
+        assert not any(hasattr(p, "full_tensor") for p in model.parameters())
+
+
+def _worker(mode: str, model_dir: Path, out: Path) -> None:
+    cmd = [sys.executable, str(WORKER), mode, str(model_dir), str(out)]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def test_sft_and_grpo_fits_under_fsdp2_export_the_gathered_weights(tiny_model_dir, tmp_path):
+    """Export after an FSDP2 fit (the vocabulary, 101, does not split evenly over 2 ranks) and
+    re-distillation into an FSDP2 policy (a full state dict broadcast into the shards)."""
+    _worker("fits", tiny_model_dir, tmp_path)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["sharded"] == "DTensor" and r["redistill_runs"] == 1 for r in ranks)
+    assert ranks[0]["sft_tensors"] > 0 and ranks[1]["sft_tensors"] == 0  # gathered on rank 0
+    for folder, gathered in (("sft", "sft_gathered.pt"), ("redistilled", "grpo_gathered.pt")):
+        exported = load_file(tmp_path / folder / "model.safetensors")
+        full = torch.load(tmp_path / gathered)
+        assert exported and set(exported) <= set(full)
+        for name, tensor in exported.items():
+            assert torch.equal(tensor, full[name]), f"{folder}: {name}"
+    initial = load_file(Path(tiny_model_dir) / "model.safetensors")
+    trained = load_file(tmp_path / "sft" / "model.safetensors")
+    assert any(not torch.equal(trained[k], initial[k]) for k in initial)  # the fit trained
+
+
+def test_decoding_on_a_sharded_policy_keeps_every_rank_stepping(tiny_model_dir, tmp_path):
+    """Rank 0's rows all end at their first token; rank 1 decodes to the limit and gets the
+    unsharded model's completions (a stopped rank 0 would leave it waiting: gloo timeout)."""
+    _worker("lockstep", tiny_model_dir, tmp_path)
+    rank0 = json.loads((tmp_path / "lockstep0.json").read_text())
+    rank1 = json.loads((tmp_path / "lockstep1.json").read_text())
+    assert rank0["sharded"] == [""] * 6
+    assert rank1["sharded"] == rank1["plain"]
+    assert all(len(text) > 0 for text in rank1["plain"])
