@@ -1,25 +1,34 @@
-"""GPU check: a few GRPO steps of a small HF model with the HF backend under FSDP2; prints speed.
+"""GPU check: a few GRPO steps of a small HF model under FSDP2 (speed), and the multi-process
+paths that CI runs only on 2 CPU processes (pipeline, lockstep, fits: benchmarks/gpu_check_paths.py).
 
-Built offline: a random character-level Llama (``builtin:tiny`` with the sizes below, ~25M
-parameters by default) on the built-in arithmetic task, so the check needs no download. Every
-rank samples ``--problems`` problems x ``--n`` rollouts of up to ``--new-tokens`` tokens per step
-with HF ``generate``, then runs the GRPO update. Prints, per step: the step time, generated
-tokens/s and trained tokens/s over all ranks; then the medians without the first (warm-up) step.
-FSDP here is FSDP2 (``fully_shard`` per decoder layer and on the policy, Lightning's
-ModelParallelStrategy): with Lightning's FSDPStrategy (FSDP1) GRPO's backward pass inside
-``training_step`` fails (the root FSDP unit is still in its forward state).
+``speed`` (the default command): a random character-level Llama (``builtin:tiny`` with the sizes
+below, ~25M parameters by default) on the built-in arithmetic task, built offline. Every rank
+samples ``--problems`` problems x ``--n`` rollouts of up to ``--new-tokens`` tokens per step with HF
+``generate``, then runs the GRPO update. Prints, per step: the step time, generated tokens/s and
+trained tokens/s over all ranks; then the medians without the first (warm-up) step. FSDP here is
+FSDP2 (``fully_shard`` per decoder layer and on the policy, Lightning's ModelParallelStrategy):
+with Lightning's FSDPStrategy (FSDP1) GRPO's backward pass inside ``training_step`` fails (the
+root FSDP unit is still in its forward state).
 
-Run: ``bash benchmarks/gpu_check.sh`` (all visible GPUs) or
-``python benchmarks/gpu_check.py --devices 1 --steps 6``. Dry run on CPU:
-``python benchmarks/gpu_check.py --accelerator cpu --strategy ddp --devices 2 --steps 2``.
+``pipeline`` | ``lockstep`` | ``fits``: one multi-process path each (see gpu_check_paths.py);
+``all``: speed and the three, each in a subprocess, within ``--budget`` seconds. Each prints
+``[gpu_check] PASS|FAIL|SKIP <check>: <numbers>``; the exit code is 1 when any failed.
+
+Run: ``bash benchmarks/gpu_check.sh`` (``all`` on every visible GPU) or
+``python benchmarks/gpu_check.py [speed] --devices 1 --steps 6``. Dry run on 2 CPU processes
+(gloo, 32-true): ``python benchmarks/gpu_check.py lockstep --cpu`` (any command).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -28,6 +37,11 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, also when imported
+import gpu_check_paths as paths
+
+COMMANDS = ("speed", "pipeline", "lockstep", "fits", "all")
 
 
 class HasDigitReward:
@@ -103,24 +117,34 @@ def _devices(value: str, accelerator: str) -> int:
     return max(1, torch.cuda.device_count()) if accelerator in ("gpu", "cuda") else 1
 
 
-def _args() -> argparse.Namespace:
+def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("command", nargs="?", default="speed", choices=COMMANDS)
+    p.add_argument("--cpu", action="store_true",
+                   help="dry run: 2 CPU processes over gloo, 32-true")  # fmt: skip
+    p.add_argument("--budget", type=float, default=300, help="seconds for all checks together")
+    p.add_argument("--work", default=None, help="folder for the checks' files (default: a temp)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--accelerator", default="gpu")
     p.add_argument("--devices", default="auto", help="devices per node, or auto (all)")
-    p.add_argument("--num-nodes", type=int, default=1)
-    p.add_argument("--strategy", default="fsdp", help="fsdp (FSDP2) | ddp | auto")
-    p.add_argument("--precision", default="bf16-mixed")
+    p.add_argument("--num-nodes", type=int, default=1, help="speed only")
+    p.add_argument("--strategy", default="fsdp", help="fsdp (FSDP2) | ddp | auto; speed only")
+    p.add_argument("--precision", default=None, help="default bf16-mixed (32-true with --cpu)")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--problems", type=int, default=16, help="problems per rank per step")
     p.add_argument("--n", type=int, default=8, help="rollouts per problem")
     p.add_argument("--new-tokens", type=int, default=64)
-    return p.parse_args()
+    args = p.parse_args(argv)
+    if args.cpu:
+        args.accelerator = "cpu"
+        args.devices = "2" if args.devices == "auto" else args.devices
+    args.precision = args.precision or ("32-true" if args.accelerator == "cpu" else "bf16-mixed")
+    return args
 
 
-def main() -> None:
-    args = _args()
+def speed(args: argparse.Namespace) -> None:
+    """A few GRPO steps; prints step time and tokens/s (see the module doc)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     rank = os.environ.get("LOCAL_RANK", "0")  # one model folder per rank: no race under torchrun
     os.environ.setdefault("COSCALE_CACHE", os.path.join("/tmp", f"coscale_gpu_check_{rank}"))
@@ -161,5 +185,64 @@ def main() -> None:
               f"total {time.perf_counter() - start:.1f} s", flush=True)  # fmt: skip
 
 
+def speed_in_subprocess(setup: paths.Setup, argv: list[str]) -> str:
+    """``speed`` with the same options, as a worker of its own; echoes its ``[gpu_check]`` lines."""
+    cmd = [sys.executable, os.path.abspath(__file__), "speed", *argv]
+    try:
+        wall = paths.run_worker("speed", cmd, setup)
+    finally:
+        log = setup.work / "speed.log"
+        if log.exists():
+            lines = [
+                ln
+                for ln in log.read_text(errors="replace").splitlines()
+                if ln.startswith("[gpu_check]")
+            ]
+            print("\n".join(lines), flush=True)
+    return f"{setup.where}: worker {wall:.1f} s (step times above)"
+
+
+def run_checks(args: argparse.Namespace, names: list[str], argv: list[str]) -> int:
+    """Runs the checks ``names`` one after the other; prints one line each; 1 if any failed."""
+    # a TERM (gpu_check.sh's timeout) unwinds like Ctrl-C: the running worker's ranks are killed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(args.work or tempfile.mkdtemp(prefix="coscale_gpu_check_"))
+    work.mkdir(parents=True, exist_ok=True)
+    devices = _devices(args.devices, args.accelerator)
+    setup = paths.Setup(args.accelerator, devices, args.precision, work,
+                        deadline=time.monotonic() + args.budget)  # fmt: skip
+    # no CUDA in this process: it would hold memory on GPU 0 while the checks run
+    print(f"[gpu_check] torch {torch.__version__}, {args.accelerator} x {devices}, "
+          f"files in {work}", flush=True)  # fmt: skip
+    checks = {**paths.CHECKS, "speed": lambda s: speed_in_subprocess(s, argv)}
+    failed = []
+    for name in names:
+        start = time.perf_counter()
+        try:
+            line = "PASS", checks[name](setup)
+        except paths.Skipped as why:
+            line = "SKIP", str(why)
+        except Exception as err:  # any error is this check's failure; the others still run
+            line = "FAIL", f"{type(err).__name__}: {err}"
+            failed.append(name)
+        took = time.perf_counter() - start
+        print(f"[gpu_check] {line[0]} {name} ({took:.1f} s): {line[1]}", flush=True)
+    print(f"[gpu_check] {'FAILED: ' + ' '.join(failed) if failed else 'all passed'}", flush=True)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _args(argv)
+    if args.command == "speed":  # in this process (Lightning starts ranks 1.. by running it again)
+        speed(args)
+        return 0
+    rest = list(argv)  # the options, for speed's worker
+    if args.command in rest:
+        rest.remove(args.command)
+    names = ["lockstep", "fits", "pipeline", "speed"] if args.command == "all" else [args.command]
+    return run_checks(args, names, rest)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

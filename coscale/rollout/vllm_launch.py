@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from coscale.models.full_state import distributed
 from coscale.rollout.vllm_versions import check_logprobs_source, installed_version
 
 INSTALL_HINT = "install coscale[vllm] to use the vLLM rollout backend (pip install 'coscale[vllm]')"
@@ -52,10 +53,6 @@ def check_installed(logprobs: str) -> None:
     """
     check_logprobs_source(logprobs, installed_version(require_vllm()))
 
-
-def distributed() -> bool:
-    """Whether this process is one of several torch.distributed ranks."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def replica_args(args: Mapping[str, Any]) -> dict[str, Any]:
