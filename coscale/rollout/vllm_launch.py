@@ -54,7 +54,6 @@ def check_installed(logprobs: str) -> None:
     check_logprobs_source(logprobs, installed_version(require_vllm()))
 
 
-
 def replica_args(args: Mapping[str, Any]) -> dict[str, Any]:
     """`vllm.LLM` keyword arguments `args` for this rank's own engine.
 
