@@ -64,6 +64,13 @@ class PipelineConfig:
         sft_max_steps: Cap on the optimiser steps of every SFT stage, the re-distillation and
             final retrain included (None: ``sft_epochs`` alone decide). SFT sets grow with every
             iteration; a cap keeps each stage's cost fixed.
+        sft_select_problems: Score every SFT stage from the initial model (each iteration's
+            SFT, re-distillation, the final retrain) by pass@1 on this many of the training
+            problems (a seeded slice) every ``sft_select_every`` steps and at its end, and keep
+            its best-scoring weights instead of its last (:mod:`coscale.stages.selection`).
+            0: off, every stage keeps its last weights.
+        sft_select_every: Optimiser steps between two scorings of the selection.
+        sft_select_k: Samples per problem of each scoring.
         rl_epochs: Epochs of every RL stage (the solvable set is rebuilt each epoch).
         final_retrain: Retrain from the initial model at the end.
         final_keep: ``retrained`` (the paper), ``better`` or ``best``: see
@@ -97,6 +104,9 @@ class PipelineConfig:
     rl_eval_every: int = 0
     sft_epochs: int = 2
     sft_max_steps: int | None = None
+    sft_select_problems: int = 0
+    sft_select_every: int = 100
+    sft_select_k: int = 4
     rl_epochs: int = 2
     final_retrain: bool = True
     redistill_each_iteration: bool = True
@@ -119,6 +129,10 @@ class PipelineConfig:
             0, warmup_problems=self.warmup_problems, rl_eval_every=self.rl_eval_every
         )
         errors += at_least(1, optional=True, sft_max_steps=self.sft_max_steps)
+        errors += at_least(0, sft_select_problems=self.sft_select_problems)
+        errors += at_least(
+            1, sft_select_every=self.sft_select_every, sft_select_k=self.sft_select_k
+        )
         errors += at_least(1, optional=True, eval_max_problems=self.eval_max_problems)
         if self.final_keep not in KEEP:
             errors.append(f"final_keep must be one of {', '.join(KEEP)}; got {self.final_keep!r}")

@@ -6,8 +6,12 @@ export the result as a plain Hugging Face folder; none changes the curriculum.
 
 from __future__ import annotations
 
+import shutil
+
+from coscale.models.full_state import barrier, is_writer
 from coscale.modules import SFTModule
 from coscale.stages.context import StageContext
+from coscale.stages.selection import SelectOnProblems, selection_slice
 
 
 def sft_stage(ctx: StageContext, name: str, source: str = "all", start: str | None = None):
@@ -21,8 +25,31 @@ def sft_stage(ctx: StageContext, name: str, source: str = "all", start: str | No
         print(f"[coscale] {name}: no SFT pairs, stage skipped", flush=True)
         return None
     module = SFTModule(model=start or ctx.cfg.model, **ctx.sft_args)
-    ctx.fit(name, module, view, [], ctx.cfg.sft_epochs, max_steps=ctx.cfg.sft_max_steps)
-    return module.export(ctx.path(name, "model"))
+    select = selection(ctx, name) if source == "all" and start is None else None
+    callbacks = [select] if select is not None else []
+    ctx.fit(name, module, view, callbacks, ctx.cfg.sft_epochs, max_steps=ctx.cfg.sft_max_steps)
+    out = ctx.path(name, "model")
+    if select is not None and select.best_model() is not None:
+        return copy_model(select.best_model(), out)
+    return module.export(out)
+
+
+def selection(ctx: StageContext, name: str) -> SelectOnProblems | None:
+    """The stage's checkpoint selection on its own problems (None when it is off)."""
+    cfg = ctx.cfg
+    if not cfg.sft_select_problems:
+        return None
+    problems = selection_slice(ctx.curriculum.problems.values(), cfg.sft_select_problems, cfg.seed)
+    folder = ctx.path(name, "select")
+    return SelectOnProblems(problems, cfg.sft_select_k, cfg.sft_select_every, folder, cfg.seed)
+
+
+def copy_model(src: str, dst: str) -> str:
+    """``src``'s files into ``dst`` (rank 0 copies; every rank returns once it is done)."""
+    if is_writer():
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+    barrier()
+    return dst
 
 
 def load_for_sampling(ctx: StageContext, model: str) -> SFTModule:

@@ -1,0 +1,113 @@
+"""Which weights an SFT stage from the initial model ends with: the best on its own problems.
+
+A retrain from the initial model is meant to carry forward what the model it replaces solves.
+Whether it does is pass@1 on the training problems, the measure ``final_keep`` judges by. So
+:class:`SelectOnProblems` scores the policy during the fit, every ``every_n_steps`` optimiser
+steps and at the fit's end, by pass@1 on a seeded slice of the stage's own training problems
+(never a test set), with the same seeded samples at every scoring, and the stage exports the
+best-scoring weights instead of the last ones. Each improvement is written to
+``<stage>/select/step<k>``; the score history and the best step live in the stage checkpoint, so
+a resumed fit selects as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import replace
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from coscale.models.full_state import barrier, is_writer
+from coscale.rollout.base import SamplingParams
+from coscale.stages.measure import sample_counts
+
+
+def selection_slice(problems: list, count: int, seed: int) -> list[dict]:
+    """``count`` of ``problems`` chosen by ``seed`` (all when fewer), as dicts, in a fixed order."""
+    chosen = list(problems)
+    if count < len(chosen):
+        chosen = random.Random(seed).sample(chosen, count)
+    return [p.to_dict() if hasattr(p, "to_dict") else dict(p) for p in chosen]
+
+
+class SelectOnProblems(Callback):
+    """Keeps the weights with the highest pass@1 on ``problems`` during an SFT fit.
+
+    Args:
+        problems: Dicts with ``question`` and ``answer``: a slice of the stage's own problems.
+        k: Samples per problem per scoring (temperature of the module's ``val_sampling``).
+        every_n_steps: Score every this many optimiser steps (and always at the fit's end).
+        folder: Where each new best is exported (``<folder>/step<k>``).
+        seed: Seed of the samples, the same at every scoring so that scores compare.
+    """
+
+    def __init__(
+        self, problems: list[dict], k: int, every_n_steps: int, folder: str, seed: int = 0
+    ) -> None:
+        self.problems, self.k, self.every_n_steps = problems, k, every_n_steps
+        self.folder, self.seed = folder, seed
+        self.scores: dict[int, float] = {}  # step -> pass@1
+        self.best_step = -1
+
+    @property
+    def best(self) -> float:
+        return self.scores.get(self.best_step, float("-inf"))
+
+    def best_model(self) -> str | None:
+        """The folder of the best weights (None before any scoring)."""
+        return self.path(self.best_step) if self.best_step >= 0 else None
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.folder, f"step{step}")
+
+    @override
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        step = trainer.global_step
+        if step % self.every_n_steps == 0 and step not in self.scores:
+            self.score(trainer, pl_module, step)
+
+    @override
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.global_step not in self.scores:
+            self.score(trainer, pl_module, trainer.global_step)
+        self.prune()
+        print(
+            f"[coscale] selection: step {self.best_step} of {trainer.global_step} kept, pass@1 "
+            f"{self.best:.4f} on {len(self.problems)} of the stage's problems "
+            f"(scores: {', '.join(f'{s}:{v:.3f}' for s, v in sorted(self.scores.items()))})",
+            flush=True,
+        )
+
+    def score(self, trainer: Any, pl_module: Any, step: int) -> None:
+        """pass@1 of the policy now; a new best is exported (every rank takes part)."""
+        base = getattr(pl_module, "val_sampling", None) or SamplingParams()
+        counts = sample_counts(pl_module, self.problems, self.k, replace(base, seed=self.seed), 16)
+        value = sum(counts) / (self.k * len(counts)) if counts else 0.0
+        self.scores[step] = value
+        if value > self.best:  # a later step must do strictly better to replace the choice
+            pl_module.export(self.path(step))
+            self.best_step = step
+        metrics = {"select/pass@1": value, "select/best_step": float(self.best_step)}
+        for logger in trainer.loggers if trainer.is_global_zero else []:
+            logger.log_metrics(metrics, step=step)
+
+    def prune(self) -> None:
+        """Removes the exported folders other than the best one."""
+        if is_writer() and os.path.isdir(self.folder):
+            for name in os.listdir(self.folder):
+                if name != f"step{self.best_step}":
+                    shutil.rmtree(os.path.join(self.folder, name), ignore_errors=True)
+        barrier()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"scores": dict(self.scores), "best_step": self.best_step}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scores = {int(k): float(v) for k, v in state_dict["scores"].items()}
+        self.best_step = int(state_dict["best_step"])
