@@ -98,13 +98,84 @@ def sft_arm(base: str, problems: list, per_problem: int, size: int, cfg, data, s
         for p in chosen
         for s in list(tiers.solutions(p.question))[:per_problem]
     ]
-    items += data.curriculum._replay_for(len(items))
+    return train_on(base, items, size, cfg, data, seed), chosen
+
+
+def train_on(base: str, items: list[dict], size: int, cfg, data, seed: int):
+    """SFT from the base on ``items`` plus (f)'s replay share, for about ``size`` examples."""
+    items = items + data.curriculum._replay_for(len(items))
     random.Random(seed).shuffle(items)
     epochs = max(1, round(size / len(items)))
     sft = {**instantiate(cfg.sft), "batch_size": data.sft_batch_size}
     trainer = {"max_epochs": epochs, "accelerator": "cpu", **_precision(cfg)}
-    module = run_sft(base, items, sft, trainer, seed=seed)
-    return module, chosen
+    return run_sft(base, items, sft, trainer, seed=seed)
+
+
+def bank_items(data, problems: list) -> list[dict]:
+    """Every bank solution (f) collected for ``problems`` (teacher solutions of data scaling)."""
+    bank = data.curriculum.bank
+    return [
+        {"id": p.id, "question": p.question, "solution": s}
+        for p in problems
+        for s in bank.take(p.id, bank.count(p.id))
+    ]
+
+
+def equal_budget_arms(base: str, problems: list, spent: dict, cfg, data, work: str, args):
+    """(b), (c) on fresh problems of the same patterns and (e) = (b) then GRPO, each at (f)'s
+    budget; also the trained problems' pass@16 of (b) and (c)."""
+    fresh = fresh_problems(data.curriculum.bank.total(), {p.question for p in problems})
+    models, spend = {}, {}
+    before = budget.snapshot()
+    b, _ = sft_arm(base, fresh, 1, spent["sft_examples"], cfg, data, seed=1)
+    models["(b) SFT 1 x many"] = b.export(os.path.join(work, "b"))
+    spend["(b) SFT 1 x many"] = budget.since(before)
+    before = budget.snapshot()
+    c, c_problems = sft_arm(base, fresh, args.k, spent["sft_examples"], cfg, data, seed=1)
+    models[f"(c) SFT {args.k} x few"] = c.export(os.path.join(work, "c"))
+    spend[f"(c) SFT {args.k} x few"] = budget.since(before)
+    before = budget.snapshot()
+    models["(e) SFT (b) + GRPO"] = grpo_arm(
+        models["(b) SFT 1 x many"], problems, spent["rollouts"], cfg, data,
+        os.path.join(work, "e"),
+    )  # fmt: skip
+    spend["(e) SFT (b) + GRPO"] = {**budget.since(before), "sft_examples": spent["sft_examples"]}
+    potential = {
+        "(b)": trained_pass16(models["(b) SFT 1 x many"], c_problems),
+        "(c)": trained_pass16(models[f"(c) SFT {args.k} x few"], c_problems),
+    }
+    return models, spend, potential
+
+
+def merged(shared: dict, arms: dict) -> dict:
+    """One report: the arms' rows between (a) and (d) / (f), in the order of the table."""
+    rows = {**shared["models"], **arms["models"]}
+    order = sorted(rows, key=lambda label: label[1])  # (a) (b) (c) (d) (e) (f), primes beside
+    return {**shared, "models": {label: rows[label] for label in order}}
+
+
+def equal_problems_arms(base: str, problems: list, spent: dict, cfg, data, work: str):
+    """The arms restricted to (f)'s own training problems, each at (f)'s budget:
+    (b') SFT, one teacher solution per problem; (c') SFT on all of (f)'s bank solutions of
+    them; (e') (b') then plain GRPO. (d) already trains on (f)'s problems."""
+    models, spend = {}, {}
+    size = spent["sft_examples"]
+    before = budget.snapshot()
+    b, _ = sft_arm(base, problems, 1, size, cfg, data, seed=1)
+    models["(b') SFT 1 x (f)'s problems"] = b.export(os.path.join(work, "b_eq"))
+    spend["(b') SFT 1 x (f)'s problems"] = budget.since(before)
+    before = budget.snapshot()
+    c = train_on(base, bank_items(data, problems), size, cfg, data, seed=1)
+    models["(c') SFT on (f)'s bank"] = c.export(os.path.join(work, "c_eq"))
+    spend["(c') SFT on (f)'s bank"] = budget.since(before)
+    before = budget.snapshot()
+    label = "(e') (b') + GRPO"
+    models[label] = grpo_arm(
+        models["(b') SFT 1 x (f)'s problems"], problems, spent["rollouts"], cfg, data,
+        os.path.join(work, "e_eq"),
+    )  # fmt: skip
+    spend[label] = {**budget.since(before), "sft_examples": size}
+    return models, spend
 
 
 def grpo_arm(start: str, problems: list, rollouts: int, cfg, data, out: str) -> str:
@@ -140,6 +211,11 @@ def main() -> None:
         "--sweep", action=argparse.BooleanOptionalAction, default=True, help="also the lr/N sweep"
     )
     parser.add_argument("--k", type=int, default=6, help="solutions per problem in arm (c)")
+    parser.add_argument(
+        "--views",
+        default="budget,problems",
+        help="budget: arms at (f)'s budget on any problems; problems: arms on (f)'s problems only",
+    )
     args = parser.parse_args()
     work = os.path.join("runs", "reproduce")
     start = time.time()
@@ -149,41 +225,25 @@ def main() -> None:
     base = resolve_model_path(cfg.model)
     problems = list(data.problems.values())
     random.Random(0).shuffle(problems)
-    fresh = fresh_problems(data.curriculum.bank.total(), {p.question for p in problems})
     models, spend = {"(a) base": base}, {"(a) base": {"sft_examples": 0, "rollouts": 0}}
-    before = budget.snapshot()
-    b, _ = sft_arm(base, fresh, 1, spent_f["sft_examples"], cfg, data, seed=1)
-    models["(b) SFT 1 x many"] = b.export(os.path.join(work, "b"))
-    spend["(b) SFT 1 x many"] = budget.since(before)
-    before = budget.snapshot()
-    c, c_problems = sft_arm(base, fresh, args.k, spent_f["sft_examples"], cfg, data, seed=1)
-    models[f"(c) SFT {args.k} x few"] = c.export(os.path.join(work, "c"))
-    spend[f"(c) SFT {args.k} x few"] = budget.since(before)
     before = budget.snapshot()
     models["(d) GRPO N fixed"] = grpo_arm(
         base, problems, spent_f["rollouts"], cfg, data, os.path.join(work, "d")
     )
     spend["(d) GRPO N fixed"] = budget.since(before)
-    before = budget.snapshot()
-    models["(e) SFT (b) + GRPO"] = grpo_arm(
-        models["(b) SFT 1 x many"],
-        problems,
-        spent_f["rollouts"],
-        cfg,
-        data,
-        os.path.join(work, "e"),
-    )
-    spend["(e) SFT (b) + GRPO"] = {
-        **budget.since(before),
-        "sft_examples": spend["(b) SFT 1 x many"]["sft_examples"],
-    }
     models["(f) CoScale-RL"], spend["(f) CoScale-RL"] = final_f, spent_f
-    report = evaluate(models, 32 if args.quick else 128)
-    potential = {
-        "(b)": trained_pass16(models["(b) SFT 1 x many"], c_problems),
-        "(c)": trained_pass16(models[f"(c) SFT {args.k} x few"], c_problems),
-    }
-    write(args, report, spend, potential, time.time() - start)
+    n_test = 32 if args.quick else 128
+    shared = evaluate(models, n_test)
+    if "budget" in args.views:
+        arms, arm_spend, potential = equal_budget_arms(
+            base, problems, spent_f, cfg, data, work, args
+        )
+        report = merged(shared, evaluate(arms, n_test))
+        write(args, report, {**spend, **arm_spend}, potential, time.time() - start, "budget")
+    if "problems" in args.views:
+        arms, arm_spend = equal_problems_arms(base, problems, spent_f, cfg, data, work)
+        report = merged(shared, evaluate(arms, n_test))
+        write(args, report, {**spend, **arm_spend}, None, time.time() - start, "problems")
     if args.sweep:
         run_sweep(args, os.path.join(f_dir, "it1", "sft", "model"), problems, cfg, work)
 
@@ -215,15 +275,52 @@ def evaluate(models: dict, n_test: int) -> dict:
     return report
 
 
-def write(args, report, spend, potential, seconds) -> None:
+VIEWS = {
+    "budget": ("reproduce", "equal budget: every arm spends (f)'s SFT examples and rollouts; (b), "
+               "(c) train on fresh problems of the same patterns"),
+    "problems": ("reproduce_equal_problems", "equal problems: every arm may use only (f)'s 256 "
+                 "training problems (hard problems with verified answers are what users lack), "
+                 "at (f)'s budget"),
+}  # fmt: skip
+
+
+def write(args, report, spend, potential, seconds, view: str) -> None:
+    """``<name>.md`` and ``.json`` of one view (``VIEWS``)."""
     os.makedirs(args.out, exist_ok=True)
+    name, what = VIEWS[view]
+    name += "_quick" if args.quick else ""
     raw = {
         label: {s: {m: vars(e) for m, e in row.items()} for s, row in rows.items()}
         for label, rows in report["models"].items()
     }
-    name = "reproduce_quick" if args.quick else "reproduce"
     with open(os.path.join(args.out, name + ".json"), "w") as f:
         json.dump({"models": raw, "spend": spend, "pass16": potential}, f, indent=1)
+    text = "\n".join(
+        [
+            f"# reproduce.py ({'quick' if args.quick else 'full'}), "
+            f"{time.strftime('%Y-%m-%d %H:%M')}, {seconds / 60:.1f} min since the start",
+            "command: .venv/bin/python " + " ".join(sys.argv),
+            f"view: {what}",
+            "",
+            summary(report, spend),
+            "",
+            "per set (pass@1 / pass@8 in %, 95% intervals):",
+            "",
+            table(report, base="(a) base"),
+        ]
+    )
+    if potential:
+        text += (
+            f"\n\ntrained problems of (c), pass@16: (b) {potential['(b)'] * 100:.1f}%  "
+            f"(c) {potential['(c)'] * 100:.1f}%"
+        )
+    with open(os.path.join(args.out, name + ".md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+
+
+def summary(report: dict, spend: dict) -> str:
+    """Markdown rows: each arm's 4-set average pass@1, ratio over the base, spend."""
     base = average(report, "(a) base")
     lines = [
         "| arm | avg pass@1 (4 sets) | x base | SFT examples | rollouts |",
@@ -236,24 +333,7 @@ def write(args, report, spend, potential, seconds) -> None:
             f"| {name} | {avg * 100:.1f} | {avg / base:.2f}x | "
             f"{spend[label]['sft_examples']} | {spend[label]['rollouts']} |"
         )
-    text = "\n".join(
-        [
-            f"# reproduce.py ({'quick' if args.quick else 'full'}), {time.strftime('%Y-%m-%d')}, {seconds / 60:.1f} min",
-            "command: .venv/bin/python " + " ".join(sys.argv),
-            "",
-            "\n".join(lines),
-            "",
-            "per set (pass@1 / pass@8 in %, 95% intervals):",
-            "",
-            table(report, base="(a) base"),
-            "",
-            f"trained problems of (c), pass@16: (b) {potential['(b)'] * 100:.1f}%  (c) {potential['(c)'] * 100:.1f}%",
-        ]
-    )
-    name = "reproduce_quick.md" if args.quick else "reproduce.md"
-    with open(os.path.join(args.out, name), "w") as f:
-        f.write(text + "\n")
-    print(text)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -865,3 +865,22 @@ def test_gather_and_recompute_under_real_fsdp_sharding(tmp_path):
     assert results[1]["sharded"]  # really sharded, not NO_SHARD
     assert all(r["fsdp1"] and r["fsdp2"] for r in results)
     assert [r["shape"] for r in results] == [[5, 5], [1, 5]]  # no hang on uneven R
+
+
+def test_the_vllm_extra_allows_only_versions_whose_logprobs_apply_the_temperature():
+    """Issue 15 item 8: ``coscale[vllm]`` names a range, and its floor is a version whose engine
+    log-probs coscale may trust (vllm>=0.8 let 0.10.0-0.10.1.1 in silently)."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    (spec,) = extras["vllm"]
+    allowed = Requirement(spec).specifier
+    assert allowed.contains("0.10.2") and allowed.contains("0.33.0")
+    for old in ("0.8.5", "0.10.0", "0.10.1.1"):
+        assert not allowed.contains(old), old
+        assert not applies_temperature(old)
+    assert not allowed.contains("0.34.0")  # newer vLLM internals are untested: capped
