@@ -21,15 +21,18 @@ from coscale.tasks import arithmetic
 
 
 class DigitReward:
+    """1.0 for a completion with a digit: a signal the random tiny model sometimes earns."""
+
     def __call__(self, completions, answers, **_):
         return [float(any(ch.isdigit() for ch in c)) for c in completions]
 
 
-def _trainer(**kw) -> L.Trainer:
+def _trainer(strategy="ddp", **kw) -> L.Trainer:
+    """2 CPU processes, nothing but the fit (``tests/fsdp_worker.py`` passes FSDP2)."""
     return L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp",
+        strategy=strategy,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

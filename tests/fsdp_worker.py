@@ -20,6 +20,8 @@ import sys
 
 import lightning as L
 import torch
+from ddp_worker import DigitReward
+from ddp_worker import _trainer as ddp_trainer
 
 from coscale.callbacks import ReDistillation
 from coscale.datamodules import ProblemDataModule
@@ -28,27 +30,11 @@ from coscale.modules import GRPOModule, SFTModule
 from coscale.tasks import arithmetic
 
 
-class DigitReward:
-    """1.0 for a completion with a digit: a signal the random tiny model sometimes earns."""
-
-    def __call__(self, completions, answers, **_):
-        return [float(any(ch.isdigit() for ch in c)) for c in completions]
-
-
 def _trainer(**kw) -> L.Trainer:
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    return L.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        **kw,
-    )
+    fsdp2 = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+    return ddp_trainer(strategy=fsdp2, **kw)
 
 
 def _gathered(module, path: str) -> int:

@@ -870,9 +870,9 @@ def test_gather_and_recompute_under_real_fsdp_sharding(tmp_path):
 def test_the_vllm_extra_allows_only_versions_whose_logprobs_apply_the_temperature():
     """Issue 15 item 8: ``coscale[vllm]`` names a range, and its floor is a version whose engine
     log-probs coscale may trust (vllm>=0.8 let 0.10.0-0.10.1.1 in silently)."""
-    import tomllib
     from pathlib import Path
 
+    import tomllib
     from packaging.requirements import Requirement
 
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
