@@ -34,6 +34,13 @@ def distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def collective_device() -> torch.device:
+    """Where a collective's tensor lives: nccl needs a CUDA tensor, gloo a CPU one."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def is_writer() -> bool:
     """Rank 0 (or the only process): the one that writes shared files."""
     return not distributed() or dist.get_rank() == 0

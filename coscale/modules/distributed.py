@@ -11,38 +11,30 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
-def _active() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+from coscale.models.full_state import collective_device, distributed
 
 
 def global_sum(value: float) -> float:
     """Sum of ``value`` over ranks."""
-    if not _active():
+    if not distributed():
         return value
-    t = torch.tensor(float(value), dtype=torch.float64, device=_device())
+    t = torch.tensor(float(value), dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return float(t)
 
 
 def global_max(value: int) -> int:
     """Maximum of ``value`` over ranks."""
-    if not _active():
+    if not distributed():
         return value
-    t = torch.tensor(int(value), dtype=torch.long, device=_device())
+    t = torch.tensor(int(value), dtype=torch.long, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t)
 
 
 def all_gather_objects(items: list[Any]) -> list[Any]:
     """Concatenation of every rank's ``items``, in rank order (picklable objects)."""
-    if not _active():
+    if not distributed():
         return list(items)
     gathered: list[list[Any]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(gathered, items)
@@ -51,7 +43,7 @@ def all_gather_objects(items: list[Any]) -> list[Any]:
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """``obj`` of rank ``src`` on every rank."""
-    if not _active():
+    if not distributed():
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src)
@@ -60,6 +52,6 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 def rank_world() -> tuple[int, int]:
     """This process's rank and the world size (0, 1 without a process group)."""
-    if _active():
+    if distributed():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from coscale.models.full_state import distributed, is_sharded
+from coscale.models.full_state import collective_device, distributed, is_sharded
 
 
 def in_lockstep(model: nn.Module) -> bool:
@@ -26,7 +26,7 @@ def agreed_max(value: int, model: nn.Module) -> int:
     """The largest ``value`` over ranks when in lockstep, else ``value``."""
     if not in_lockstep(model):
         return value
-    t = torch.tensor(int(value), dtype=torch.long, device=_device())
+    t = torch.tensor(int(value), dtype=torch.long, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t)
 
@@ -36,10 +36,3 @@ def all_finished(done: bool, model: nn.Module) -> bool:
     if not in_lockstep(model):
         return done
     return agreed_max(int(not done), model) == 0
-
-
-def _device() -> torch.device:
-    """Where the collective's tensor lives: nccl needs a CUDA tensor, gloo a CPU one."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
