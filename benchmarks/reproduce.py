@@ -28,6 +28,7 @@ import time
 
 from lr_n_sweep import plain_grpo, sweep
 from lr_n_sweep import write as write_sweep
+from paired import cpu_line
 
 from coscale.app.cli import pipeline_parser
 from coscale.app.demo import QUICK, _measure, average, demo_config, table
@@ -300,6 +301,7 @@ def write(args, report, spend, potential, seconds, view: str) -> None:
             f"# reproduce.py ({'quick' if args.quick else 'full'}), "
             f"{time.strftime('%Y-%m-%d %H:%M')}, {seconds / 60:.1f} min since the start",
             "command: .venv/bin/python " + " ".join(sys.argv),
+            f"{cpu_line()}; {os.cpu_count()} cores",
             f"view: {what}",
             "",
             summary(report, spend),

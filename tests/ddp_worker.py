@@ -42,14 +42,20 @@ def _trainer(strategy="ddp", **kw) -> L.Trainer:
     )
 
 
-def main(model_dir: str, out: str) -> None:
-    torch.set_num_threads(1)
+def loaded_data(problems: int) -> ProblemDataModule:
+    """``problems`` two-term sums with 2 bank solutions each, loaded (shared with fsdp_worker)."""
     rows = [
         p.to_dict() | {"solutions": arithmetic.solutions_of(p, 2)}
-        for p in arithmetic.generate(10, (2,), 5, "d")
+        for p in arithmetic.generate(problems, (2,), 5, "d")
     ]
     dm = ProblemDataModule(train=rows, sft_batch_size=4, batch_size=2, bank_solutions=2, seed=1)
     dm.load()
+    return dm
+
+
+def main(model_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dm = loaded_data(10)
     cur = dm.curriculum
     sft = SFTModule(model=model_dir, lr=1e-2)
     _trainer(max_steps=2).fit(sft, datamodule=dm)

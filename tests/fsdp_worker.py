@@ -20,14 +20,12 @@ import sys
 
 import lightning as L
 import torch
-from ddp_worker import DigitReward
+from ddp_worker import DigitReward, loaded_data
 from ddp_worker import _trainer as ddp_trainer
 
 from coscale.callbacks import ReDistillation
-from coscale.datamodules import ProblemDataModule
 from coscale.models.full_state import full_state_dict
 from coscale.modules import GRPOModule, SFTModule
-from coscale.tasks import arithmetic
 
 
 def _trainer(**kw) -> L.Trainer:
@@ -48,12 +46,7 @@ def _gathered(module, path: str) -> int:
 
 def fits(model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
-    rows = [
-        p.to_dict() | {"solutions": arithmetic.solutions_of(p, 2)}
-        for p in arithmetic.generate(8, (2,), 5, "d")
-    ]
-    dm = ProblemDataModule(train=rows, sft_batch_size=4, batch_size=2, bank_solutions=2, seed=1)
-    dm.load()
+    dm = loaded_data(8)
     sft = SFTModule(model=model_dir, lr=1e-2)
     _trainer(max_steps=2).fit(sft, datamodule=dm)
     sft_tensors = _gathered(sft, os.path.join(out, "sft_gathered.pt"))

@@ -48,7 +48,7 @@ from coscale.rollout.base import SamplingParams
 from coscale.rollout.compiled import CompiledDecodeStep
 from coscale.rollout.hf import HFGenerateBackend
 from coscale.rollout.kv_cache import new_cache
-from coscale.rollout.lockstep import all_finished
+from coscale.rollout.lockstep import all_finished, in_lockstep
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 DROP_FRACTION = 8
@@ -129,6 +129,7 @@ class CachedDecodeBackend(HFGenerateBackend):
         eos = torch.tensor(self.eos_token_ids, device=ids.device)
         rows = torch.arange(n, device=ids.device)  # [m] rows still in the decode batch
         done = torch.zeros(n, dtype=torch.bool, device=ids.device)  # [n]
+        together = in_lockstep(self.model)  # sharded on several ranks: stop when all are done
         for t in range(t_max):
             # one draw per chunk row every step, used or not: the stream never depends on
             # which rows are still decoding
@@ -137,7 +138,7 @@ class CachedDecodeBackend(HFGenerateBackend):
             tokens[rows, t] = picked
             logprobs[rows, t] = token_logprobs(logits, picked, sampling.temperature)
             done[rows] |= torch.isin(picked, eos)
-            if t + 1 == t_max or all_finished(bool(done.all()), self.model):
+            if t + 1 == t_max or all_finished(bool(done.all()), together):
                 break
             rows, picked = self._maybe_drop(rows, picked, done, cache)
             pos = (next_pos[rows] + t).unsqueeze(1)  # [m, 1]

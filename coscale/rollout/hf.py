@@ -29,7 +29,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 from coscale.models.prompting import end_of_turn_id
 from coscale.rl.logprobs import token_logprobs
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
-from coscale.rollout.lockstep import agreed_max
+from coscale.rollout.lockstep import agreed_max, in_lockstep
 
 
 class HFGenerateBackend(RolloutBackend):
@@ -82,7 +82,7 @@ class HFGenerateBackend(RolloutBackend):
         step = self.batch_size or len(prompt_index)
         starts = list(range(0, len(prompt_index), step))
         # a sharded policy: as many chunks on every rank (the extra ones are thrown away)
-        extra = agreed_max(len(starts), self.model) - len(starts)
+        extra = agreed_max(len(starts), in_lockstep(self.model)) - len(starts)
         with _seeded(sampling.seed, device), _sampling_mode(self.model):
             pieces = [
                 self._sample(

@@ -22,17 +22,16 @@ def in_lockstep(model: nn.Module) -> bool:
     return distributed() and is_sharded(model)
 
 
-def agreed_max(value: int, model: nn.Module) -> int:
-    """The largest ``value`` over ranks when in lockstep, else ``value``."""
-    if not in_lockstep(model):
+def agreed_max(value: int, together: bool) -> int:
+    """The largest ``value`` over ranks when ``together`` (see :func:`in_lockstep`, asked once
+    per call, not per decode step), else ``value``."""
+    if not together:
         return value
     t = torch.tensor(int(value), dtype=torch.long, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t)
 
 
-def all_finished(done: bool, model: nn.Module) -> bool:
-    """``done`` on every rank when in lockstep, else ``done``."""
-    if not in_lockstep(model):
-        return done
-    return agreed_max(int(not done), model) == 0
+def all_finished(done: bool, together: bool) -> bool:
+    """``done`` on every rank when ``together``, else ``done``."""
+    return agreed_max(int(not done), together) == 0 if together else done
