@@ -39,6 +39,10 @@ VARIANTS: dict[str, dict] = {
     "E no replay": {"replay_fraction": 0.0},
     "F RL rollouts only, 16/problem, no bank": {"keep_rl_bank": False, "per_problem": 16},
     "G lr 1e-3": {"lr": 1.0e-3},
+    # distillation from the last RL model (coscale.sft.distill), 7 passes as the demo's stages
+    "H 7 passes": {"epochs": 7},
+    "I 7 passes, KL to the last RL model, weight 0.5": {"epochs": 7, "teacher": 0.5},
+    "J 7 passes, KL to the last RL model, weight 0.9": {"epochs": 7, "teacher": 0.9},
 }
 
 
@@ -68,13 +72,20 @@ def training_set(data, change: dict) -> list[dict]:
         cur.settings = saved
 
 
-def retrain(cfg, data, items: list[dict], change: dict, out: str) -> tuple[str, float]:
-    """SFT of the base on ``items`` as the pipeline's SFT stages do; returns (folder, seconds)."""
+def retrain(cfg, data, items: list[dict], change: dict, out: str, rl_model: str | None):
+    """SFT of the base on ``items`` as the pipeline's SFT stages do; returns (folder, seconds).
+    ``change["teacher"]``: distil from ``rl_model`` with that weight."""
     sft = {**instantiate(cfg.sft), "batch_size": data.sft_batch_size}
     if "lr" in change:
         sft["lr"] = change["lr"]
-    steps = change.get("steps", cfg.sft_max_steps)
-    trainer = {"max_epochs": 10_000, "max_steps": steps, "precision": "32-true"}
+    if "teacher" in change:
+        sft |= {"teacher": rl_model, "distill_weight": change["teacher"]}
+    steps = change.get("steps", cfg.sft_max_steps or 600)
+    if "epochs" in change:
+        steps = None
+    epochs = change.get("epochs", 10_000)
+    trainer = {"max_epochs": epochs, "max_steps": -1 if steps is None else steps}
+    trainer["precision"] = "32-true"
     start = time.perf_counter()
     module = finetune(cfg.model, items, sft, trainer, seed=cfg.seed)
     return export_policy(module.policy, module.tokenizer, out), time.perf_counter() - start
@@ -111,7 +122,8 @@ def main(argv: list[str]) -> None:
             continue
         items = training_set(data, change)
         folder = os.path.join(args.run, "retrain_study", name[0])
-        path, seconds = retrain(cfg, data, items, change, folder)
+        rl_model = state["models"].get("it2/rl") or state["models"].get("it1/rl")
+        path, seconds = retrain(cfg, data, items, change, folder, rl_model)
         rows.append((name, len(items), seconds, judge(path, train, easy, args.k)))
         print(f"[study] {name}: {len(items)} pairs, {seconds:.0f} s, {rows[-1][3]['train'].fmt()}")
     write(args, rows)

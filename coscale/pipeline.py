@@ -71,6 +71,12 @@ class PipelineConfig:
             0: off, every stage keeps its last weights.
         sft_select_every: Optimiser steps between two scorings of the selection.
         sft_select_k: Samples per problem of each scoring.
+        distill_weight: SFT stages from the initial model that follow an RL stage (the
+            re-distillation, the next iteration's SFT, the final retrain) also match the latest
+            RL model's next-token distributions on their solution tokens, with this weight on
+            KL(RL model || model) and 1 - it on the tokens' cross-entropy
+            (:mod:`coscale.sft.distill`; one more forward pass of the RL model per batch).
+            0: off, token cross-entropy only (the paper).
         rl_epochs: Epochs of every RL stage (the solvable set is rebuilt each epoch).
         final_retrain: Retrain from the initial model at the end.
         final_keep: ``retrained`` (the paper), ``better`` or ``best``: see
@@ -107,6 +113,7 @@ class PipelineConfig:
     sft_select_problems: int = 0
     sft_select_every: int = 100
     sft_select_k: int = 4
+    distill_weight: float = 0.0
     rl_epochs: int = 2
     final_retrain: bool = True
     redistill_each_iteration: bool = True
@@ -134,6 +141,13 @@ class PipelineConfig:
             1, sft_select_every=self.sft_select_every, sft_select_k=self.sft_select_k
         )
         errors += at_least(1, optional=True, eval_max_problems=self.eval_max_problems)
+        if not 0.0 <= self.distill_weight <= 1.0:
+            errors.append(f"distill_weight must be in [0, 1]; got {self.distill_weight!r}")
+        if "teacher" in self.sft:
+            errors.append(
+                "sft.teacher is chosen by the pipeline (the latest RL model); set "
+                "pipeline.distill_weight > 0 to distil from it"
+            )
         if self.final_keep not in KEEP:
             errors.append(f"final_keep must be one of {', '.join(KEEP)}; got {self.final_keep!r}")
         errors += _typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
@@ -235,7 +249,7 @@ class Pipeline:
         self.results[name] = {"solutions_added": added, "bank_total": self.curriculum.bank.total()}
 
     def sft(self, name: str) -> None:
-        self._took(name, sft_stage(self.ctx, name, "all"))
+        self._took(name, sft_stage(self.ctx, name, "all", teacher=self._latest_rl()))
 
     def measure(self, name: str) -> None:
         self.results[name] = measure_stage(self.ctx, name, self.current)
@@ -249,11 +263,18 @@ class Pipeline:
 
     def final(self, name: str) -> None:
         earlier = [(it, m) for it in range(1, self.cfg.iterations) if (m := self._model_of(it))]
-        self.results[name], self.current = final_stage(self.ctx, name, self.current, earlier)
+        self.results[name], self.current = final_stage(
+            self.ctx, name, self.current, earlier, teacher=self._latest_rl()
+        )
 
     def _took(self, name: str, model: str | None) -> None:
         if model is not None:
             self.current = self.models[name] = model
+
+    def _latest_rl(self) -> str | None:
+        """The last RL stage's model (None before any RL): what a later SFT distils from."""
+        done = [it for it in range(1, self.cfg.iterations + 1) if f"it{it}/rl" in self.models]
+        return self.models[f"it{max(done)}/rl"] if done else None
 
     def _model_of(self, it: int) -> str | None:
         """Iteration ``it``'s model: its re-distilled model, else its RL model."""

@@ -66,8 +66,11 @@ def _pipeline(tmp_path, data=None, **settings):
 class _StubSFT:
     """Stands in for SFTModule in stage tests: records how it was built, exports a folder."""
 
+    built: list[dict] = []  # every instance's arguments, in order
+
     def __init__(self, model, **kwargs):
         self.model = model
+        _StubSFT.built.append({"model": model, **kwargs})
 
     def export(self, path):
         return str(path)
@@ -102,6 +105,31 @@ def test_redistillation_uses_the_data_sections_redistill_settings(tmp_path, monk
     assert set(texts) <= {"a3", "a2", "b1"}  # 2 latest of a, 1 of b, capped at 3
     assert fit["max_steps"] == 7  # sft_max_steps reaches every SFT stage
     assert pipe.models["it1/redistill"].endswith("it1/redistill/model")
+
+
+def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
+    pipe = _pipeline(tmp_path, distill_weight=0.4, iterations=2)
+    _capture_sft_stage(pipe, monkeypatch)
+    pipe.data.load()
+    pipe.curriculum.bank.record_rollout("a", "2", True, 0)  # something to train on
+    _StubSFT.built.clear()
+    pipe.sft("it1/sft")  # no RL yet: plain SFT
+    pipe.models["it1/rl"] = "runs/x/it1/rl/model"
+    pipe.sft("it1/redistill")
+    pipe.models["it2/rl"] = "runs/x/it2/rl/model"
+    pipe.sft("it2/redistill")
+    first, redistill, later = _StubSFT.built
+    assert "teacher" not in first
+    assert redistill["teacher"] == "runs/x/it1/rl/model" and redistill["distill_weight"] == 0.4
+    assert later["teacher"] == "runs/x/it2/rl/model"
+    off = _pipeline(tmp_path / "off", distill_weight=0.0)
+    _capture_sft_stage(off, monkeypatch)
+    off.data.load()
+    off.curriculum.bank.record_rollout("a", "2", True, 0)
+    off.models["it1/rl"] = "runs/x/it1/rl/model"
+    _StubSFT.built.clear()
+    off.sft("it1/redistill")
+    assert "teacher" not in _StubSFT.built[0]  # weight 0: the paper's token-only SFT
 
 
 def _stage_plan(tmp_path, **settings) -> list[str]:
@@ -146,6 +174,10 @@ def test_settings_are_checked_before_any_work():
     msg = str(err.value)
     assert "grpo: Parser key \"lr\": Expected a <class 'float'>. Got value: fast" in msg
     assert "sft.lr must be > 0 (got 1e-05), max_length >= 2 (got 1)" in msg
+    with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\]; got 2"):
+        PipelineConfig(model="m", distill_weight=2)
+    with pytest.raises(ValueError, match="sft.teacher is chosen by the pipeline"):
+        PipelineConfig(model="m", sft={"teacher": "other"})
     ok = {"loss": {"class_path": "coscale.rl.losses.DAPOLoss", "init_args": {"epsilon": 0.2}}}
     PipelineConfig(model="m", grpo={**ok, "prompt": {"template": "Q:{question}"}})
 
@@ -196,7 +228,7 @@ def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path,
 
     monkeypatch.setattr(final_module, "judge", fake_judge)
     monkeypatch.setattr(final_module, "judged_problems", lambda ctx: [])
-    monkeypatch.setattr(final_module, "sft_stage", lambda ctx, name, source: folder("retrain"))
+    monkeypatch.setattr(final_module, "sft_stage", lambda ctx, name, source, **kw: folder("retrain"))
     pipe = _pipeline(tmp_path / "run", final_keep="best", iterations=3)
     earlier = [(1, folder("it1")), (2, folder("it2"))]
     out, kept = final_module.final_stage(pipe.ctx, "final", folder("last"), earlier)

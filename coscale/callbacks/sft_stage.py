@@ -26,7 +26,6 @@ from coscale.loop.curriculum import Curriculum
 from coscale.models.full_state import full_state_dict, load_full_state_dict
 from coscale.modules.loggers import log_to_loggers  # noqa: F401  (re-exported)
 from coscale.modules.sft import SFTModule
-from coscale.sft.batch import solution_loss
 from coscale.stages.measure import pass_rates, sample_counts  # noqa: F401  (re-exported)
 
 _OFF = dict(logger=False, enable_checkpointing=False, enable_model_summary=False)
@@ -114,9 +113,7 @@ def finetune(
         for _ in range(epochs):
             for batch in loader:
                 with torch.autocast(module.device.type, dtype or torch.float32, dtype is not None):
-                    loss, _ = solution_loss(
-                        module.policy, module.encode(batch), module.padding_free
-                    )
+                    loss = module.batch_loss(module.encode(batch))[0]
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)

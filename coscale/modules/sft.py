@@ -31,6 +31,7 @@ from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
 from coscale.rollout.base import SamplingParams
 from coscale.sft.batch import solution_loss, tokenize_pairs
+from coscale.sft.distill import Teacher, distill_errors, distill_loss
 from coscale.sft.forgetting import (
     ForgettingGuard,
     guarded_parameters,
@@ -76,6 +77,14 @@ class SFTModule(PolicyMixin, L.LightningModule):
         mastered: The mastered set as ``{"question", "solution"}`` dicts. Default: the
             ``solved`` problems of the trainer's ProblemDataModule with their latest correct
             rollout (else first bank solution). Not saved in the hyper-parameters.
+        teacher: A model (folder or hub name, same tokenizer) to distil from: the loss then
+            mixes the solution tokens' cross-entropy with KL(teacher || model) on the same
+            tokens (:mod:`coscale.sft.distill`). None: plain SFT. The pipeline sets it to the
+            latest RL model in the SFT stages from the initial model that follow RL when
+            ``pipeline.distill_weight`` > 0. Logs ``train/ce`` and ``train/kl``.
+        distill_weight: Weight of the KL term (the cross-entropy gets 1 - it); used with a
+            teacher only.
+        distill_temperature: Temperature both distributions are softened with in the KL term.
     """
 
     data_kind = "sft"
@@ -102,11 +111,15 @@ class SFTModule(PolicyMixin, L.LightningModule):
         guard_refresh_every: int = 1,
         guard_batch_size: int = 16,
         mastered: list[dict[str, str]] | None = None,
+        teacher: str | None = None,
+        distill_weight: float = 0.5,
+        distill_temperature: float = 1.0,
     ) -> None:
         super().__init__()
         errors = settings_errors(
-            lr, max_length, val_samples, forgetting_guard, guard_refresh_every, guard_batch_size
-        )
+            lr, max_length, val_samples, forgetting_guard, guard_refresh_every, guard_batch_size,
+            distill_weight=distill_weight, distill_temperature=distill_temperature,
+        )  # fmt: skip
         if errors:
             raise ValueError("SFTModule: " + "; ".join(errors))
         in_memory = not isinstance(model, (str, os.PathLike))
@@ -130,6 +143,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self._guard: ForgettingGuard | None = None
         self._mastered_cycle: list[dict] = []
         self._init_policy(model, tokenizer, dtype, trust_remote_code, gradient_checkpointing)
+        self.distill_weight, self.distill_temperature = distill_weight, distill_temperature
+        # not a submodule: no optimiser state, not in checkpoints, not wrapped or sharded
+        self.teacher = Teacher(teacher, dtype, trust_remote_code) if teacher is not None else None
 
     @override
     def forward(self, **batch: torch.Tensor) -> Any:
@@ -139,8 +155,10 @@ class SFTModule(PolicyMixin, L.LightningModule):
     def training_step(self, batch: list[dict], batch_idx: int) -> torch.Tensor:
         start = time.perf_counter()
         enc = self.encode(batch)
-        loss, n_tokens = solution_loss(self.policy, enc, self.padding_free)
+        loss, n_tokens, parts = self.batch_loss(enc)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        for key, value in parts.items():
+            self.log(f"train/{key}", value, batch_size=len(batch))
         self.log("train/solution_tokens", float(n_tokens), batch_size=len(batch))
         self.log(
             "perf/tokens_per_s",
@@ -148,6 +166,21 @@ class SFTModule(PolicyMixin, L.LightningModule):
             batch_size=len(batch),
         )
         return loss
+
+    def batch_loss(self, enc: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int, dict]:
+        """(loss, solution tokens, parts to log) of one encoded batch: the solution tokens'
+        cross-entropy, mixed with the KL to the teacher when there is one."""
+        if self.teacher is None:
+            loss, n_tokens = solution_loss(self.policy, enc, self.padding_free)
+            return loss, n_tokens, {}
+        return distill_loss(
+            self.policy,
+            self.teacher,
+            enc,
+            self.distill_weight,
+            self.distill_temperature,
+            self.padding_free,
+        )
 
     def encode(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         """Tokenises a batch of ``{"question", "solution"}`` dicts onto the module's device."""
@@ -275,6 +308,8 @@ def settings_errors(
     forgetting_guard="none",
     guard_refresh_every=1,
     guard_batch_size=16,
+    distill_weight=0.5,
+    distill_temperature=1.0,
     **_: Any,
 ) -> list[str]:
     """Every out-of-range setting, named (checked by the pipeline before any work, too)."""
@@ -284,6 +319,7 @@ def settings_errors(
             f"lr must be > 0 (got {lr}), max_length >= 2 (got {max_length}), "
             f"val_samples >= 1 (got {val_samples})"
         )
+    errors += distill_errors(distill_weight, distill_temperature)
     return errors + _guard_errors(forgetting_guard, guard_refresh_every, guard_batch_size)
 
 

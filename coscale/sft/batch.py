@@ -9,7 +9,7 @@ import torch
 from coscale.loop.budget import spend
 from coscale.models.prompting import end_of_turn_id, generation_prompt
 from coscale.rl.logprobs import keep_last_logits
-from coscale.sft.packing import can_pack, pack, packed_loss
+from coscale.sft.packing import can_pack, pack, packed_logits, packed_loss
 
 IGNORE = -100
 
@@ -90,3 +90,27 @@ def solution_loss(
     out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], **kwargs)
     tail = labels[:, -out.logits.size(1) :]  # [B, keep] labels under the kept logits
     return token_mean_loss(out.logits, tail)
+
+
+def solution_logits(
+    model: torch.nn.Module, enc: dict[str, torch.Tensor], padding_free: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model``'s float logits at every position whose next token is a label, and those labels:
+    ([K, V], [K]), rows in batch order, positions in order within a row. The packed and padded
+    paths give the same K positions in the same order, so two models' logits on one batch line
+    up whichever path each takes (what :mod:`coscale.sft.distill` needs)."""
+    longest = enc["input_ids"].size(1)
+    if padding_free and can_pack(model, longest=longest):
+        batch = pack(enc, IGNORE)
+        return packed_logits(model, batch), batch.targets
+    labels = enc["labels"]  # [B, L]
+    labelled = (labels != IGNORE).any(0).nonzero()  # [L'] columns with a label
+    keep = labels.size(1) - int(labelled[0]) + 1 if len(labelled) else labels.size(1)
+    out = model(
+        input_ids=enc["input_ids"],
+        attention_mask=enc["attention_mask"],
+        **keep_last_logits(model, keep),
+    )
+    tail = labels[:, -out.logits.size(1) :][:, 1:]  # [B, keep-1] the label after each position
+    taken = tail != IGNORE  # [B, keep-1]
+    return out.logits[:, :-1][taken].float(), tail[taken]  # [K, V], [K]

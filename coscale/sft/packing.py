@@ -215,8 +215,8 @@ def packed_attention(model: nn.Module) -> Iterator[None]:
         )
 
 
-def packed_loss(model: nn.Module, batch: PackedBatch) -> tuple[Tensor, int]:
-    """Mean cross-entropy over the labelled next tokens of a packed batch, and their count."""
+def packed_logits(model: nn.Module, batch: PackedBatch) -> Tensor:
+    """[K, V] float logits of a packed batch at the positions whose next token is a label."""
     kwargs = {"cu_seq_lens_q": batch.cu_seq_lens, "cu_seq_lens_k": batch.cu_seq_lens}
     kwargs |= {"max_length_q": batch.max_length, "max_length_k": batch.max_length}
     with packed_attention(model):
@@ -227,6 +227,11 @@ def packed_loss(model: nn.Module, batch: PackedBatch) -> tuple[Tensor, int]:
             logits_to_keep=batch.logit_index,
             **kwargs,
         )
-    logits = out.logits[0].float()  # [K, V]
+    return out.logits[0].float()  # [K, V]
+
+
+def packed_loss(model: nn.Module, batch: PackedBatch) -> tuple[Tensor, int]:
+    """Mean cross-entropy over the labelled next tokens of a packed batch, and their count."""
     n = len(batch.targets)
+    logits = packed_logits(model, batch)  # [K, V]
     return F.cross_entropy(logits, batch.targets, reduction="sum") / max(n, 1), n

@@ -22,16 +22,24 @@ from coscale.stages.sft import sft_stage
 KEEP = ("retrained", "better", "best")
 
 
-def final_stage(ctx: StageContext, name: str, current: str, earlier: list[tuple[int, str]]):
+def final_stage(
+    ctx: StageContext,
+    name: str,
+    current: str,
+    earlier: list[tuple[int, str]],
+    teacher: str | None = None,
+):
     """Retrains, judges, keeps; returns (results, the kept model's folder ``<name>/model``).
 
     Args:
         current: The model the last iteration ended with.
+        teacher: The model the retrain distils from (``pipeline.distill_weight``): the last RL
+            model.
         earlier: ``(iteration, folder)`` of each earlier iteration's model, for ``best``.
     """
     problems, k, keep = judged_problems(ctx), min(8, ctx.cfg.eval_k), ctx.cfg.final_keep
     results = judge(ctx, current, problems, "before", k)
-    retrained = sft_stage(ctx, f"{name}/retrain", "all")
+    retrained = sft_stage(ctx, f"{name}/retrain", "all", teacher=teacher)
     kept, score = current, results["val/final_before_pass@1"]
     if retrained is not None:
         results |= judge(ctx, retrained, problems, "after", k)

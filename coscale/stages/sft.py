@@ -14,8 +14,15 @@ from coscale.stages.context import StageContext
 from coscale.stages.selection import SelectOnProblems, selection_slice
 
 
-def sft_stage(ctx: StageContext, name: str, source: str = "all", start: str | None = None):
-    """SFT of ``start`` (default: the initial model) on the curriculum's ``source`` pairs.
+def sft_stage(
+    ctx: StageContext,
+    name: str,
+    source: str = "all",
+    start: str | None = None,
+    teacher: str | None = None,
+):
+    """SFT of ``start`` (default: the initial model) on the curriculum's ``source`` pairs,
+    distilled from ``teacher`` as well when one is given and ``pipeline.distill_weight`` > 0.
 
     Returns:
         The exported model's folder, or None when the curriculum has no such pairs.
@@ -24,7 +31,11 @@ def sft_stage(ctx: StageContext, name: str, source: str = "all", start: str | No
     if not view.items("sft"):
         print(f"[coscale] {name}: no SFT pairs, stage skipped", flush=True)
         return None
-    module = SFTModule(model=start or ctx.cfg.model, **ctx.sft_args)
+    distill = {}
+    if teacher is not None and ctx.cfg.distill_weight > 0:
+        distill = {"teacher": teacher, "distill_weight": ctx.cfg.distill_weight}
+        print(f"[coscale] {name}: distilling from {teacher} (weight {ctx.cfg.distill_weight})")
+    module = SFTModule(model=start or ctx.cfg.model, **ctx.sft_args, **distill)
     select = selection(ctx, name) if source == "all" and start is None else None
     callbacks = [select] if select is not None else []
     ctx.fit(name, module, view, callbacks, ctx.cfg.sft_epochs, max_steps=ctx.cfg.sft_max_steps)
