@@ -53,7 +53,7 @@ def test_distill_loss_mixes_cross_entropy_and_kl(tiny_model, char_tokenizer):
     enc = _enc(char_tokenizer)
     other = build_tiny_model(char_tokenizer, seed=1)
     ce, _ = solution_loss(tiny_model, enc, padding_free=False)
-    loss, n, parts = distill_loss(tiny_model, Teacher(other), enc, weight=0.25)
+    loss, _, parts = distill_loss(tiny_model, Teacher(other), enc, weight=0.25)
     assert parts["ce"] == pytest.approx(float(ce.detach()), rel=1e-5) and parts["kl"] > 0
     assert float(loss) == pytest.approx(0.75 * parts["ce"] + 0.25 * parts["kl"], rel=1e-5)
     same = distill_loss(tiny_model, Teacher(copy.deepcopy(tiny_model)), enc, weight=0.5)[2]

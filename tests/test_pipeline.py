@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -66,7 +67,7 @@ def _pipeline(tmp_path, data=None, **settings):
 class _StubSFT:
     """Stands in for SFTModule in stage tests: records how it was built, exports a folder."""
 
-    built: list[dict] = []  # every instance's arguments, in order
+    built: ClassVar[list[dict]] = []  # every instance's arguments, in order
 
     def __init__(self, model, **kwargs):
         self.model = model
@@ -176,7 +177,7 @@ def test_settings_are_checked_before_any_work():
     assert "sft.lr must be > 0 (got 1e-05), max_length >= 2 (got 1)" in msg
     with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\]; got 2"):
         PipelineConfig(model="m", distill_weight=2)
-    with pytest.raises(ValueError, match="sft.teacher is chosen by the pipeline"):
+    with pytest.raises(ValueError, match=r"sft\.teacher is chosen by the pipeline"):
         PipelineConfig(model="m", sft={"teacher": "other"})
     ok = {"loss": {"class_path": "coscale.rl.losses.DAPOLoss", "init_args": {"epsilon": 0.2}}}
     PipelineConfig(model="m", grpo={**ok, "prompt": {"template": "Q:{question}"}})
@@ -228,7 +229,9 @@ def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path,
 
     monkeypatch.setattr(final_module, "judge", fake_judge)
     monkeypatch.setattr(final_module, "judged_problems", lambda ctx: [])
-    monkeypatch.setattr(final_module, "sft_stage", lambda ctx, name, source, **kw: folder("retrain"))
+    monkeypatch.setattr(
+        final_module, "sft_stage", lambda ctx, name, source, **kw: folder("retrain")
+    )
     pipe = _pipeline(tmp_path / "run", final_keep="best", iterations=3)
     earlier = [(1, folder("it1")), (2, folder("it2"))]
     out, kept = final_module.final_stage(pipe.ctx, "final", folder("last"), earlier)
