@@ -6,7 +6,8 @@
       it<k>/sft       SFT from pi0 on the bank (+ re-distilled set) -> it<k>/eval: measure
       it<k>/rl        GRPO on the solvable problems, Rollout N per difficulty group
       it<k>/redistill SFT from pi0 on what RL found (when ``redistill_each_iteration``)
-    final        retrain from pi0 on everything collected; keep a model (``final_keep``)
+    final/retrain   SFT from pi0 on everything collected (-> final/eval, final/rl with ``final_rl``)
+    final        judge the retrain against the last iteration's model; keep one (``final_keep``)
 
 State lives in one :class:`~coscale.loop.curriculum.Curriculum`. Commit points: a stage fit writes
 its ``last.ckpt`` (the curriculum, RNG and spend in it) every ``checkpoint_every_n_steps`` steps
@@ -78,7 +79,11 @@ class PipelineConfig:
             (:mod:`coscale.sft.distill`; one more forward pass of the RL model per batch).
             0: off, token cross-entropy only (the paper).
         rl_epochs: Epochs of every RL stage (the solvable set is rebuilt each epoch).
-        final_retrain: Retrain from the initial model at the end.
+        final_retrain: Retrain from the initial model at the end (stage ``final/retrain``,
+            distilled from the last RL model when ``distill_weight`` > 0).
+        final_rl: After the final retrain, measure it (``final/eval``) and run RL on its
+            solvable problems (``final/rl``), as after every iteration's SFT; the final
+            candidate is then that RL model. Off: the retrain itself (the paper).
         final_keep: ``retrained`` (the paper), ``better`` or ``best``: see
             :mod:`coscale.stages.final`. All three judge on held-out (else training) problems.
         redistill_each_iteration: Re-distil into the initial model after every RL stage but
@@ -116,6 +121,7 @@ class PipelineConfig:
     distill_weight: float = 0.0
     rl_epochs: int = 2
     final_retrain: bool = True
+    final_rl: bool = False
     redistill_each_iteration: bool = True
     final_keep: str = "retrained"
     checkpoint_every_n_steps: int = 1
@@ -232,6 +238,10 @@ class Pipeline:
             ):
                 self.stage(f"it{it}/redistill", self.sft)
         if self.cfg.final_retrain:
+            self.stage("final/retrain", self.sft)
+            if self.cfg.final_rl:  # the retrain gets its own RL, as every iteration's SFT does
+                self.stage("final/eval", self.measure)
+                self.stage("final/rl", self.rl)
             self.stage("final", self.final)
         if close_logger:
             self.close_logger()
@@ -263,9 +273,15 @@ class Pipeline:
 
     def final(self, name: str) -> None:
         earlier = [(it, m) for it in range(1, self.cfg.iterations) if (m := self._model_of(it))]
+        candidate = self.models.get("final/rl") or self.models.get("final/retrain")
         self.results[name], self.current = final_stage(
-            self.ctx, name, self.current, earlier, teacher=self._latest_rl()
+            self.ctx, name, self._before_final(), candidate, earlier
         )
+
+    def _before_final(self) -> str:
+        """The model the last iteration ended with (what the final retrain must beat)."""
+        before = [m for stage, m in self.models.items() if not stage.startswith("final")]
+        return before[-1] if before else self.cfg.model
 
     def _took(self, name: str, model: str | None) -> None:
         if model is not None:

@@ -102,7 +102,7 @@ def test_sigkill_at_every_kind_of_commit_point_resumes_to_the_same_result(uninte
     want, labels = uninterrupted
     points = _kill_points(labels)
     # every stage that trains is killed inside and after its last step; every stage at its end
-    assert len(points) == 10, points
+    assert len(points) == 11, points
     run_dir = tmp_path / "run"
     for point in points:
         assert _run(run_dir, COSCALE_KILL_AT=point) == -signal.SIGKILL, point

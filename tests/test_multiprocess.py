@@ -82,6 +82,7 @@ def test_every_stage_ran_under_ddp_and_fsdp2(runs):
             "it2/sft",
             "it2/eval",
             "it2/rl",
+            "final/retrain",
             "final",
         ]
         assert "it1/rl" in state["models"] and "it1/redistill" in state["models"], name

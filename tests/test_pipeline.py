@@ -13,7 +13,7 @@ from coscale.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
-STAGES = ["warmup", "it1/scale", "it1/sft", "it1/eval", "it1/rl", "final"]
+STAGES = ["warmup", "it1/scale", "it1/sft", "it1/eval", "it1/rl", "final/retrain", "final"]
 
 
 @pytest.mark.slow
@@ -148,6 +148,7 @@ def test_redistillation_each_iteration_or_only_through_the_next_sft(tmp_path):
         "warmup",
         *[f"it{i}/{s}" for i in (1, 2) for s in ("scale", "sft", "eval", "rl", "redistill")],
         *[f"it3/{s}" for s in ("scale", "sft", "eval", "rl")],  # last: the final retrain
+        "final/retrain",
         "final",
     ]
     plan = _stage_plan(tmp_path / "b", iterations=3, redistill_each_iteration=False)
@@ -156,6 +157,27 @@ def test_redistillation_each_iteration_or_only_through_the_next_sft(tmp_path):
         tmp_path / "c", iterations=2, redistill_each_iteration=False, final_retrain=False
     )
     assert plan[-1] == "it2/redistill" and "it1/redistill" not in plan
+    plan = _stage_plan(tmp_path / "d", iterations=1, final_rl=True)
+    assert plan[-4:] == ["final/retrain", "final/eval", "final/rl", "final"]
+
+
+def test_final_judges_the_retrain_after_its_rl_against_the_last_iterations_model(
+    tmp_path, monkeypatch
+):
+    from coscale import pipeline as pipeline_module
+
+    pipe, calls = _pipeline(tmp_path, iterations=1, final_rl=True), []
+    pipe.models = {"it1/sft": "s1", "it1/rl": "r1", "final/retrain": "f0", "final/rl": "f1"}
+
+    def fake_final(ctx, name, current, candidate, earlier):
+        calls.append((current, candidate))
+        return {}, candidate
+
+    monkeypatch.setattr(pipeline_module, "final_stage", fake_final)
+    pipe.final("final")
+    del pipe.models["final/rl"]  # RL had nothing solvable: the retrain itself
+    pipe.final("final")
+    assert calls == [("r1", "f1"), ("r1", "f0")]
 
 
 def test_settings_are_checked_before_any_work():
@@ -229,24 +251,29 @@ def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path,
 
     monkeypatch.setattr(final_module, "judge", fake_judge)
     monkeypatch.setattr(final_module, "judged_problems", lambda ctx: [])
-    monkeypatch.setattr(
-        final_module, "sft_stage", lambda ctx, name, source, **kw: folder("retrain")
-    )
     pipe = _pipeline(tmp_path / "run", final_keep="best", iterations=3)
     earlier = [(1, folder("it1")), (2, folder("it2"))]
-    out, kept = final_module.final_stage(pipe.ctx, "final", folder("last"), earlier)
+    out, kept = final_module.final_stage(
+        pipe.ctx, "final", folder("last"), folder("retrain"), earlier
+    )
     assert judged == ["before", "after", "it2", "it1"]  # latest first
     assert out["val/final_kept_retrained"] == 0.0 and out["val/final_kept_iteration"] == 1.0
     assert Path(kept, "who").read_text() == "it1"
     # a tie with what the final stage kept keeps the final stage's model
     scores.update(it1=0.4, it2=0.4)
-    out, kept = final_module.final_stage(pipe.ctx, "final2", folder("last"), earlier)
+    out, kept = final_module.final_stage(
+        pipe.ctx, "final2", folder("last"), folder("retrain"), earlier
+    )
     assert out["val/final_kept_iteration"] == 0.0 and Path(kept, "who").read_text() == "last"
     # two earlier iterations tie above it: the later one (2) is kept
     scores.update(it1=0.5, it2=0.5)
-    out, kept = final_module.final_stage(pipe.ctx, "final3", folder("last"), earlier)
+    out, kept = final_module.final_stage(
+        pipe.ctx, "final3", folder("last"), folder("retrain"), earlier
+    )
     assert out["val/final_kept_iteration"] == 2.0 and Path(kept, "who").read_text() == "it2"
     # retrained: the paper's choice, whatever the scores
     pipe.cfg.final_keep = "retrained"
-    out, kept = final_module.final_stage(pipe.ctx, "final4", folder("last"), earlier)
+    out, kept = final_module.final_stage(
+        pipe.ctx, "final4", folder("last"), folder("retrain"), earlier
+    )
     assert Path(kept, "who").read_text() == "retrain" and "val/final_kept_iteration" not in out

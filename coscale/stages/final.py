@@ -1,4 +1,5 @@
-"""The final stage: retrain from the initial model on everything collected, then keep a model.
+"""The final stage: judge the final retrain (trained in the stages before this one) against the
+model the last iteration ended with, then keep a model.
 
 ``final_keep`` decides what the run ends with, judged on the held-out problems (or the training
 problems when there are none), never on the sets you report:
@@ -17,7 +18,6 @@ import shutil
 from coscale.models.full_state import barrier, is_writer
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import judge, judged_problems
-from coscale.stages.sft import sft_stage
 
 KEEP = ("retrained", "better", "best")
 
@@ -26,28 +26,27 @@ def final_stage(
     ctx: StageContext,
     name: str,
     current: str,
+    candidate: str | None,
     earlier: list[tuple[int, str]],
-    teacher: str | None = None,
 ):
-    """Retrains, judges, keeps; returns (results, the kept model's folder ``<name>/model``).
+    """Judges, keeps; returns (results, the kept model's folder ``<name>/model``).
 
     Args:
         current: The model the last iteration ended with.
-        teacher: The model the retrain distils from (``pipeline.distill_weight``): the last RL
-            model.
+        candidate: The final retrain's model (after its RL with ``final_rl``); None when the
+            retrain had nothing to train on.
         earlier: ``(iteration, folder)`` of each earlier iteration's model, for ``best``.
     """
     problems, k, keep = judged_problems(ctx), min(8, ctx.cfg.eval_k), ctx.cfg.final_keep
     results = judge(ctx, current, problems, "before", k)
-    retrained = sft_stage(ctx, f"{name}/retrain", "all", teacher=teacher)
     kept, score = current, results["val/final_before_pass@1"]
-    if retrained is not None:
-        results |= judge(ctx, retrained, problems, "after", k)
+    if candidate is not None:
+        results |= judge(ctx, candidate, problems, "after", k)
         after = results["val/final_after_pass@1"]
         take = keep == "retrained" or after >= score
         results["val/final_kept_retrained"] = float(take)
         if take:
-            kept, score = retrained, after
+            kept, score = candidate, after
     if keep == "best":
         results["val/final_kept_iteration"] = 0.0
         for it, folder in sorted(earlier, reverse=True):
