@@ -1,0 +1,41 @@
+"""Held-out pass@1 of any exported models on the demo's sets, with 95% intervals.
+
+The demo's own table measures the base and the final model in full (128 problems per set,
+8 samples) and every intermediate model on half of that; this measures any models in full, so
+iterations can be compared with intervals (issue 14: iteration 2 and the final model against
+iteration 1).
+
+Run: .venv/bin/python benchmarks/heldout_models.py runs/demo/it1/rl/model runs/demo/it2/rl/model
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+
+from paired import cpu_line
+
+from coscale.app.demo import SETS, _measure
+from coscale.tasks import tiers
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+", help="exported model folders")
+    ap.add_argument("--n", type=int, default=128, help="held-out problems per set")
+    ap.add_argument("--k", type=int, default=8, help="samples per problem")
+    args = ap.parse_args()
+    sets = {name: tiers.problems(name, args.n, seed=1, held_out=True) for name in SETS}
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"{when}; {cpu_line()}; pass@1 in %, {args.n} problems x {args.k} samples per set\n")
+    print("| model | " + " | ".join(SETS) + " | avg (4 sets) |")
+    print("|---" * (len(SETS) + 2) + "|")
+    for path in args.models:
+        row = {name: _measure(path, problems, args.k)["pass@1"] for name, problems in sets.items()}
+        avg = sum(row[name].mean for name in tiers.BENCHMARKS) / len(tiers.BENCHMARKS) * 100
+        cells = " | ".join(row[name].fmt() for name in SETS)
+        print(f"| {path} | {cells} | {avg:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
