@@ -123,6 +123,9 @@ def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
     assert "teacher" not in first
     assert redistill["teacher"] == "runs/x/it1/rl/model" and redistill["distill_weight"] == 0.4
     assert later["teacher"] == "runs/x/it2/rl/model"
+    pipe.sft("final/retrain")  # the final retrain too; final/eval and final/rl then start from it
+    assert _StubSFT.built[-1]["teacher"] == "runs/x/it2/rl/model"
+    assert pipe.current == pipe.models["final/retrain"]
     off = _pipeline(tmp_path / "off", distill_weight=0.0)
     _capture_sft_stage(off, monkeypatch)
     off.data.load()
