@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import copy
 
-import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from trainers import quiet_trainer
 
 from coscale.models.tiny import build_tiny_model
 from coscale.modules import SFTModule
@@ -61,14 +61,7 @@ def test_distill_loss_mixes_cross_entropy_and_kl(tiny_model, char_tokenizer):
 
 
 def _fit(module, rows, steps):
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(steps)
     loader = torch.utils.data.DataLoader(rows, batch_size=3, collate_fn=list)
     trainer.fit(module, loader)
 

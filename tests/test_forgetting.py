@@ -14,6 +14,7 @@ import lightning as L
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
 from coscale.loop.pools import ProblemPools
@@ -193,15 +194,7 @@ def test_mastered_items_are_solved_problems_with_latest_correct_else_first_bank_
 
 # ------------------------------------------------------------------------- SFTModule option
 def _fit(module, rows, steps, **trainer_kw):
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **trainer_kw,
-    )
+    trainer = quiet_trainer(steps, **trainer_kw)
     loader = DataLoader(rows, batch_size=2, shuffle=False, collate_fn=list)
     trainer.fit(module, loader)
     return trainer

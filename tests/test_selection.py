@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file
+from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import SFTModule
@@ -51,16 +51,7 @@ def _scripted(module: SFTModule, rates: list[float], k: int) -> list[int]:
 
 
 def _fit(module, dm, callbacks, steps: int) -> None:
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=callbacks,
-    )
+    trainer = quiet_trainer(steps, limit_val_batches=0, callbacks=callbacks)
     trainer.fit(module, datamodule=dm)
 
 
