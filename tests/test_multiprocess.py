@@ -2,7 +2,9 @@
 module fits under FSDP2 outside the pipeline, and decoding in lockstep on a sharded policy.
 
 Pipeline runs (tests/configs/two_ranks.yaml): every stage (warm-up SFT, measure, GRPO with N per
-group, re-distillation after iteration 1, final retrain, export) once in one process, once with
+group, re-distillation after iteration 1, the final retrain distilled from the last RL model
+(``distill_weight``: every rank holds a whole teacher) with its own measurement and RL stage,
+export) once in one process, once with
 ``strategy: ddp`` and once with FSDP2 (``ModelParallelStrategy``, ``fully_shard`` per decoder
 layer), each on 2 processes. What must agree, and why:
 
@@ -83,6 +85,8 @@ def test_every_stage_ran_under_ddp_and_fsdp2(runs):
             "it2/eval",
             "it2/rl",
             "final/retrain",
+            "final/eval",
+            "final/rl",
             "final",
         ]
         assert "it1/rl" in state["models"] and "it1/redistill" in state["models"], name
