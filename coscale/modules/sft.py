@@ -116,10 +116,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         distill_temperature: float = 1.0,
     ) -> None:
         super().__init__()
-        errors = settings_errors(
-            lr, max_length, val_samples, forgetting_guard, guard_refresh_every, guard_batch_size,
-            distill_weight=distill_weight, distill_temperature=distill_temperature,
-        )  # fmt: skip
+        guard = (forgetting_guard, guard_refresh_every, guard_batch_size)
+        distill = (distill_weight, distill_temperature)
+        errors = settings_errors(lr, max_length, val_samples, *guard, *distill)
         if errors:
             raise ValueError("SFTModule: " + "; ".join(errors))
         in_memory = not isinstance(model, (str, os.PathLike))

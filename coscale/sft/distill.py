@@ -35,18 +35,16 @@ class Teacher:
         trust_remote_code: Allow code shipped with the model.
     """
 
-    def __init__(self, model: str | os.PathLike | Any, dtype: str = "float32",
-                 trust_remote_code: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: str | os.PathLike | Any,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+    ) -> None:
         if isinstance(model, (str, os.PathLike)):
-            from transformers import AutoModelForCausalLM
+            from coscale.models.policy import load_policy
 
-            from coscale.models.policy import resolve_dtype, resolve_model_path
-
-            model = AutoModelForCausalLM.from_pretrained(
-                resolve_model_path(os.fspath(model)),
-                dtype=resolve_dtype(dtype),
-                trust_remote_code=trust_remote_code,
-            )
+            model, _ = load_policy(model, dtype=dtype, trust_remote_code=trust_remote_code)
         self.model = model.eval().requires_grad_(False)
 
     @torch.no_grad()
