@@ -369,7 +369,8 @@ def test_ddp_mastered_gradient_is_averaged_and_ranks_agree(tiny_model_dir, tmp_p
     script = tmp_path / "worker.py"
     script.write_text(_DDP_WORKER)
     root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": root}
+    # the repo (for `tests.test_forgetting`) and tests/ (for its sibling imports, as pytest has it)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "tests")])}
     run = subprocess.run(
         [sys.executable, str(script), str(tiny_model_dir), str(tmp_path), str(tmp_path / "single.pt")],
         env=env, cwd=root, capture_output=True, text=True, timeout=240,
