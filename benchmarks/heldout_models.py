@@ -6,6 +6,7 @@ iterations can be compared with intervals (issue 14: iteration 2 and the final m
 iteration 1).
 
 Run: .venv/bin/python benchmarks/heldout_models.py runs/demo/it1/rl/model runs/demo/it2/rl/model
+(the demo's table: pass@1 and pass@k per set, the average, the ratio over the first model)
 """
 
 from __future__ import annotations
@@ -15,26 +16,23 @@ import datetime
 
 from paired import cpu_line
 
-from coscale.app.demo import SETS, _measure
+from coscale.app.demo import SETS, _measure, table
 from coscale.tasks import tiers
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="+", help="exported model folders")
+    ap.add_argument("models", nargs="+", help="exported model folders (the first is the base)")
     ap.add_argument("--n", type=int, default=128, help="held-out problems per set")
     ap.add_argument("--k", type=int, default=8, help="samples per problem")
     args = ap.parse_args()
     sets = {name: tiers.problems(name, args.n, seed=1, held_out=True) for name in SETS}
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"{when}; {cpu_line()}; pass@1 in %, {args.n} problems x {args.k} samples per set\n")
-    print("| model | " + " | ".join(SETS) + " | avg (4 sets) |")
-    print("|---" * (len(SETS) + 2) + "|")
-    for path in args.models:
-        row = {name: _measure(path, problems, args.k)["pass@1"] for name, problems in sets.items()}
-        avg = sum(row[name].mean for name in tiers.BENCHMARKS) / len(tiers.BENCHMARKS) * 100
-        cells = " | ".join(row[name].fmt() for name in SETS)
-        print(f"| {path} | {cells} | {avg:.1f} |", flush=True)
+    print(f"{when}; {cpu_line()}; in %, {args.n} problems x {args.k} samples per set\n")
+    models = {
+        path: {name: _measure(path, p, args.k) for name, p in sets.items()} for path in args.models
+    }
+    print(table({"k": args.k, "models": models}, base=args.models[0]))
 
 
 if __name__ == "__main__":

@@ -80,11 +80,10 @@ def retrain(cfg, data, items: list[dict], change: dict, out: str, rl_model: str 
         sft["lr"] = change["lr"]
     if "teacher" in change:
         sft |= {"teacher": rl_model, "distill_weight": change["teacher"]}
-    steps = change.get("steps", cfg.sft_max_steps or 600)
-    if "epochs" in change:
-        steps = None
-    epochs = change.get("epochs", 10_000)
-    trainer = {"max_epochs": epochs, "max_steps": -1 if steps is None else steps}
+    if "epochs" in change:  # passes over the set decide the length, as in the demo now
+        trainer = {"max_epochs": change["epochs"], "max_steps": -1}
+    else:  # a step count decides it (the demo's 600 steps before issue 14)
+        trainer = {"max_epochs": 10_000, "max_steps": change.get("steps", 600)}
     trainer["precision"] = "32-true"
     start = time.perf_counter()
     module = finetune(cfg.model, items, sft, trainer, seed=cfg.seed)

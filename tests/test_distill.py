@@ -54,10 +54,11 @@ def test_distill_loss_mixes_cross_entropy_and_kl(tiny_model, char_tokenizer):
     other = build_tiny_model(char_tokenizer, seed=1)
     ce, _ = solution_loss(tiny_model, enc, padding_free=False)
     loss, _, parts = distill_loss(tiny_model, Teacher(other), enc, weight=0.25)
+    parts = {key: float(value) for key, value in parts.items()}  # detached 0-d tensors
     assert parts["ce"] == pytest.approx(float(ce.detach()), rel=1e-5) and parts["kl"] > 0
     assert float(loss) == pytest.approx(0.75 * parts["ce"] + 0.25 * parts["kl"], rel=1e-5)
     same = distill_loss(tiny_model, Teacher(copy.deepcopy(tiny_model)), enc, weight=0.5)[2]
-    assert same["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert float(same["kl"]) == pytest.approx(0.0, abs=1e-6)
 
 
 def _fit(module, rows, steps):
@@ -79,9 +80,9 @@ def test_distilling_pulls_the_student_to_the_teacher_and_leaves_it_alone(
     )  # fmt: skip
     teacher_before = {k: v.clone() for k, v in module.teacher.model.state_dict().items()}
     enc = module.encode(rows)
-    kl_before = distill_loss(module.policy, module.teacher, enc, 1.0)[2]["kl"]
+    kl_before = float(distill_loss(module.policy, module.teacher, enc, 1.0)[2]["kl"])
     _fit(module, rows, 30)
-    kl_after = distill_loss(module.policy, module.teacher, enc, 1.0)[2]["kl"]
+    kl_after = float(distill_loss(module.policy, module.teacher, enc, 1.0)[2]["kl"])
     assert kl_after < 0.6 * kl_before, (kl_before, kl_after)
     for key, value in module.teacher.model.state_dict().items():
         assert torch.equal(value, teacher_before[key]), key

@@ -83,13 +83,18 @@ def solution_loss(
     """
     if padding_free and can_pack(model, longest=enc["input_ids"].size(1)):
         return packed_loss(model, pack(enc, IGNORE))
+    return token_mean_loss(*_padded_tail(model, enc))
+
+
+def _padded_tail(model: torch.nn.Module, enc: dict[str, torch.Tensor]):
+    """The padded forward with the output head run from the first labelled column on:
+    (logits [B, keep, V], the labels under them [B, keep])."""
     labels = enc["labels"]  # [B, L]
     labelled = (labels != IGNORE).any(0).nonzero()  # [L'] columns with a label
     keep = labels.size(1) - int(labelled[0]) + 1 if len(labelled) else labels.size(1)
     kwargs = keep_last_logits(model, keep)
     out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], **kwargs)
-    tail = labels[:, -out.logits.size(1) :]  # [B, keep] labels under the kept logits
-    return token_mean_loss(out.logits, tail)
+    return out.logits, labels[:, -out.logits.size(1) :]
 
 
 def solution_logits(
@@ -103,14 +108,7 @@ def solution_logits(
     if padding_free and can_pack(model, longest=longest):
         batch = pack(enc, IGNORE)
         return packed_logits(model, batch), batch.targets
-    labels = enc["labels"]  # [B, L]
-    labelled = (labels != IGNORE).any(0).nonzero()  # [L'] columns with a label
-    keep = labels.size(1) - int(labelled[0]) + 1 if len(labelled) else labels.size(1)
-    out = model(
-        input_ids=enc["input_ids"],
-        attention_mask=enc["attention_mask"],
-        **keep_last_logits(model, keep),
-    )
-    tail = labels[:, -out.logits.size(1) :][:, 1:]  # [B, keep-1] the label after each position
-    taken = tail != IGNORE  # [B, keep-1]
-    return out.logits[:, :-1][taken].float(), tail[taken]  # [K, V], [K]
+    logits, tail = _padded_tail(model, enc)  # [B, keep, V], [B, keep]
+    after = tail[:, 1:]  # [B, keep-1] the label after each position
+    taken = after != IGNORE  # [B, keep-1]
+    return logits[:, :-1][taken].float(), after[taken]  # [K, V], [K]
