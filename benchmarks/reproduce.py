@@ -31,7 +31,7 @@ from lr_n_sweep import write as write_sweep
 from paired import cpu_line
 
 from coscale.app.cli import pipeline_parser
-from coscale.app.demo import QUICK, _measure, average, demo_config, table
+from coscale.app.demo import QUICK, _measure, average, average_cell, demo_config, table
 from coscale.callbacks import run_sft
 from coscale.loop import budget
 from coscale.models.policy import resolve_model_path
@@ -291,7 +291,7 @@ def write(args, report, spend, potential, seconds, view: str) -> None:
     name, what = VIEWS[view]
     name += "_quick" if args.quick else ""
     raw = {
-        label: {s: {m: vars(e) for m, e in row.items()} for s, row in rows.items()}
+        label: {s: {m: e.plain() for m, e in row.items()} for s, row in rows.items()}
         for label, rows in report["models"].items()
     }
     with open(os.path.join(args.out, name + ".json"), "w") as f:
@@ -322,17 +322,18 @@ def write(args, report, spend, potential, seconds, view: str) -> None:
 
 
 def summary(report: dict, spend: dict) -> str:
-    """Markdown rows: each arm's 4-set average pass@1, ratio over the base, spend."""
+    """Markdown rows: each arm's 4-set average pass@1 (95% interval), ratio over the base,
+    spend."""
     base = average(report, "(a) base")
     lines = [
-        "| arm | avg pass@1 (4 sets) | x base | SFT examples | rollouts |",
+        "| arm | avg pass@1 (4 sets, 95% interval) | x base | SFT examples | rollouts |",
         "|---|---|---|---|---|",
     ]
     for label in report["models"]:
         avg = average(report, label)
         name = "CoScale-RL" if label.startswith("(f)") else label
         lines.append(
-            f"| {name} | {avg * 100:.1f} | {avg / base:.2f}x | "
+            f"| {name} | {average_cell(report, label)} | {avg / base:.2f}x | "
             f"{spend[label]['sft_examples']} | {spend[label]['rollouts']} |"
         )
     return "\n".join(lines)

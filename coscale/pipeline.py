@@ -62,6 +62,10 @@ class PipelineConfig:
         rl_eval_every: Also re-measure the pools with K fresh samples every this many RL epochs;
             0 relies on the RL rollouts themselves (each epoch's tally relabels the pools).
         sft_epochs: Epochs of every SFT stage.
+        final_sft_epochs: Epochs of the final retrain (None: ``sft_epochs``). The final
+            retrain is the one SFT whose model is shipped; the iterations' SFT stages only
+            feed their RL stages, so a short ``sft_epochs`` with a long final retrain moves
+            SFT budget to where it is kept.
         sft_max_steps: Cap on the optimiser steps of every SFT stage, the re-distillation and
             final retrain included (None: ``sft_epochs`` alone decide). SFT sets grow with every
             iteration; a cap keeps each stage's cost fixed.
@@ -114,6 +118,7 @@ class PipelineConfig:
     eval_max_problems: int | None = None
     rl_eval_every: int = 0
     sft_epochs: int = 2
+    final_sft_epochs: int | None = None
     sft_max_steps: int | None = None
     sft_select_problems: int = 0
     sft_select_every: int = 100
@@ -142,6 +147,7 @@ class PipelineConfig:
             0, warmup_problems=self.warmup_problems, rl_eval_every=self.rl_eval_every
         )
         errors += at_least(1, optional=True, sft_max_steps=self.sft_max_steps)
+        errors += at_least(1, optional=True, final_sft_epochs=self.final_sft_epochs)
         errors += at_least(0, sft_select_problems=self.sft_select_problems)
         errors += at_least(
             1, sft_select_every=self.sft_select_every, sft_select_k=self.sft_select_k
@@ -259,7 +265,10 @@ class Pipeline:
         self.results[name] = {"solutions_added": added, "bank_total": self.curriculum.bank.total()}
 
     def sft(self, name: str) -> None:
-        self._took(name, sft_stage(self.ctx, name, "all", teacher=self._latest_rl()))
+        epochs = self.cfg.sft_epochs
+        if name == "final/retrain" and self.cfg.final_sft_epochs is not None:
+            epochs = self.cfg.final_sft_epochs
+        self._took(name, sft_stage(self.ctx, name, "all", teacher=self._latest_rl(), epochs=epochs))
 
     def measure(self, name: str) -> None:
         self.results[name] = measure_stage(self.ctx, name, self.current)

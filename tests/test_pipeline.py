@@ -82,7 +82,9 @@ def _capture_sft_stage(pipe, monkeypatch) -> list[dict]:
     seen: list[dict] = []
 
     def fake_fit(name, module, data, callbacks, epochs, max_steps=None):
-        seen.append({"name": name, "items": data.items("sft"), "max_steps": max_steps})
+        seen.append(
+            {"name": name, "items": data.items("sft"), "epochs": epochs, "max_steps": max_steps}
+        )
 
     monkeypatch.setattr("coscale.stages.sft.SFTModule", _StubSFT)
     pipe.ctx.fit = fake_fit
@@ -106,6 +108,30 @@ def test_redistillation_uses_the_data_sections_redistill_settings(tmp_path, monk
     assert set(texts) <= {"a3", "a2", "b1"}  # 2 latest of a, 1 of b, capped at 3
     assert fit["max_steps"] == 7  # sft_max_steps reaches every SFT stage
     assert pipe.models["it1/redistill"].endswith("it1/redistill/model")
+
+
+def test_final_sft_epochs_reach_only_the_final_retrain(tmp_path, monkeypatch):
+    pipe = _pipeline(tmp_path, sft_epochs=3, final_sft_epochs=11)
+    seen = _capture_sft_stage(pipe, monkeypatch)
+    pipe.data.load()
+    pipe.curriculum.bank.record_rollout("a", "2", True, 0)  # something to train on
+    for name in ("it1/sft", "it1/redistill", "final/retrain"):
+        pipe.sft(name)
+    assert [(fit["name"], fit["epochs"]) for fit in seen] == [
+        ("it1/sft", 3),
+        ("it1/redistill", 3),
+        ("final/retrain", 11),
+    ]
+    plain = _pipeline(tmp_path / "plain", sft_epochs=3)  # unset: the final retrain's too
+    seen = _capture_sft_stage(plain, monkeypatch)
+    plain.data.load()
+    plain.curriculum.bank.record_rollout("a", "2", True, 0)
+    plain.sft("final/retrain")
+    assert seen[0]["epochs"] == 3
+    from coscale.pipeline import PipelineConfig
+
+    with pytest.raises(ValueError, match="final_sft_epochs must be an int >= 1 or None"):
+        PipelineConfig(model="m", final_sft_epochs=0)
 
 
 def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):

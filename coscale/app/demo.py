@@ -15,7 +15,7 @@ from typing import Any
 
 from coscale.models.prompting import PromptFormat
 from coscale.rollout.base import SamplingParams
-from coscale.scoring.stats import Estimate, pass_at_k_estimate
+from coscale.scoring.stats import Estimate, mean_of_sets, pass_at_k_estimate
 from coscale.tasks import tiers
 
 QUICK = [
@@ -24,6 +24,8 @@ QUICK = [
     "--pipeline.rl_epochs",
     "1",
     "--pipeline.sft_epochs",
+    "1",
+    "--pipeline.final_sft_epochs",
     "1",
     "--pipeline.eval_k",
     "8",
@@ -146,6 +148,16 @@ def average(report: dict[str, Any], label: str, metric: str = "pass@1") -> float
     return sum(row[name][metric].mean for name in tiers.BENCHMARKS) / len(tiers.BENCHMARKS)
 
 
+def average_cell(report: dict[str, Any], label: str, metric: str = "pass@1") -> str:
+    """The four-set mean of one model's ``metric`` in %, with its 95% interval (problems
+    resampled within each set) where the per-problem values were kept."""
+    row = report["models"][label]
+    values = [row[name][metric].values for name in tiers.BENCHMARKS]
+    if not all(values):
+        return f"{average(report, label, metric) * 100:.1f}"
+    return mean_of_sets(values).fmt()
+
+
 def table(report: dict[str, Any], base: str = "base") -> str:
     """Markdown table: per set pass@1 and pass@k [95% CI] of every model, plus averages and
     the ratio of each average over that of the model labelled ``base``."""
@@ -160,7 +172,9 @@ def table(report: dict[str, Any], base: str = "base") -> str:
     for label, row in report["models"].items():
         cells = " | ".join(f"{row[s]['pass@1'].fmt()} | {row[s][f'pass@{k}'].fmt()}" for s in SETS)
         avg = average(report, label)
-        lines.append(f"| {label} | {cells} | {avg * 100:.1f} | {avg / reference:.2f}x |")
+        lines.append(
+            f"| {label} | {cells} | {average_cell(report, label)} | {avg / reference:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -175,11 +189,11 @@ def write_report(run_dir: str, results: dict[str, Any], report: dict[str, Any]) 
             f"{report['k']} samples each at temperature 1.0, 95% bootstrap intervals.\n\n{text}\n"
         )
     plain = {
-        label: {s: {m: vars(e) for m, e in row.items()} for s, row in rows.items()}
+        label: {s: {m: e.plain() for m, e in row.items()} for s, row in rows.items()}
         for label, rows in report["models"].items()
     }
     plain["curve"] = {
-        label: {s: vars(e) for s, e in row.items()} for label, row in report["curve"].items()
+        label: {s: e.plain() for s, e in row.items()} for label, row in report["curve"].items()
     }
     with open(os.path.join(run_dir, "results.json"), "w") as f:
         json.dump({"report": plain, "pipeline": results}, f, indent=1, default=str)

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coscale.scoring.metrics import pass_at_k
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """A mean over problems with its 95% bootstrap interval, all in [0, 1]."""
+    """A mean over problems with its 95% bootstrap interval, all in [0, 1]; ``values`` are the
+    per-problem values it is the mean of (empty when not kept)."""
 
     mean: float
     low: float
     high: float
+    values: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     def fmt(self, scale: float = 100.0) -> str:
         return f"{self.mean * scale:.1f} [{self.low * scale:.1f}, {self.high * scale:.1f}]"
+
+    def plain(self) -> dict[str, float]:
+        """The mean and its interval (for JSON; the per-problem values left out)."""
+        return {"mean": self.mean, "low": self.low, "high": self.high}
 
 
 def bootstrap(
@@ -29,12 +35,31 @@ def bootstrap(
         raise ValueError("values must not be empty")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    rng, n = random.Random(seed), len(values)
-    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    return mean_of_sets([values], level, resamples, seed)
+
+
+def mean_of_sets(
+    sets: Sequence[Sequence[float]], level: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> Estimate:
+    """The average of the sets' means with its percentile bootstrap interval: each resample
+    draws every set's problems anew from that set alone (stratified), so each set keeps its
+    weight. One set: the plain bootstrap of its mean."""
+    if not sets or any(not values for values in sets):
+        raise ValueError("every set must hold at least one value")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    rng = random.Random(seed)
+
+    def resampled() -> float:
+        return sum(sum(v[rng.randrange(len(v))] for _ in v) / len(v) for v in sets) / len(sets)
+
+    means = sorted(resampled() for _ in range(resamples))
     tail = (1 - level) / 2
     low = means[int(tail * resamples)]
     high = means[min(resamples - 1, int((1 - tail) * resamples))]
-    return Estimate(sum(values) / n, low, high)
+    mean = sum(sum(v) / len(v) for v in sets) / len(sets)
+    pooled = tuple(x for v in sets for x in v) if len(sets) == 1 else ()
+    return Estimate(mean, low, high, pooled)
 
 
 def pass_at_k_estimate(n: int, correct: Sequence[int], k: int, seed: int = 0) -> Estimate:

@@ -20,9 +20,11 @@ def sft_stage(
     source: str = "all",
     start: str | None = None,
     teacher: str | None = None,
+    epochs: int | None = None,
 ):
     """SFT of ``start`` (default: the initial model) on the curriculum's ``source`` pairs,
-    distilled from ``teacher`` as well when one is given and ``pipeline.distill_weight`` > 0.
+    distilled from ``teacher`` as well when one is given and ``pipeline.distill_weight`` > 0,
+    for ``epochs`` passes (default: ``pipeline.sft_epochs``).
 
     Returns:
         The exported model's folder, or None when the curriculum has no such pairs.
@@ -38,7 +40,8 @@ def sft_stage(
     module = SFTModule(model=start or ctx.cfg.model, **ctx.sft_args, **distill)
     select = selection(ctx, name) if source == "all" and start is None else None
     callbacks = [select] if select is not None else []
-    ctx.fit(name, module, view, callbacks, ctx.cfg.sft_epochs, max_steps=ctx.cfg.sft_max_steps)
+    epochs = epochs or ctx.cfg.sft_epochs
+    ctx.fit(name, module, view, callbacks, epochs, max_steps=ctx.cfg.sft_max_steps)
     out = ctx.path(name, "model")
     if select is not None and select.best_model() is not None:
         return copy_model(select.best_model(), out)
