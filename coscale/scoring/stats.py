@@ -33,8 +33,6 @@ def bootstrap(
     """Mean of ``values`` and the percentile bootstrap interval (problems resampled)."""
     if not values:
         raise ValueError("values must not be empty")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
     return mean_of_sets([values], level, resamples, seed)
 
 
