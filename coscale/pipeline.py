@@ -265,9 +265,7 @@ class Pipeline:
         self.results[name] = {"solutions_added": added, "bank_total": self.curriculum.bank.total()}
 
     def sft(self, name: str) -> None:
-        epochs = self.cfg.sft_epochs
-        if name == "final/retrain" and self.cfg.final_sft_epochs is not None:
-            epochs = self.cfg.final_sft_epochs
+        epochs = self.cfg.final_sft_epochs if name == "final/retrain" else None  # None: sft_epochs
         self._took(name, sft_stage(self.ctx, name, "all", teacher=self._latest_rl(), epochs=epochs))
 
     def measure(self, name: str) -> None:
