@@ -31,7 +31,15 @@ from lr_n_sweep import write as write_sweep
 from paired import cpu_line
 
 from coscale.app.cli import pipeline_parser
-from coscale.app.demo import QUICK, _measure, average, average_cell, demo_config, table
+from coscale.app.demo import (
+    QUICK,
+    _measure,
+    average,
+    average_cell,
+    demo_config,
+    lead_cell,
+    table,
+)
 from coscale.callbacks import run_sft
 from coscale.loop import budget
 from coscale.models.policy import resolve_model_path
@@ -323,17 +331,21 @@ def write(args, report, spend, potential, seconds, view: str) -> None:
 
 def summary(report: dict, spend: dict) -> str:
     """Markdown rows: each arm's 4-set average pass@1 (95% interval), ratio over the base,
-    spend."""
+    CoScale-RL's lead over it (paired interval on the same problems), spend."""
     base = average(report, "(a) base")
+    ours = next(label for label in report["models"] if label.startswith("(f)"))
     lines = [
-        "| arm | avg pass@1 (4 sets, 95% interval) | x base | SFT examples | rollouts |",
-        "|---|---|---|---|---|",
+        "| arm | avg pass@1 (4 sets, 95% interval) | x base | CoScale-RL ahead by (points, "
+        "paired 95% interval) | SFT examples | rollouts |",
+        "|---|---|---|---|---|---|",
     ]
     for label in report["models"]:
         avg = average(report, label)
-        name = "CoScale-RL" if label.startswith("(f)") else label
+        name, lead = (
+            ("CoScale-RL", "") if label == ours else (label, lead_cell(report, ours, label))
+        )
         lines.append(
-            f"| {name} | {average_cell(report, label)} | {avg / base:.2f}x | "
+            f"| {name} | {average_cell(report, label)} | {avg / base:.2f}x | {lead} | "
             f"{spend[label]['sft_examples']} | {spend[label]['rollouts']} |"
         )
     return "\n".join(lines)

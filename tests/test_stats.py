@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from coscale.app.demo import average_cell
-from coscale.scoring.stats import Estimate, bootstrap, mean_of_sets, pass_at_k_estimate
+from coscale.app.demo import average_cell, lead_cell
+from coscale.scoring.stats import (
+    Estimate,
+    bootstrap,
+    mean_of_sets,
+    paired_difference,
+    pass_at_k_estimate,
+)
 from coscale.tasks import tiers
 
 
@@ -54,3 +60,30 @@ def test_table_cell_gives_the_average_with_its_interval():
     bare = {name: {"pass@1": Estimate(0.25, 0.2, 0.3)} for name in tiers.BENCHMARKS}
     assert average_cell({"models": {"m": bare}}, "m") == "25.0"  # values not kept: mean only
     assert Estimate(0.25, 0.2, 0.3).plain() == {"mean": 0.25, "low": 0.2, "high": 0.3}
+
+
+def test_paired_difference_cancels_what_both_models_share():
+    # problems of very different difficulty; the second model is 0.05 better on every one
+    hard = [[(i % 10) / 10 for i in range(64)] for _ in range(4)]
+    better = [[x + 0.05 for x in v] for v in hard]
+    lead = paired_difference(better, hard)
+    assert lead.mean == pytest.approx(0.05)
+    assert (lead.low, lead.high) == (pytest.approx(0.05), pytest.approx(0.05))
+    # the separate intervals overlap, the paired one does not reach 0
+    apart = mean_of_sets(better), mean_of_sets(hard)
+    assert apart[0].low < apart[1].high and lead.low > 0
+    with pytest.raises(ValueError, match="same problems"):
+        paired_difference(better, [v[:-1] for v in hard])
+
+
+def test_lead_cell_is_the_paired_difference_in_points():
+    rows = {
+        m: {name: {"pass@1": pass_at_k_estimate(8, [(i + shift) % 9 for i in range(64)], 1)}
+            for name in tiers.BENCHMARKS}
+        for m, shift in (("f", 1), ("c", 0))
+    }  # fmt: skip
+    values = {m: [rows[m][s]["pass@1"].values for s in tiers.BENCHMARKS] for m in rows}
+    cell = lead_cell({"models": rows}, "f", "c")
+    assert cell == paired_difference(values["f"], values["c"]).fmt()
+    bare = {name: {"pass@1": Estimate(0.25, 0.2, 0.3)} for name in tiers.BENCHMARKS}
+    assert lead_cell({"models": {"f": bare, "c": bare}}, "f", "c") == ""

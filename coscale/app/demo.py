@@ -15,7 +15,7 @@ from typing import Any
 
 from coscale.models.prompting import PromptFormat
 from coscale.rollout.base import SamplingParams
-from coscale.scoring.stats import Estimate, mean_of_sets, pass_at_k_estimate
+from coscale.scoring.stats import Estimate, mean_of_sets, paired_difference, pass_at_k_estimate
 from coscale.tasks import tiers
 
 QUICK = [
@@ -156,6 +156,16 @@ def average_cell(report: dict[str, Any], label: str, metric: str = "pass@1") -> 
     if not all(values):
         return f"{average(report, label, metric) * 100:.1f}"
     return mean_of_sets(values).fmt()
+
+
+def lead_cell(report: dict[str, Any], label: str, other: str, metric: str = "pass@1") -> str:
+    """How far ``label``'s four-set mean is ahead of ``other``'s, in points, with the paired 95%
+    interval (both measured on the same held-out problems); "" where the values were not kept."""
+    first, second = ([report["models"][m][s][metric].values for s in tiers.BENCHMARKS]
+                     for m in (label, other))  # fmt: skip
+    if not all(first) or not all(second):
+        return ""
+    return paired_difference(first, second).fmt()
 
 
 def table(report: dict[str, Any], base: str = "base") -> str:

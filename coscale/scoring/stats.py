@@ -60,6 +60,18 @@ def mean_of_sets(
     return Estimate(mean, low, high, pooled)
 
 
+def paired_difference(
+    first: Sequence[Sequence[float]], second: Sequence[Sequence[float]], seed: int = 0
+) -> Estimate:
+    """``mean_of_sets(first) - mean_of_sets(second)`` with its 95% interval, where both were
+    measured on the same problems in the same order: each resample draws the problems once for
+    both, so what the two models share (a problem's difficulty) cancels and the interval is
+    that of the difference itself. An interval above 0: ``first`` is ahead beyond chance."""
+    if len(first) != len(second) or any(len(a) != len(b) for a, b in zip(first, second)):
+        raise ValueError("paired_difference needs the same problems (set sizes) on both sides")
+    return mean_of_sets([[x - y for x, y in zip(a, b)] for a, b in zip(first, second)], seed=seed)
+
+
 def pass_at_k_estimate(n: int, correct: Sequence[int], k: int, seed: int = 0) -> Estimate:
     """pass@k over problems (each sampled ``n`` times, ``correct[i]`` right) with its interval."""
     return bootstrap([pass_at_k(n, c, k) for c in correct], seed=seed)
