@@ -6,7 +6,8 @@ iterations can be compared with intervals (issue 14: iteration 2 and the final m
 iteration 1).
 
 Run: .venv/bin/python benchmarks/heldout_models.py runs/demo/it1/rl/model runs/demo/it2/rl/model
-(the demo's table: pass@1 and pass@k per set, the average, the ratio over the first model)
+(the demo's table: pass@1 and pass@k per set, the average, the ratio over the first model,
+then each later model's lead over the first in points, paired on the same problems)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import datetime
 
 from paired import cpu_line
 
-from coscale.app.demo import SETS, _measure, table
+from coscale.app.demo import SETS, _measure, lead_cell, table
 from coscale.tasks import tiers
 
 
@@ -32,7 +33,11 @@ def main() -> None:
     models = {
         path: {name: _measure(path, p, args.k) for name, p in sets.items()} for path in args.models
     }
-    print(table({"k": args.k, "models": models}, base=args.models[0]))
+    report = {"k": args.k, "models": models}
+    print(table(report, base=args.models[0]))
+    print(f"\navg pass@1 (4 sets) ahead of {args.models[0]}, points, paired 95% interval:")
+    for path in args.models[1:]:
+        print(f"- {path}: {lead_cell(report, path, args.models[0])}")
 
 
 if __name__ == "__main__":

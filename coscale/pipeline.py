@@ -29,10 +29,11 @@ from typing import Any
 
 import lightning as L
 
-from coscale.checks import at_least
+from coscale.checks import at_least, one_of
 from coscale.datamodules import ProblemDataModule
 from coscale.loop import budget
 from coscale.loop.commit import commit_point, write_json
+from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.loop.schedule import NSchedule
 from coscale.models.full_state import barrier, is_writer
 from coscale.modules import GRPOModule, SFTModule
@@ -66,6 +67,11 @@ class PipelineConfig:
             retrain is the one SFT whose model is shipped; the iterations' SFT stages only
             feed their RL stages, so a short ``sft_epochs`` with a long final retrain moves
             SFT budget to where it is kept.
+        final_sft_source: What the final retrain trains on (plus the replay share): ``all``
+            (the bank and the latest correct RL rollouts: "everything collected", the paper),
+            ``bank`` (bank solutions only; the RL rollouts stay out) or ``redistill`` (the
+            rollouts only). The RL stage after the retrain (``final_rl``) still brings RL's
+            gain back; ``bank`` makes each pass cheaper, so it buys more passes in the same time.
         sft_max_steps: Cap on the optimiser steps of every SFT stage, the re-distillation and
             final retrain included (None: ``sft_epochs`` alone decide). SFT sets grow with every
             iteration; a cap keeps each stage's cost fixed.
@@ -119,6 +125,7 @@ class PipelineConfig:
     rl_eval_every: int = 0
     sft_epochs: int = 2
     final_sft_epochs: int | None = None
+    final_sft_source: SFTSource = "all"
     sft_max_steps: int | None = None
     sft_select_problems: int = 0
     sft_select_every: int = 100
@@ -148,6 +155,7 @@ class PipelineConfig:
         )
         errors += at_least(1, optional=True, sft_max_steps=self.sft_max_steps)
         errors += at_least(1, optional=True, final_sft_epochs=self.final_sft_epochs)
+        errors += one_of(SFT_SOURCES, final_sft_source=self.final_sft_source)
         errors += at_least(0, sft_select_problems=self.sft_select_problems)
         errors += at_least(
             1, sft_select_every=self.sft_select_every, sft_select_k=self.sft_select_k
@@ -265,8 +273,12 @@ class Pipeline:
         self.results[name] = {"solutions_added": added, "bank_total": self.curriculum.bank.total()}
 
     def sft(self, name: str) -> None:
-        epochs = self.cfg.final_sft_epochs if name == "final/retrain" else None  # None: sft_epochs
-        self._took(name, sft_stage(self.ctx, name, "all", teacher=self._latest_rl(), epochs=epochs))
+        final = name == "final/retrain"
+        epochs = self.cfg.final_sft_epochs if final else None  # None: sft_epochs
+        source = self.cfg.final_sft_source if final else "all"
+        self._took(
+            name, sft_stage(self.ctx, name, source, teacher=self._latest_rl(), epochs=epochs)
+        )
 
     def measure(self, name: str) -> None:
         self.results[name] = measure_stage(self.ctx, name, self.current)

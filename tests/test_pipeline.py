@@ -134,6 +134,22 @@ def test_final_sft_epochs_reach_only_the_final_retrain(tmp_path, monkeypatch):
         PipelineConfig(model="m", final_sft_epochs=0)
 
 
+def test_final_sft_source_shapes_only_the_final_retrain(tmp_path, monkeypatch):
+    pipe = _pipeline(tmp_path, final_sft_source="bank", data={"bank_solutions": 0})
+    seen = _capture_sft_stage(pipe, monkeypatch)
+    pipe.data.load()
+    pipe.curriculum.bank.add("a", "a-bank")
+    pipe.curriculum.bank.record_rollout("b", "b-rl", True, 0)
+    pipe.sft("it1/sft")
+    pipe.sft("final/retrain")
+    texts = [sorted(item["solution"] for item in fit["items"]) for fit in seen]
+    assert texts == [["a-bank", "b-rl"], ["a-bank"]]  # the rollouts stay out of the final set
+    from coscale.pipeline import PipelineConfig
+
+    with pytest.raises(ValueError, match="final_sft_source must be one of bank, redistill, all"):
+        PipelineConfig(model="m", final_sft_source="rollouts")
+
+
 def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
     pipe = _pipeline(tmp_path, distill_weight=0.4, iterations=2)
     _capture_sft_stage(pipe, monkeypatch)

@@ -38,7 +38,7 @@ def sft_stage(
         distill = {"teacher": teacher, "distill_weight": ctx.cfg.distill_weight}
         print(f"[coscale] {name}: distilling from {teacher} (weight {ctx.cfg.distill_weight})")
     module = SFTModule(model=start or ctx.cfg.model, **ctx.sft_args, **distill)
-    select = selection(ctx, name) if source == "all" and start is None else None
+    select = selection(ctx, name) if start is None else None
     callbacks = [select] if select is not None else []
     epochs = epochs or ctx.cfg.sft_epochs
     ctx.fit(name, module, view, callbacks, epochs, max_steps=ctx.cfg.sft_max_steps)
