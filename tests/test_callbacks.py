@@ -526,6 +526,23 @@ def test_final_retrain_keep_better_restores_the_fit_weights_when_the_retrain_is_
         FinalRetrain(keep="best")
 
 
+def test_final_retrain_source_leaves_the_rollouts_out(tiny_model_dir, monkeypatch):
+    dm = _dm(["a", "b"])
+    dm.curriculum.bank.add("a", "a bank")
+    dm.curriculum.bank.record_rollout("b", "b rollout", True, 0)
+    policy = SFTModule(model=str(tiny_model_dir), reward=ToyReward(), val_max_new_tokens=8)
+    trained = []
+    monkeypatch.setattr(
+        "coscale.callbacks.final_retrain.retrain_from_initial",
+        lambda cb, module, items, seed: trained.append(sorted(i["solution"] for i in items)),
+    )
+    for source in ("all", "bank"):
+        FinalRetrain(sft=SFT, trainer=QUIET, eval_k=1, source=source).run(_trainer(dm), policy)
+    assert trained == [["a bank", "b rollout"], ["a bank"]]
+    with pytest.raises(ValueError, match="source must be one of bank, redistill, all"):
+        FinalRetrain(source="rollouts")
+
+
 def _fit_with_all_callbacks(model_dir, ids):
     rows = [{"id": i, "question": f"{i}?", "answer": a} for i, a in ids.items()]
     dm = ProblemDataModule(train=rows, batch_size=2, rollout_n=4)

@@ -18,6 +18,8 @@ from typing_extensions import override
 
 from coscale.callbacks import sft_stage
 from coscale.callbacks.redistill import initial_weights, retrain_from_initial, stage_errors
+from coscale.checks import one_of
+from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.rollout.base import SamplingParams
 
 KEEP = ("retrained", "better")
@@ -36,7 +38,7 @@ def _weights(pl_module: Any) -> dict[str, torch.Tensor]:
 
 class FinalRetrain(Callback):
     """At ``on_fit_end``: evaluate -> SFT from the initial weights on the datamodule's
-    ``sft_source="all"`` set -> load it into the policy in place -> evaluate again.
+    ``source`` set -> load it into the policy in place -> evaluate again.
 
     Logs ``val/final_before_pass@1``, ``val/final_after_pass@1`` (and ``@eval_k``) to the
     loggers, prints them, and keeps them in :attr:`results`.
@@ -55,6 +57,9 @@ class FinalRetrain(Callback):
             weights the fit ended with (``val/final_kept_retrained`` says which was kept).
             The evaluation runs on the datamodule's held-out problems, or its training problems
             when it has none: never point it at the sets you report.
+        source: The retrain's set (plus the replay share): ``all`` (the paper: bank solutions
+            and the latest correct RL rollouts), ``bank`` (RL's rollouts left out; the pipeline's
+            ``final_sft_source``, which the demo sets to ``bank``) or ``redistill``.
     """
 
     def __init__(
@@ -67,17 +72,20 @@ class FinalRetrain(Callback):
         batch_size: int = 16,
         seed: int = 0,
         keep: str = "retrained",
+        source: SFTSource = "all",
     ) -> None:
         super().__init__()
         errors = stage_errors(sft, trainer) + sft_stage.at_least(0, seed=seed)
         if keep not in KEEP:
             errors.append(f"keep must be one of {KEEP}, got {keep!r}")
         errors += sft_stage.at_least(1, eval_k=eval_k, batch_size=batch_size)
+        errors += one_of(SFT_SOURCES, source=source)
         if errors:
             raise ValueError("FinalRetrain: " + "; ".join(errors))
         self.sft, self.trainer_kwargs = dict(sft or {}), dict(trainer or {})
         self.initial_model, self.export_dir = initial_model, export_dir
         self.eval_k, self.batch_size, self.seed, self.keep = eval_k, batch_size, seed, keep
+        self.source = source
         self.runs = 0  # retrains done
         self.results: dict[str, float] = {}  # val/final_{before,after}_pass@k of the last run
         self._device: torch.device | None = None
@@ -107,7 +115,7 @@ class FinalRetrain(Callback):
         pl_module.to(self._device or back_to)  # sample on the training device, not the CPU
         try:
             self.results = self.measure(trainer, pl_module, problems, "before")
-            items = dm.curriculum.sft_pairs("all")
+            items = dm.curriculum.sft_pairs(self.source)
             if items:
                 fit_end = _weights(pl_module) if self.keep == "better" else None
                 retrain_from_initial(self, pl_module, items, seed=dm.curriculum.settings.seed)
