@@ -1,9 +1,13 @@
 """The contract every rollout backend must meet, plus the rollout data types.
 
-`CASES` lists the backends; each contract test runs once per case against the same policy
-(`tiny_model`), whose teacher-forced forward pass is the reference for the log-probs.
+`CASES` lists the backends; each contract test runs once per case against the case's policy
+(`policy`), whose teacher-forced forward pass is the reference for the log-probs.
 To add a backend: write a factory `(policy, tokenizer, model_dir) -> RolloutBackend` and a
 `pytest.param` with the marks that skip it where its engine or device is missing (see vLLM).
+
+The vLLM case runs the real engine wherever vllm is installed (``./run.sh setup`` installs
+vLLM's CPU build on x86_64 Linux), on a policy with head size 32: vLLM's CPU attention takes
+head sizes 32, 64, 80, ... and the default tiny model's is 16.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Case:
 
     make: object  # (policy, tokenizer, model_dir) -> RolloutBackend
     logprob_atol: float
+    head_dim: int | None = None  # None: the tiny model's own (16)
 
 
 def _hf(policy, tokenizer, model_dir) -> RolloutBackend:
@@ -53,14 +58,15 @@ def _vllm(policy, tokenizer, model_dir) -> RolloutBackend:
     )
 
 
-_NO_VLLM = importlib.util.find_spec("vllm") is None or not torch.cuda.is_available()
+NO_VLLM = "vllm is not installed: ./run.sh setup installs vLLM's CPU build (x86_64 Linux)"
+_HAS_VLLM = importlib.util.find_spec("vllm") is not None
 CASES = [
     pytest.param(Case(_hf, 1e-5), id="hf"),
     pytest.param(Case(_cached, 1e-5), id="cached"),
     pytest.param(
-        Case(_vllm, 1e-3),
+        Case(_vllm, 1e-3, head_dim=32),
         id="vllm",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(_NO_VLLM, reason="needs vllm and a GPU")],
+        marks=[pytest.mark.vllm, pytest.mark.skipif(not _HAS_VLLM, reason=NO_VLLM)],
     ),
 ]
 
@@ -71,8 +77,26 @@ def case(request) -> Case:
 
 
 @pytest.fixture(scope="module")
-def backend(case, tiny_model, char_tokenizer, tiny_model_dir) -> RolloutBackend:
-    return case.make(tiny_model, char_tokenizer, tiny_model_dir)
+def policy(case, tiny_model, char_tokenizer):
+    """The tiny model, or one of the same width with the case's head size."""
+    if case.head_dim is None:
+        return tiny_model
+    from coscale.models.tiny import build_tiny_model
+
+    heads = tiny_model.config.hidden_size // case.head_dim
+    return build_tiny_model(char_tokenizer, num_heads=heads, seed=0)
+
+
+@pytest.fixture(scope="module")
+def backend(case, policy, char_tokenizer, tmp_path_factory):
+    path = tmp_path_factory.mktemp("contract_model")
+    policy.save_pretrained(path)
+    char_tokenizer.save_pretrained(path)
+    made = case.make(policy, char_tokenizer, path)
+    yield made
+    close = getattr(made, "close", None)
+    if callable(close):
+        close()  # frees the engine's memory before the next case
 
 
 @pytest.fixture(scope="module")
@@ -125,11 +149,11 @@ def test_texts_are_the_decoded_kept_tokens(sampled, char_tokenizer):
     [SAMPLING, SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.9, top_k=5, seed=1)],
     ids=["t1", "t0.7-topk-topp"],
 )
-def test_logprobs_match_teacher_forced_forward(case, backend, tiny_model, sampling):
+def test_logprobs_match_teacher_forced_forward(case, backend, policy, sampling):
     rollouts = backend.generate(PROMPTS, COUNTS, sampling)
     with torch.no_grad():
         expected = sequence_logprobs(
-            tiny_model,
+            policy,
             rollouts.input_ids,
             rollouts.attention_mask,
             rollouts.prompt_length,
@@ -140,7 +164,7 @@ def test_logprobs_match_teacher_forced_forward(case, backend, tiny_model, sampli
     assert torch.all(rollouts.logprobs[kept] < 0) and torch.all(rollouts.logprobs[~kept] == 0)
 
 
-def test_greedy_is_deterministic_and_picks_the_argmax(backend, tiny_model):
+def test_greedy_is_deterministic_and_picks_the_argmax(backend, policy):
     greedy = SamplingParams(max_new_tokens=12, temperature=0)
     first = backend.generate(PROMPTS, COUNTS, greedy)
     second = backend.generate(PROMPTS, COUNTS, greedy)
@@ -150,7 +174,7 @@ def test_greedy_is_deterministic_and_picks_the_argmax(backend, tiny_model):
         assert torch.all(rows == rows[0])
     pos = torch.clamp(first.attention_mask.cumsum(-1) - 1, min=0)
     with torch.no_grad():
-        logits = tiny_model(
+        logits = policy(
             first.input_ids, attention_mask=first.attention_mask, position_ids=pos
         ).logits
     logits = logits[:, first.prompt_length - 1 : -1]  # [R, T, V]
@@ -168,7 +192,7 @@ def test_seed_reproduces_and_different_seeds_differ(backend):
     assert a.texts != c.texts
 
 
-def test_stop_string_cuts_after_the_token_that_completes_it(backend, sampled):
+def test_stop_string_cuts_after_the_token_that_completes_it(backend, sampled, char_tokenizer):
     row = sampled.finish_reasons.index("length")
     stop = sampled.texts[row][10:12]  # found in this row, at index 10 or earlier
     cut = backend.generate(PROMPTS, COUNTS, SamplingParams(max_new_tokens=48, seed=0, stop=(stop,)))
@@ -177,9 +201,20 @@ def test_stop_string_cuts_after_the_token_that_completes_it(backend, sampled):
     for i, (before, text) in enumerate(zip(sampled.texts, cut.texts)):
         if stop in before:
             assert text == before[: before.index(stop) + len(stop)]
-            assert cut.finish_reasons[i] == "stop" and int(cut.lengths[i]) == len(text)
+            assert cut.finish_reasons[i] == "stop"
+            # the last kept token completes the stop (special tokens decode to nothing)
+            ids = cut.completion_ids[i, : int(cut.lengths[i])].tolist()
+            assert stop not in char_tokenizer.decode(ids[:-1], skip_special_tokens=True)
         else:
             assert text == before and cut.finish_reasons[i] == sampled.finish_reasons[i]
+
+
+def test_a_seeded_call_leaves_the_global_rng_alone(backend):
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    backend.generate(PROMPTS, COUNTS, SamplingParams(max_new_tokens=6, seed=5))
+    assert torch.equal(torch.rand(2), expected)
 
 
 def test_max_new_tokens_is_respected(backend):

@@ -30,6 +30,8 @@ from typing import Any
 from torch import nn
 
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
+from coscale.rollout.vllm_cpu import check_sleep_level, kv_cache_bytes
+from coscale.rollout.vllm_host import seeded_rng_guard
 from coscale.rollout.vllm_engine import (
     build_engine,
     check_settings,
@@ -42,6 +44,7 @@ from coscale.rollout.vllm_launch import check_installed
 from coscale.rollout.vllm_parity import (
     ParityResult,
     check_verdict,
+    default_parity_atol,
     fill_logprobs,
     parity_verdict,
     trainer_logprobs,
@@ -70,10 +73,14 @@ class VLLMBackend(RolloutBackend):
         policy: The trainer's model: parity reference and log-prob recompute. Adopted from the
             first ``update_weights`` call when that passes an HF model.
         gpu_memory_utilization: Share of the GPU memory vLLM may use (weights + KV cache).
+        kv_cache_gib: KV cache size in GiB (vLLM's ``kv_cache_memory_bytes``); None: on CPU
+            from the model and ``max_model_len`` (`vllm_cpu.default_kv_cache_bytes`), on GPU
+            from ``gpu_memory_utilization``.
         dtype: Engine dtype (``auto``, ``bfloat16``, ``float16``, ``float32``).
         max_model_len: Longest prompt + completion; None: the model's.
         sleep_level: 0 keeps the engine awake; 1 offloads weights to CPU and frees the KV
             cache between rollouts; 2 drops the weights too (every sampling needs a sync first).
+            Refused on vLLM's CPU build, which has no sleep mode.
         logprobs: ``auto`` (engine's when they match the contract), ``engine`` (refused on vLLM
             < 0.10.2), ``trainer``.
         sync_timeout_s: Deadline of the engine-side part of one sync; None: no deadline.
@@ -83,7 +90,9 @@ class VLLMBackend(RolloutBackend):
         parity_every: Check parity after the 1st sync and every this many syncs (0: never).
         parity_samples: Prompts in a parity probe.
         parity_tokens: Tokens sampled per probe prompt.
-        parity_atol: Largest mean |engine - trainer| log-prob difference accepted.
+        parity_atol: Largest mean |engine - trainer| log-prob difference accepted; None: by
+            ``dtype`` (`vllm_parity.PARITY_ATOL`: 0.01 float32, 0.1 float16, 0.15 bfloat16 and
+            ``auto``, which may run a float32 checkpoint in 16 bits).
         recompute_batch_size: Rollouts per forward pass when recomputing log-probs.
         honor_seed: Reproduce seeded calls exactly (one seeded request per rollout).
         on_stale: ``sync``, ``error`` or ``ignore`` a policy changed since the last sync.
@@ -99,6 +108,7 @@ class VLLMBackend(RolloutBackend):
         tokenizer: Any = None,
         policy: nn.Module | None = None,
         gpu_memory_utilization: float = 0.3,
+        kv_cache_gib: float | None = None,
         dtype: str = "auto",
         max_model_len: int | None = None,
         sleep_level: int = 0,
@@ -109,7 +119,7 @@ class VLLMBackend(RolloutBackend):
         parity_every: int = 1,
         parity_samples: int = 4,
         parity_tokens: int = 16,
-        parity_atol: float = 0.05,
+        parity_atol: float | None = None,
         recompute_batch_size: int = 16,
         honor_seed: bool = True,
         on_stale: str = "sync",
@@ -118,12 +128,16 @@ class VLLMBackend(RolloutBackend):
         engine_factory: Callable[..., Any] | None = None,
     ) -> None:
         check_settings(**{k: v for k, v in locals().items() if k != "self"})
+        kv_bytes = None if kv_cache_gib is None else int(kv_cache_gib * 2**30)
         if engine_factory is None:  # fail at choice time, not at the first rollout
             check_installed(logprobs)
+            check_sleep_level(sleep_level)
+            kv_bytes = kv_cache_bytes(kv_cache_gib, str(model), dtype, max_model_len)
         self.tokenizer = resolve_tokenizer(tokenizer, model)
         tok_path = tokenizer if isinstance(tokenizer, str) else None
         args = (dtype, gpu_memory_utilization, max_model_len, sleep_level, seed, engine_kwargs)
-        self._args = engine_args(str(model), tok_path, *args)
+        self._args = engine_args(str(model), tok_path, *args, kv_cache_bytes=kv_bytes)
+        parity_atol = default_parity_atol(dtype) if parity_atol is None else parity_atol
         self._factory, self._engine = engine_factory or build_engine, None
         self.policy, self.model_path, self.sleep_level = policy, str(model), sleep_level
         self.logprobs, self.on_stale, self.honor_seed = logprobs, on_stale, honor_seed
@@ -248,7 +262,8 @@ class VLLMBackend(RolloutBackend):
         self, prompt_ids: list[list[int]], counts: list[int], sampling: SamplingParams
     ) -> Rollouts:
         requests = build_requests(prompt_ids, counts, sampling, self.eos_token_ids, self.honor_seed)
-        completions = collect_completions(requests, self.engine.generate(requests))
+        with seeded_rng_guard(sampling.seed):  # a seeded call leaves the global RNG alone
+            completions = collect_completions(requests, self.engine.generate(requests))
         decode = partial(self.tokenizer.decode, skip_special_tokens=True)
         pad, eos = self.tokenizer.pad_token_id, self.eos_token_ids
         return assemble_rollouts(prompt_ids, completions, pad, eos, sampling.stop, decode)

@@ -1,7 +1,8 @@
 """Where coscale touches vLLM's API: building a colocated `vllm.LLM`, driving it, stopping it.
 
-`VLLMEngine` wraps `vllm.LLM` behind a few small methods (generate, load_weights, sleep,
-wake_up, reset_prefix_cache, logprobs_mode, logprobs_match, version, shutdown). `VLLMBackend`
+`VLLMEngine` wraps `vllm.LLM` behind a few small methods (generate, begin_load / load_weights /
+end_load, sleep, wake_up, reset_prefix_cache, logprobs_mode, logprobs_match, version,
+shutdown). `VLLMBackend`
 talks only to those (and `start_engine` builds one), so a test can hand it a fake engine, and an
 API change of vLLM is fixed here (or in `vllm_versions`, for what differs between versions).
 vLLM is imported when an engine is built, never when coscale is imported.
@@ -17,12 +18,17 @@ Choices (vLLM's API as of 0.10.2-0.33; every default can be overridden through `
 - `VLLMEngine.shutdown` stops the engine and frees its memory: an engine left to the garbage
   collector may never be freed (recent vLLM freezes its startup heap out of the collector's
   reach), and the next stage's engine would not fit.
+- Weights are loaded in place through vLLM's layerwise reload where it has one
+  (`vllm_reload`), the same code on CPU and GPU.
+- The engine leaves the trainer's process as it found it (`vllm_host`): RNG states, torch
+  threads and CPU affinity after the start, the environment after shutdown.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -31,7 +37,10 @@ from torch import Tensor
 
 from coscale.rollout.base import SamplingParams
 from coscale.rollout.hf import _eos_token_ids
+from coscale.rollout.vllm_cpu import cpu_environment, on_cpu
+from coscale.rollout.vllm_host import HostState
 from coscale.rollout.vllm_launch import prepare_environment, replica_args, require_vllm
+from coscale.rollout.vllm_reload import finish_load, load_bucket, reload_api, start_load
 from coscale.rollout.vllm_requests import Request, logprobs_trusted
 from coscale.rollout.vllm_versions import (
     applies_temperature,
@@ -75,8 +84,10 @@ def engine_args(
     sleep_level: int = 0,
     seed: int = 0,
     extra: dict[str, Any] | None = None,
+    kv_cache_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM` for a colocated engine (see the module docstring)."""
+    """Keyword arguments of `vllm.LLM` for a colocated engine (see the module docstring);
+    `kv_cache_bytes` sizes its KV cache (`vllm_cpu.kv_cache_bytes`)."""
     args: dict[str, Any] = {
         "model": model,
         "tokenizer": tokenizer or model,
@@ -89,6 +100,8 @@ def engine_args(
     }
     if max_model_len is not None:
         args["max_model_len"] = max_model_len
+    if kv_cache_bytes is not None:
+        args["kv_cache_memory_bytes"] = kv_cache_bytes
     args.update(extra or {})
     return replica_args(args)
 
@@ -102,14 +115,26 @@ def build_engine(**kwargs: Any) -> VLLMEngine:
             (`vllm_launch.prepare_environment`).
     """
     vllm = require_vllm()
+    host = HostState.capture()
     prepare_environment(kwargs)
+    if on_cpu():
+        for name, value in cpu_environment().items():
+            os.environ.setdefault(name, value)
     try:
-        llm = vllm.LLM(**kwargs)
+        llm = _start(vllm, kwargs)
+    finally:
+        host.restore()
+    version, layerwise = installed_version(vllm), reload_api() is not None
+    return VLLMEngine(llm, vllm.SamplingParams, version, layerwise=layerwise, host=host)
+
+
+def _start(vllm: Any, kwargs: dict[str, Any]) -> Any:
+    try:
+        return vllm.LLM(**kwargs)
     except TypeError as err:  # vLLM < 0.10.0 has no logprobs_mode
         if "logprobs_mode" not in str(err) or "logprobs_mode" not in kwargs:
             raise
-        llm = vllm.LLM(**{k: v for k, v in kwargs.items() if k != "logprobs_mode"})
-    return VLLMEngine(llm, vllm.SamplingParams, installed_version(vllm))
+        return vllm.LLM(**{k: v for k, v in kwargs.items() if k != "logprobs_mode"})
 
 
 class VLLMEngine:
@@ -119,12 +144,23 @@ class VLLMEngine:
         llm: A `vllm.LLM` (or anything with its methods).
         sampling_params_cls: `vllm.SamplingParams` (built from each request's dict).
         version: ``vllm.__version__`` (None: unknown, so its log-probs are never trusted).
+        layerwise: Load weights through vLLM's layerwise reload (`vllm_reload`); False: plain
+            ``model.load_weights`` (vLLM versions without it, and fakes).
+        host: The trainer's process state from before the start, put back at `shutdown`.
     """
 
-    def __init__(self, llm: Any, sampling_params_cls: Any, version: str | None = None) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        sampling_params_cls: Any,
+        version: str | None = None,
+        layerwise: bool = False,
+        host: HostState | None = None,
+    ) -> None:
         self.llm = llm
         self.sampling_params_cls = sampling_params_cls
         self.version = version  # vllm.__version__; decides what its log-probs mean
+        self.layerwise, self.host = layerwise, host
 
     def generate(self, requests: Sequence[Request]) -> list[Any]:
         """One `RequestOutput` per request, in request order."""
@@ -132,20 +168,25 @@ class VLLMEngine:
         params = [self.sampling_params_cls(**r.params) for r in requests]
         return list(self.llm.generate(prompts, params, use_tqdm=False))
 
+    def begin_load(self) -> None:
+        """Opens a weight load on every worker (`vllm_reload.start_load`)."""
+        if self.layerwise:
+            self.llm.collective_rpc(start_load)
+
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> list[int | None]:
         """Loads `(hf_name, tensor)` pairs into the model of every worker.
 
         Returns:
-            Per worker, how many tensors the model says it loaded (None where its
+            Per worker, how many parameters the model says it loaded (None where its
             ``load_weights`` returns nothing, as in older vLLM versions).
         """
         weights = list(weights)
+        return list(self.llm.collective_rpc(load_bucket, args=(weights,)))
 
-        def load(model: Any) -> int | None:
-            loaded = model.load_weights(weights)
-            return None if loaded is None else len(loaded)
-
-        return list(self.llm.apply_model(load))
+    def end_load(self) -> None:
+        """Closes the load: layers left are processed, tied heads refreshed (`finish_load`)."""
+        if self.layerwise:
+            self.llm.collective_rpc(finish_load)
 
     def sleep(self, level: int) -> None:
         """Frees the KV cache and offloads (1) or drops (2) the weights."""
@@ -184,6 +225,10 @@ class VLLMEngine:
             stop_llm(llm)
             del llm
             release_memory()
+        host, self.host = self.host, None
+        if host is not None:
+            host.restore()  # the shutdown may replace set_num_threads again
+            host.restore_environment()
 
 
 def resolve_tokenizer(tokenizer: Any, model: str) -> Any:
@@ -225,8 +270,12 @@ def check_settings(**args: Any) -> None:
             errors.append(f"{name} must be >= 1, got {args[name]}")
     if args["parity_every"] < 0:
         errors.append(f"parity_every must be >= 0 (0 = never), got {args['parity_every']}")
-    if not (math.isfinite(args["parity_atol"]) and args["parity_atol"] >= 0):
-        errors.append(f"parity_atol must be a number >= 0, got {args['parity_atol']}")
+    atol = args["parity_atol"]
+    if atol is not None and not (math.isfinite(atol) and atol >= 0):
+        errors.append(f"parity_atol must be a number >= 0 or None (by dtype), got {atol}")
+    kv = args["kv_cache_gib"]
+    if kv is not None and not (math.isfinite(kv) and kv > 0):
+        errors.append(f"kv_cache_gib must be > 0 or None (the default size), got {kv}")
     timeout = args["sync_timeout_s"]
     if timeout is not None and timeout <= 0:
         errors.append(f"sync_timeout_s must be > 0 or None, got {timeout}")

@@ -5,7 +5,8 @@ sampling from old weights (TRL #2923, #6796; OpenRLHF #660). This module holds t
 guard that need no engine and no GPU:
 
 - `push_weights`: gathers the full weights (`coscale.rollout.weights`) and loads them into the
-  engine bucket by bucket.
+  engine bucket by bucket, between the engine's ``begin_load`` and ``end_load``
+  (`vllm_reload`); an error of any engine step reaches the caller as `WeightSyncError`.
 - `call_with_timeout`: every engine-side step of a sync runs under a deadline.
 - `SyncBook`: what each sync sent and what the engine said it loaded; a sync that sends other
   names than the first, or that the engine reports as loading nothing (or a different number
@@ -158,28 +159,44 @@ def remaining(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
 
 
+def engine_step(fn: Callable[[], Any], deadline: float | None, what: str) -> Any:
+    """`call_with_timeout` before `deadline`; another error of `fn` becomes `WeightSyncError`
+    naming `what` (the engine may then hold partial weights)."""
+    try:
+        return call_with_timeout(fn, remaining(deadline), what)
+    except WeightSyncError:
+        raise
+    except Exception as err:
+        raise WeightSyncError(
+            f"{what} failed: {type(err).__name__}: {err}; the engine may hold partial weights, "
+            "so the run stops here"
+        ) from err
+
+
 def push_weights(
     engine: Any, model: nn.Module, book: SyncBook, prefix: str, bucket_bytes: int,
     deadline: float | None,
 ) -> SyncRecord:  # fmt: skip
     """Gathers `model`'s weights and loads them into `engine` bucket by bucket, then books it.
 
-    Every engine call (each bucket's ``load_weights``, then ``reset_prefix_cache``: cached
-    prompt KV was computed with the old weights) must finish before `deadline`.
+    Every engine call (``begin_load``, each bucket's ``load_weights``, ``end_load``, then
+    ``reset_prefix_cache``: cached prompt KV was computed with the old weights) must finish
+    before `deadline`.
     """
     start = time.monotonic()
-    what = f"loading weights into the engine (sync #{book.version + 1})"
+    what = f"sync #{book.version + 1}"
     reports, tensors, nbytes = [], 0, 0
     with gathered_parameters(model, prefix) as named:
         book.begin([name for name, _ in named])
+        engine_step(engine.begin_load, deadline, f"opening weight load {what}")
         for bucket in buckets(named, bucket_bytes):
             weights = [(name, full_tensor(p)) for name, p in bucket]
             tensors += len(weights)
             nbytes += sum(w.numel() * w.element_size() for _, w in weights)
             load = partial(engine.load_weights, weights)
-            reports.append(call_with_timeout(load, remaining(deadline), what))
-    reset = engine.reset_prefix_cache
-    call_with_timeout(reset, remaining(deadline), "resetting the engine's prefix cache")
+            reports.append(engine_step(load, deadline, f"loading weights into the engine ({what})"))
+        engine_step(engine.end_load, deadline, f"finishing weight load {what}")
+    engine_step(engine.reset_prefix_cache, deadline, "resetting the engine's prefix cache")
     return book.finish(tensors, nbytes, time.monotonic() - start, reports)
 
 
