@@ -31,7 +31,6 @@ from torch import nn
 
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
 from coscale.rollout.vllm_cpu import check_sleep_level, kv_cache_bytes
-from coscale.rollout.vllm_host import seeded_rng_guard
 from coscale.rollout.vllm_engine import (
     build_engine,
     check_settings,
@@ -40,6 +39,7 @@ from coscale.rollout.vllm_engine import (
     resolve_tokenizer,
     start_engine,
 )
+from coscale.rollout.vllm_host import seeded_rng_guard
 from coscale.rollout.vllm_launch import check_installed
 from coscale.rollout.vllm_parity import (
     ParityResult,

@@ -22,7 +22,6 @@ from coscale.rollout.base import Rollouts
 from coscale.rollout.vllm_sync import ParityError
 from coscale.rollout.weights import is_sharded
 
-
 PARITY_ATOL = {"float32": 0.01, "float16": 0.1, "bfloat16": 0.15}
 """Default largest mean |engine - trainer| log-prob difference, by engine dtype. Measured on
 vLLM 0.32 (CPU build), SmolLM2-135M-Instruct: float32 3.7e-05 (a 272-tensor sync: 3.8e-05),
