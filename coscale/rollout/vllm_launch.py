@@ -2,6 +2,10 @@
 
 - vllm is importable (`require_vllm`, else "install coscale[vllm] ..."), at a version that gives
   the log-prob source asked for (`check_installed`), checked when the backend is chosen.
+  Importing vllm sets variables in ``os.environ`` (``TORCHINDUCTOR_COMPILE_THREADS=1``, ...)
+  that would also change the trainer's own ``torch.compile``: `require_vllm` takes them back
+  out and keeps them in `IMPORT_ENVIRONMENT`; `prepare_environment` sets them for an engine's
+  lifetime (`vllm_host` removes them after its shutdown).
 - The engine runs in the training process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set unless
   the user set it, `prepare_environment`), so ``LLM.apply_model`` hands the live model to
   ``load_weights`` without copying tensors across processes.
@@ -20,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +33,9 @@ import torch.distributed as dist
 
 from coscale.models.full_state import distributed
 from coscale.rollout.vllm_versions import check_logprobs_source, installed_version
+
+IMPORT_ENVIRONMENT: dict[str, str] = {}
+"""The variables the first ``import vllm`` of this process set (see the module docstring)."""
 
 INSTALL_HINT = "install coscale[vllm] to use the vLLM rollout backend (pip install 'coscale[vllm]')"
 EXTERNAL_LAUNCHER = "external_launcher"
@@ -38,10 +46,19 @@ def require_vllm() -> Any:
     """Imports and returns the `vllm` module, or raises ImportError with `INSTALL_HINT`."""
     if importlib.util.find_spec("vllm") is None:
         raise ImportError(INSTALL_HINT)
+    first, before = "vllm" not in sys.modules, dict(os.environ)
     try:
-        return importlib.import_module("vllm")
+        module = importlib.import_module("vllm")
     except ImportError as err:
         raise ImportError(f"{INSTALL_HINT}; importing vllm failed: {err}") from err
+    if first:
+        IMPORT_ENVIRONMENT.update({k: v for k, v in os.environ.items() if before.get(k) != v})
+        for name in IMPORT_ENVIRONMENT:
+            if name in before:
+                os.environ[name] = before[name]
+            else:
+                del os.environ[name]
+    return module
 
 
 def check_installed(logprobs: str) -> None:
@@ -90,7 +107,8 @@ def check_tensor_parallel(args: Mapping[str, Any]) -> None:
 
 def prepare_environment(args: Mapping[str, Any]) -> None:
     """Sets what vLLM reads from ``os.environ`` for an engine built from `args` (`vllm.LLM`
-    keyword arguments): ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set, and with
+    keyword arguments): ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and `IMPORT_ENVIRONMENT` unless
+    set, and with
     ``external_launcher`` ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (`launcher_env`).
 
     Raises:
@@ -98,6 +116,8 @@ def prepare_environment(args: Mapping[str, Any]) -> None:
             `launcher_env` cannot tell the ranks.
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    for name, value in IMPORT_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
     if args.get("distributed_executor_backend") == EXTERNAL_LAUNCHER:
         os.environ.update(launcher_env(os.environ, *rank_layout()))
 

@@ -1,0 +1,187 @@
+"""The vLLM backend on the real engine (vLLM's CPU build here): weight sync every step, the
+trainer's process left as found, CPU options. Skipped only where vllm is not installed.
+
+The policy is the tiny Llama with head size 32 (vLLM's CPU attention refuses 16) and tied
+embeddings, so every sync also exercises the tied LM head (`coscale.rollout.vllm_reload`).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import random
+
+import lightning as L
+import pytest
+import torch
+
+from coscale.rollout import HFGenerateBackend, SamplingParams
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not installed: ./run.sh setup installs vLLM's CPU build (x86_64 Linux)",
+    ),
+]
+PROMPTS = ["1+2=", "7*6=", "x"]
+GREEDY = SamplingParams(max_new_tokens=10, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def policy32(char_tokenizer):
+    from coscale.models.tiny import build_tiny_model
+
+    return build_tiny_model(char_tokenizer, num_heads=2, seed=0)  # hidden 64: head size 32
+
+
+@pytest.fixture(scope="module")
+def model32_dir(tmp_path_factory, policy32, char_tokenizer):
+    path = tmp_path_factory.mktemp("tiny32")
+    policy32.save_pretrained(path)
+    char_tokenizer.save_pretrained(path)
+    return path
+
+
+def _backend(model_dir, tokenizer, policy, **options):
+    from coscale.rollout.vllm import VLLMBackend
+
+    return VLLMBackend(str(model_dir), tokenizer, policy, dtype="float32", **options)
+
+
+def _step(policy: torch.nn.Module, lr: float = 0.05, steps: int = 2) -> None:
+    """A few optimiser steps on one row: every weight moves, the tied embedding too."""
+    opt = torch.optim.Adam(policy.parameters(), lr=lr)
+    ids = torch.tensor([[1, 8, 9, 10, 11, 12, 13, 14]])
+    policy.train()
+    for _ in range(steps):
+        policy(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    policy.eval()
+
+
+def _host() -> dict:
+    return {
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+        "set_num_threads": torch.set_num_threads,
+        "num_threads": torch.get_num_threads(),
+        "affinity": os.sched_getaffinity(0),
+    }
+
+
+def _same_host(a: dict, b: dict) -> list[str]:
+    return [k for k in a if not (torch.equal(a[k], b[k]) if k == "torch_rng" else a[k] == b[k])]
+
+
+def test_the_engine_leaves_the_trainer_process_as_it_found_it(model32_dir, char_tokenizer):
+    torch.manual_seed(11)
+    random.seed(11)
+    before, env = _host(), dict(os.environ)
+    backend = _backend(model32_dir, char_tokenizer, None)
+    assert backend.engine is not None  # built: vLLM seeded its RNGs, replaced set_num_threads
+    assert _same_host(before, _host()) == []
+    backend.generate(PROMPTS, 2, SamplingParams(max_new_tokens=4, seed=3))  # seeded: no draw
+    assert _same_host(before, _host()) == []
+    backend.close()
+    assert _same_host(before, _host()) == []
+    assert dict(os.environ) == env  # VLLM_* variables of the start are gone again
+
+
+def test_cpu_options_sleep_refused_and_kv_cache_sized_from_the_model(model32_dir, char_tokenizer):
+    from coscale.rollout.vllm_cpu import KV_MIN_GIB, on_cpu
+
+    if not on_cpu():
+        pytest.skip("vLLM runs on a GPU here: sleep mode exists and the cache follows its memory")
+    with pytest.raises(ValueError, match=r"rollout_options.sleep_level=1: vLLM has no sleep"):
+        _backend(model32_dir, char_tokenizer, None, sleep_level=1)
+    default = _backend(model32_dir, char_tokenizer, None, max_model_len=256)
+    # 2 layers x 2 KV heads x 32 x 4 bytes x (K, V) = 1 KiB a token; 32 x 256 tokens = 8 MiB,
+    # below the floor of the default size
+    assert default._args["kv_cache_memory_bytes"] == int(KV_MIN_GIB * 2**30)
+    sized = _backend(model32_dir, char_tokenizer, None, kv_cache_gib=0.125)
+    assert sized._args["kv_cache_memory_bytes"] == 2**27
+
+
+def test_a_stale_tied_head_fails_parity_and_the_refreshed_one_passes(
+    model32_dir, char_tokenizer, policy32, monkeypatch
+):
+    from coscale.rollout import vllm_reload
+    from coscale.rollout.vllm_sync import ParityError
+
+    policy = copy.deepcopy(policy32)
+    backend = _backend(model32_dir, char_tokenizer, policy)
+    try:
+        backend.generate(PROMPTS, 2, SamplingParams(max_new_tokens=8, seed=0))  # parity at start
+        _step(policy)
+        with monkeypatch.context() as patch:  # the reload without coscale's tied-head refresh
+            patch.setattr(vllm_reload, "refresh_tied_layers", lambda model: 0)
+            backend.update_weights(policy)
+        with pytest.raises(ParityError, match="disagree after weight sync #1"):
+            backend.check_parity()
+        backend.update_weights(policy)  # the same weights, with the refresh
+        result = backend.check_parity()
+        assert result.ok and result.mean_abs < 1e-4, result
+        engine = backend.generate(PROMPTS, 1, GREEDY)
+        trainer = HFGenerateBackend(policy, char_tokenizer).generate(PROMPTS, 1, GREEDY)
+        assert engine.texts == trainer.texts
+    finally:
+        backend.close()
+
+
+class _Watch(L.Callback):
+    """Records every parity check of the module's vLLM backend; compares greedy output with the
+    trainer's at the end of the fit (before teardown closes the engine)."""
+
+    def __init__(self) -> None:
+        self.parity: list = []
+        self.greedy: tuple[list[str], list[str]] | None = None
+
+    def on_train_start(self, trainer, module) -> None:
+        backend, check = module.backend, module.backend.check_parity
+
+        def recorded():
+            result = check()
+            self.parity.append((backend.book.version, result))
+            return result
+
+        backend.check_parity = recorded
+
+    def on_train_end(self, trainer, module) -> None:
+        backend = module.backend
+        self.parity.append((backend.book.version, backend.check_parity()))  # the last sync's
+        engine = backend.generate(PROMPTS, 1, GREEDY)
+        hf = HFGenerateBackend(module.policy, module.tokenizer).generate(PROMPTS, 1, GREEDY)
+        self.greedy = (engine.texts, hf.texts)
+
+
+def test_a_grpo_fit_with_vllm_rollouts_syncs_and_checks_parity_every_step(model32_dir):
+    from test_modules import CharCountReward, _changed, _params, _rl_dm, _trainer
+
+    from coscale.modules import GRPOModule
+
+    dm = _rl_dm([4, 4, 4, 4], batch_size=2)
+    module = GRPOModule(
+        model=str(model32_dir),
+        reward=CharCountReward(),
+        lr=2e-2,
+        max_new_tokens=8,
+        temperature=1.0,
+        rollout_backend="vllm",
+        rollout_options={"dtype": "float32"},
+    )
+    before, watch = _params(module), _Watch()
+    trainer = _trainer(3)
+    trainer.callbacks.append(watch)
+    trainer.fit(module, datamodule=dm)
+    assert trainer.global_step == 3 and len(_changed(before, module)) == len(before)
+    # sync #1 at the start, one after each of the 3 steps, a parity check after every one (the
+    # last sync's at the epoch's end sampling, if any, and at the end of the fit)
+    versions = [version for version, _ in watch.parity]
+    assert sorted(set(versions)) == [1, 2, 3, 4] and versions == sorted(versions)
+    assert all(r.ok and r.mean_abs < 1e-4 for _, r in watch.parity), watch.parity
+    engine, hf = watch.greedy
+    assert engine == hf
+    assert module._backend._engine is None  # teardown shut the engine down
