@@ -105,6 +105,15 @@ def test_cpu_options_sleep_refused_and_kv_cache_sized_from_the_model(model32_dir
     assert sized._args["kv_cache_memory_bytes"] == 2**27
 
 
+def test_a_head_size_the_cpu_engine_cannot_run_is_refused_by_name(tiny_model_dir, char_tokenizer):
+    from coscale.rollout.vllm_cpu import on_cpu
+
+    if not on_cpu():
+        pytest.skip("vLLM runs on a GPU here")
+    with pytest.raises(ValueError, match=r"head size 16, and vLLM's CPU attention takes only \["):
+        _backend(tiny_model_dir, char_tokenizer, None)  # hidden 64 / 4 heads
+
+
 def test_a_stale_tied_head_fails_parity_and_the_refreshed_one_passes(
     model32_dir, char_tokenizer, policy32, monkeypatch
 ):
@@ -185,3 +194,33 @@ def test_a_grpo_fit_with_vllm_rollouts_syncs_and_checks_parity_every_step(model3
     engine, hf = watch.greedy
     assert engine == hf
     assert module._backend._engine is None  # teardown shut the engine down
+
+
+def test_ddp_on_two_cpu_ranks_with_one_engine_per_rank(model32_dir, tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("vllm_ddp_worker.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = subprocess.run(
+        [sys.executable, str(script), str(model32_dir), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["grpo_sum"] == pytest.approx(r1["grpo_sum"], abs=1e-9)  # DDP kept them equal
+    for rank in (r0, r1):
+        # each fit: a sync at its start and after each of its 2 steps, each checked at the next
+        # sampling (the last one's engine is shut down first); the second fit's engine is new,
+        # synced from the trained policy before its first rollout, and its book goes on counting
+        first, second = ([version for version, _ in fit] for fit in rank["parity"])
+        assert (first, second) == ([1, 2], [4, 5]), rank["parity"]
+        assert all(diff < 1e-4 for fit in rank["parity"] for _, diff in fit), rank["parity"]
+        assert rank["syncs"] == 6
+    # the engines are replicas with their own seeds: the ranks sampled different completions
+    assert r0["texts"][0] != r1["texts"][0]

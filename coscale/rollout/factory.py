@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 from torch import nn
 
 from coscale.rollout.base import RolloutBackend
@@ -36,7 +37,8 @@ def build_backend(
         tokenizer: The policy's tokenizer.
         model_path: Hub name or folder of the policy's current weights (``builtin:`` specs are
             resolved); the vLLM engine starts from it.
-        **options: Arguments of the backend's class (`HFGenerateBackend` or `VLLMBackend`).
+        **options: Arguments of the backend's class (`HFGenerateBackend` or `VLLMBackend`);
+            a vLLM engine without ``dtype`` computes in the policy's (`engine_dtype`).
 
     Raises:
         ValueError: For an unknown `kind`, or ``vllm`` without `model_path`.
@@ -58,8 +60,20 @@ def build_backend(
         from coscale.rollout.vllm import VLLMBackend
 
         path = resolve_model_path(os.fspath(model_path))
+        if policy is not None and "dtype" not in options:
+            options["dtype"] = engine_dtype(policy)
         return VLLMBackend(path, tokenizer=tokenizer, policy=policy, **options)
     raise ValueError(f"rollout_backend must be one of {', '.join(BACKENDS)}, got {kind!r}")
+
+
+def engine_dtype(policy: nn.Module) -> str:
+    """The policy's parameter dtype as a vLLM ``dtype``: an engine that computes in the trainer's
+    precision samples what the trainer scores (vLLM's ``auto`` may run a float32 checkpoint in
+    16 bits, which on a CPU without native bf16 is also slow)."""
+    dtype = next(policy.parameters()).dtype
+    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(
+        dtype, "auto"
+    )
 
 
 def close_backend(backend: RolloutBackend | None) -> None:

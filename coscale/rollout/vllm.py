@@ -30,7 +30,7 @@ from typing import Any
 from torch import nn
 
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
-from coscale.rollout.vllm_cpu import check_sleep_level, kv_cache_bytes
+from coscale.rollout.vllm_cpu import check_head_size, check_sleep_level, kv_cache_bytes
 from coscale.rollout.vllm_engine import (
     build_engine,
     check_settings,
@@ -132,6 +132,7 @@ class VLLMBackend(RolloutBackend):
         if engine_factory is None:  # fail at choice time, not at the first rollout
             check_installed(logprobs)
             check_sleep_level(sleep_level)
+            check_head_size(str(model))
             kv_bytes = kv_cache_bytes(kv_cache_gib, str(model), dtype, max_model_len)
         self.tokenizer = resolve_tokenizer(tokenizer, model)
         tok_path = tokenizer if isinstance(tokenizer, str) else None

@@ -8,6 +8,8 @@
   ``kv_cache_gib`` when set, else `default_kv_cache_bytes` (room for `KV_SEQUENCES` sequences
   of ``max_model_len`` tokens, within [`KV_MIN_GIB`, `KV_MAX_GIB`]). The cache is paged, so a
   smaller one only lowers how many sequences run at once.
+- Head sizes: vLLM's CPU attention takes only some (32, 64, 80, ...; not 16): `check_head_size`
+  refuses another at configuration time, instead of the engine failing at its start.
 - Threads: ``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set (`cpu_environment`), so an engine
   never pins the trainer's threads (they are the same threads: the engine runs in-process).
 """
@@ -50,6 +52,36 @@ def check_sleep_level(sleep_level: int) -> None:
         )
 
 
+def cpu_head_sizes() -> list[int] | None:
+    """The head sizes vLLM's CPU attention backend supports (None where it does not say)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:
+        return None
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def head_size(config: dict[str, Any]) -> int | None:
+    """The model's attention head size from its config (None if it does not say)."""
+    heads = config.get("num_attention_heads")
+    if config.get("head_dim"):
+        return int(config["head_dim"])
+    return None if not heads or "hidden_size" not in config else config["hidden_size"] // heads
+
+
+def check_head_size(model: str) -> None:
+    """Raises ValueError on vLLM's CPU platform for a model whose head size it cannot run."""
+    if not on_cpu():
+        return
+    size, allowed = head_size(read_config(model)), cpu_head_sizes()
+    if size is not None and allowed is not None and size not in allowed:
+        raise ValueError(
+            f"rollout_backend: vllm on CPU: the model {model} has attention head size {size}, "
+            f"and vLLM's CPU attention takes only {allowed}: use rollout_backend: hf for this "
+            "model, or a model whose hidden_size / num_attention_heads is one of them"
+        )
+
+
 def read_config(model: str) -> dict[str, Any]:
     """The model folder's ``config.json`` (the text part's, for multimodal configs); {} if none."""
     path = Path(model) / "config.json"
@@ -61,10 +93,12 @@ def read_config(model: str) -> dict[str, Any]:
 
 def bytes_per_token(config: dict[str, Any], dtype: str) -> int | None:
     """KV-cache bytes one token takes in every layer (keys and values); None if unknown."""
-    try:
-        layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
-        head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    except KeyError:
+    layers, heads, head_dim = (
+        config.get("num_hidden_layers"),
+        config.get("num_attention_heads"),
+        head_size(config),
+    )
+    if not (layers and heads and head_dim):
         return None
     kv_heads = config.get("num_key_value_heads") or heads
     if dtype == "auto":

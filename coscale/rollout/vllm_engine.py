@@ -39,7 +39,12 @@ from coscale.rollout.base import SamplingParams
 from coscale.rollout.hf import _eos_token_ids
 from coscale.rollout.vllm_cpu import cpu_environment, on_cpu
 from coscale.rollout.vllm_host import HostState
-from coscale.rollout.vllm_launch import prepare_environment, replica_args, require_vllm
+from coscale.rollout.vllm_launch import (
+    keep_trainer_group,
+    prepare_environment,
+    replica_args,
+    require_vllm,
+)
 from coscale.rollout.vllm_reload import finish_load, load_bucket, reload_api, start_load
 from coscale.rollout.vllm_requests import Request, logprobs_trusted
 from coscale.rollout.vllm_versions import (
@@ -222,7 +227,8 @@ class VLLMEngine:
         """Stops the engine (`stop_llm`), drops it and frees its memory; idempotent."""
         llm, self.llm = self.llm, None
         if llm is not None:
-            stop_llm(llm)
+            with keep_trainer_group():
+                stop_llm(llm)
             del llm
             release_memory()
         host, self.host = self.host, None

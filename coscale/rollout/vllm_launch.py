@@ -17,15 +17,20 @@
   neither, so `prepare_environment` fills them from torch.distributed and the rank's CUDA
   device (`launcher_env`). Tensor parallelism is refused there: vLLM then needs every rank of a
   group to send the same prompts, and coscale's ranks each sample their own.
+- Shutting an in-process engine down ends in vLLM's ``cleanup_dist_env_and_memory``, which
+  destroys the default process group: under ``external_launcher`` that is the trainer's, and
+  the fit would die at its next collective. `keep_trainer_group` keeps it through the shutdown
+  (vLLM's own groups are still destroyed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -103,6 +108,26 @@ def check_tensor_parallel(args: Mapping[str, Any]) -> None:
             "to send the same ones. Use one engine per rank (a model that fits one GPU), or "
             "tensor parallelism in a single process"
         )
+
+
+@contextlib.contextmanager
+def keep_trainer_group() -> Iterator[None]:
+    """While it runs, ``torch.distributed.destroy_process_group()`` without a group does nothing
+    (see the module docstring); with a group it destroys that group as usual."""
+    if not (dist.is_available() and dist.is_initialized()):
+        yield
+        return
+    destroy = dist.destroy_process_group
+
+    def destroy_all_but_the_default(group: Any = None) -> None:
+        if group is not None:
+            destroy(group)
+
+    dist.destroy_process_group = destroy_all_but_the_default
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = destroy
 
 
 def prepare_environment(args: Mapping[str, Any]) -> None:

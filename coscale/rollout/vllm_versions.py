@@ -84,9 +84,9 @@ def stop_llm(llm: Any) -> None:
 
     ``LLM.shutdown`` or ``LLMEngine.shutdown`` where they exist; else the V1 engine-core client
     (``llm_engine.engine_core.shutdown``: stops the executor and its worker); else the V0
-    executor (``llm_engine.model_executor.shutdown``). vLLM's process groups are left alone:
-    they are global to the process, the next engine reuses them (vLLM only builds them when
-    missing), and under external_launcher their parent is the trainer's process group.
+    executor (``llm_engine.model_executor.shutdown``). Recent versions (0.32 seen) destroy
+    vLLM's own process groups there, and the default one too, which under external_launcher
+    is the trainer's: call it inside `vllm_launch.keep_trainer_group`.
     """
     engine = getattr(llm, "llm_engine", None)
     owners = (llm, engine, getattr(engine, "engine_core", None))
