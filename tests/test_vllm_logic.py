@@ -457,6 +457,31 @@ def test_parity_tolerance_follows_the_engine_dtype(policy, char_tokenizer):
     assert max(atol.values()) < 0.303
 
 
+def test_parity_under_autocast_takes_the_looser_bound_of_the_trainer_dtype(policy, char_tokenizer):
+    backend = _backend(policy, char_tokenizer, dtype="float32", parity_tokens=4)
+    backend.generate(PROMPTS, 1, SamplingParams(max_new_tokens=2, seed=0))  # parity at start
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the trainer under bf16-mixed
+        assert backend.check_parity().atol == 0.15
+    assert backend.check_parity().atol == 0.01
+    given = _backend(policy, char_tokenizer, dtype="float32", parity_atol=0.02)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a tolerance set by the user is kept
+        assert given.check_parity().atol == 0.02
+
+
+def test_the_engine_dtype_follows_the_trainer_precision(tiny_model_dir):
+    from types import SimpleNamespace
+
+    from coscale.modules import GRPOModule
+
+    module = GRPOModule(model=str(tiny_model_dir), reward=lambda c, a, **_: [0.0] * len(c))
+    got = {}
+    for precision in ("bf16-mixed", "16-mixed", "32-true", "bf16-true", "64-true"):
+        module._trainer = SimpleNamespace(precision=precision)
+        got[precision] = module._compute_dtype()
+    assert got == {"bf16-mixed": "bfloat16", "16-mixed": "float16", "32-true": "float32",
+                   "bf16-true": "bfloat16", "64-true": None}  # fmt: skip
+
+
 def test_stale_policy_is_synced_or_refused(policy, char_tokenizer):
     sampling = SamplingParams(max_new_tokens=4, seed=0)
     strict = _backend(policy, char_tokenizer, on_stale="error", parity_every=0)

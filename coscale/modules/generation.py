@@ -50,14 +50,24 @@ class PolicyMixin:
     def backend(self) -> RolloutBackend:
         """The rollout backend (HF ``generate`` on the module's own policy by default)."""
         if self._backend is None:
+            kind = getattr(self, "rollout_backend", "hf")
+            options = dict(getattr(self, "rollout_options", {}))
+            if kind == "vllm" and "dtype" not in options and (dtype := self._compute_dtype()):
+                options["dtype"] = dtype  # the engine samples in the trainer's compute dtype
             self._backend = build_backend(
-                getattr(self, "rollout_backend", "hf"),
-                self.policy,
-                self.tokenizer,
-                self.model_source,
-                **getattr(self, "rollout_options", {}),
+                kind, self.policy, self.tokenizer, self.model_source, **options
             )
         return self._backend
+
+    def _compute_dtype(self) -> str | None:
+        """The trainer's compute dtype as a vLLM ``dtype`` (``bf16-mixed``: ``bfloat16``);
+        None outside a Trainer."""
+        trainer = getattr(self, "_trainer", None)
+        precision = str(getattr(trainer, "precision", "")) if trainer is not None else ""
+        for prefix, dtype in (("bf16", "bfloat16"), ("16", "float16"), ("32", "float32")):
+            if precision.startswith(prefix):
+                return dtype
+        return None
 
     @backend.setter
     def backend(self, value: RolloutBackend) -> None:

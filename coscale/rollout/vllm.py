@@ -48,6 +48,7 @@ from coscale.rollout.vllm_parity import (
     fill_logprobs,
     parity_verdict,
     trainer_logprobs,
+    trainer_parity_atol,
     world_size,
 )
 from coscale.rollout.vllm_requests import assemble_rollouts, build_requests, collect_completions
@@ -92,7 +93,8 @@ class VLLMBackend(RolloutBackend):
         parity_tokens: Tokens sampled per probe prompt.
         parity_atol: Largest mean |engine - trainer| log-prob difference accepted; None: by
             ``dtype`` (`vllm_parity.PARITY_ATOL`: 0.01 float32, 0.1 float16, 0.15 bfloat16 and
-            ``auto``, which may run a float32 checkpoint in 16 bits).
+            ``auto``, which may run a float32 checkpoint in 16 bits), loosened to the trainer's
+            autocast dtype's bound while the check runs under autocast (``bf16-mixed``).
         recompute_batch_size: Rollouts per forward pass when recomputing log-probs.
         honor_seed: Reproduce seeded calls exactly (one seeded request per rollout).
         on_stale: ``sync``, ``error`` or ``ignore`` a policy changed since the last sync.
@@ -138,6 +140,7 @@ class VLLMBackend(RolloutBackend):
         tok_path = tokenizer if isinstance(tokenizer, str) else None
         args = (dtype, gpu_memory_utilization, max_model_len, sleep_level, seed, engine_kwargs)
         self._args = engine_args(str(model), tok_path, *args, kv_cache_bytes=kv_bytes)
+        self._atol_given = parity_atol is not None
         parity_atol = default_parity_atol(dtype) if parity_atol is None else parity_atol
         self._factory, self._engine = engine_factory or build_engine, None
         self.policy, self.model_path, self.sleep_level = policy, str(model), sleep_level
@@ -224,7 +227,12 @@ class VLLMBackend(RolloutBackend):
         rollouts = self._sample(probe, [1] * len(probe), sampling)
         trainer = trainer_logprobs(self.policy, rollouts, 1.0, self.recompute_batch_size)
         mask = rollouts.completion_mask
-        result = parity_verdict(rollouts.logprobs, trainer, mask, self.parity_atol)
+        atol = (
+            self.parity_atol
+            if self._atol_given
+            else trainer_parity_atol(self.policy, self.parity_atol)
+        )
+        result = parity_verdict(rollouts.logprobs, trainer, mask, atol)
         self.book.parity_pending, self.last_parity = False, result
         check_verdict(result, self.book.version, self.engine.logprobs_mode)
         return result
