@@ -33,7 +33,6 @@ from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, norma
 from coscale.rollout.vllm_cpu import check_head_size, check_sleep_level, kv_cache_bytes
 from coscale.rollout.vllm_engine import (
     build_engine,
-    check_settings,
     engine_args,
     eos_ids,
     resolve_tokenizer,
@@ -52,6 +51,7 @@ from coscale.rollout.vllm_parity import (
     world_size,
 )
 from coscale.rollout.vllm_requests import assemble_rollouts, build_requests, collect_completions
+from coscale.rollout.vllm_settings import check_settings
 from coscale.rollout.vllm_sync import (
     SyncBook,
     WeightSyncError,
