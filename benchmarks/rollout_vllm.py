@@ -12,8 +12,10 @@ wall time) with each round's value; ratios are medians of the per-round ratios. 
 built once and kept across rounds and batch sizes; its build time is printed.
 
 Weight sync: `--syncs` times (one AdamW step on the policy, then `update_weights`), the median
-wall time and the engine-side time of `backend.book.last`, then a parity check after each sync
-and, after the last, whether the engine's greedy completions equal HF's.
+wall time and the engine-side time of `backend.book.last`; after each sync two timed `generate`
+calls at batch 8 (whether the first after a sync takes longer than the second: work a sync
+left to the next forward pass would belong to the sync's cost), then a parity check; after
+the last sync, whether the engine's greedy completions equal HF's.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def build_sides(args, folder: str, policy, tok, report: Report) -> tuple[list[Si
         from coscale.rollout.vllm import VLLMBackend
 
         options = engine_options(args.dtype, args.max_model_len, args.kv_cache_gib, args.eager)
-        vllm = VLLMBackend(folder, tok, policy, **options)
+        # parity is checked explicitly after each timed sync, never inside a timed call
+        vllm = VLLMBackend(folder, tok, policy, parity_every=0, **options)
         seconds = timed(lambda: vllm.engine)
         report(f"# vLLM engine built in {seconds:.1f} s, options {options}; "
                f"torch threads after the build: {torch.get_num_threads()}")  # fmt: skip
@@ -132,21 +135,28 @@ def batch_table(report: Report, sides: list[Side], args, prompts_for) -> None:
         report(batch_row(sides, batch, args, prompts_for))
 
 
-def sync_rows(report: Report, vllm, policy, tok, syncs: int) -> None:
-    """--syncs x (optimiser step, timed `update_weights`, parity check)."""
+def sync_rows(report: Report, vllm, policy, tok, args, prompts_for) -> None:
+    """--syncs x (optimiser step, timed `update_weights`, two timed `generate` calls at batch 8,
+    parity check): the first call after a sync may pay for work the sync left to it."""
     optimiser = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-    walls, engine_s, parities = [], [], []
-    for _ in range(syncs):
+    side, (prompts, n) = Side("vllm", vllm), prompts_for(8)
+    walls, engine_s, first, second, parities = [], [], [], [], []
+    for k in range(args.syncs):
         optimiser_step(policy, optimiser, tok)
         walls.append(timed(lambda: vllm.update_weights(policy)))
         engine_s.append(vllm.book.last.seconds)
+        for into in (first, second):
+            into.append(timed(lambda k=k: run_side(side, prompts, n, args.new_tokens, 100 + k)))
         parities.append(vllm.check_parity().mean_abs)
     last = vllm.book.last
-    report(f"\n## Weight sync after an AdamW step ({syncs} syncs)")
-    report("| tensors | MB | wall s (each) | book.last.seconds (each) | parity mean |logp diff| |")
-    report("|---|---|---|---|---|")
+    report(f"\n## Weight sync after an AdamW step ({args.syncs} syncs); then two generate calls "
+           f"at batch 8 ({args.new_tokens} tokens), then a parity check")  # fmt: skip
+    report("| tensors | MB | sync wall s | book.last.seconds | 1st generate after sync s | "
+           "2nd generate s | parity mean abs logp diff |")  # fmt: skip
+    report("|---|---|---|---|---|---|---|")
     report(f"| {last.tensors} | {last.bytes / 1e6:,.0f} | {cell(walls, '{:.2f}')} | "
-           f"{cell(engine_s, '{:.2f}')} | {' '.join(f'{p:.1e}' for p in parities)} |")  # fmt: skip
+           f"{cell(engine_s, '{:.2f}')} | {cell(first, '{:.2f}')} | {cell(second, '{:.2f}')} | "
+           f"{' '.join(f'{p:.1e}' for p in parities)} |")  # fmt: skip
 
 
 def greedy_line(report: Report, vllm, policy, tok) -> None:
@@ -179,7 +189,7 @@ def run(args: argparse.Namespace, prompts_for) -> None:
     batch_table(report, sides, args, prompts_for)
     if vllm is not None:
         report(f"# vLLM log-probs from: {vllm.last_logprob_source}")
-        sync_rows(report, vllm, policy, tok, args.syncs)
+        sync_rows(report, vllm, policy, tok, args, prompts_for)
         greedy_line(report, vllm, policy, tok)
         vllm.close()
     report(f"# written to {out}")
