@@ -16,12 +16,19 @@ Run: `.venv/bin/python benchmarks/bench_rollout.py [--size 30M] [--batches 1,8,6
 [--new-tokens 32] [--pairs 5] [--threads 1] [--ablation-size 4M] [--ablation-batch 64]`;
 `--compile [--compile-sizes 0.5M,4M,30M]` runs only the `compile=True` check (its first call
 per size compiles, 10-30 s).
+
+`--vllm` runs only the vLLM comparison on SmolLM2-135M-Instruct (vLLM's engine vs cached decode
+vs HF generate, batches 8/64/256, plus the time of one weight sync; see `rollout_vllm.py`),
+written to results/bench_rollout_vllm.txt: `HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+TOKENIZERS_PARALLELISM=false .venv/bin/python benchmarks/bench_rollout.py --vllm` (`--quick`:
+batch 8, one round, 8 tokens, output in /tmp, to check the script).
 """
 
 from __future__ import annotations
 
 import argparse
 
+import rollout_vllm
 import torch
 from paired import (
     build,
@@ -195,19 +202,31 @@ def compile_check(args) -> None:
         )
 
 
+def default_batches(vllm: bool) -> str:
+    return "8,64,256" if vllm else "1,8,64,256"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="30M")
-    parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--batches", default=None, help="default 1,8,64,256 (--vllm: 8,64,256)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="default 1 (--vllm: every core of the process)"
+    )
     parser.add_argument("--ablation-size", default="4M")
     parser.add_argument("--ablation-batch", type=int, default=64)
     parser.add_argument("--compile", action="store_true", help="only the compile=True check")
     parser.add_argument("--compile-sizes", default="0.5M,4M,30M")
+    rollout_vllm.add_flags(parser)
     args = parser.parse_args()
-    args.batches = [int(b) for b in args.batches.split(",")]
+    args.batches = [int(b) for b in (args.batches or default_batches(args.vllm)).split(",")]
+    if args.vllm:
+        args.sides = [s for s in args.sides.split(",") if s]
+        rollout_vllm.run(args, prompts_for)
+        return
+    args.threads = args.threads or 1
     header(args.threads)
     peak = matmul_peak()
     print(

