@@ -126,3 +126,22 @@ def test_grpo_batch_without_signal_is_skipped_not_crashed(tiny_model_dir):
     assert trainer.callback_metrics["train/frac_zero_std"] == 1
     # all-wrong problems fall back to unsolvable after the epoch
     assert dm.curriculum.pools.members(Pool.UNSOLVABLE) == list(dm.problems)
+
+
+def test_modules_with_the_default_prompt_log_their_hparams_to_csv(tiny_model_dir, tmp_path):
+    # Lightning's loggers write hparams as YAML and refuse a frozen dataclass (PromptFormat)
+    from lightning.pytorch.loggers import CSVLogger
+
+    dm = ProblemDataModule(train=_rows(), sft_batch_size=4, bank_solutions=2)
+    dm.load()
+    module = SFTModule(model=str(tiny_model_dir), lr=1e-2)
+    assert module.hparams_initial["prompt"] == {"template": "{question}", "chat": False,
+                                                "system": None}  # fmt: skip
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=CSVLogger(tmp_path),
+                        enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
+    trainer.fit(module, datamodule=dm)
+    saved = next(tmp_path.rglob("hparams.yaml")).read_text()
+    assert "template: '{question}'" in saved
+    grpo = GRPOModule(model=str(tiny_model_dir), reward=ZeroReward())
+    assert GRPOModule(model=str(tiny_model_dir), reward=ZeroReward(),
+                      prompt=grpo.hparams_initial["prompt"]).prompt == grpo.prompt  # fmt: skip

@@ -1,9 +1,9 @@
 """The tiny pipeline with ``rollout_backend: vllm`` on the real engine, end to end and resumed.
 
-`coscale run --config configs/tiny.yaml` with the GRPO rollouts from vLLM (its CPU build here),
-on the same random tiny Llama with 2 heads of size 32 (vLLM's CPU attention refuses size 16),
-shorter SFT stages, and a checkpoint every step. Then the same command SIGKILLed inside the RL
-stage and restarted: the new engine starts from the stage's first model and must get the
+`coscale run --config configs/tiny.yaml --config tests/configs/vllm_tiny.yaml`: the GRPO rollouts
+from vLLM (its CPU build here), on the same random tiny Llama with 2 heads of size 32 (vLLM's
+CPU attention refuses size 16), shorter SFT stages, and a checkpoint every step. Then the same
+command SIGKILLed inside the RL stage (between its two epochs) and restarted: the new engine starts from the stage's first model and must get the
 trained weights before its first rollout (the resumed fit syncs at its start, and the parity
 check follows), so the final state file and weights equal the uninterrupted run's.
 """
@@ -32,16 +32,19 @@ pytestmark = [
         reason="vllm is not installed: ./run.sh setup installs vLLM's CPU build (x86_64 Linux)",
     ),
 ]
-MODEL = "builtin:tiny?hidden_size=64&num_layers=2&num_heads=2&seed=0"
+CONFIGS = (ROOT / "configs" / "tiny.yaml", ROOT / "tests" / "configs" / "vllm_tiny.yaml")
+
+
+VLLM = (  # eager: on these 2 cores the engine's torch.compile warm-up took 88 s of a 295 s stage
+    *("--pipeline.grpo.rollout_backend", "vllm"),
+    *("--pipeline.grpo.rollout_options", '{"engine_kwargs": {"enforce_eager": true}}'),
+)
 
 
 def _cmd(run_dir: Path) -> list[str]:
-    return [
-        *(sys.executable, "-m", "coscale", "run", "--config", str(ROOT / "configs" / "tiny.yaml")),
-        *("--pipeline.run_dir", str(run_dir), "--pipeline.logger", "csv"),
-        *("--pipeline.model", MODEL, "--pipeline.sft_epochs", "12"),
-        *("--pipeline.grpo.rollout_backend", "vllm", "--pipeline.checkpoint_every_n_steps", "1"),
-    ]
+    configs = [arg for path in CONFIGS for arg in ("--config", str(path))]
+    run = [sys.executable, "-m", "coscale", "run", *configs, *VLLM]
+    return [*run, "--pipeline.run_dir", str(run_dir)]
 
 
 def _run(run_dir: Path, **extra: str) -> int:
@@ -71,7 +74,7 @@ def test_the_tiny_pipeline_runs_its_rl_stages_on_vllm(uninterrupted):
 
     run_dir, (state, _), labels, log = uninterrupted
     assert "LLM engine (v" in log  # vLLM's own start line: the rollouts came from it
-    assert any(x.startswith("it1/rl ckpt step") for x in labels)
+    assert "it1/rl ckpt epoch 0 end" in labels
     assert state["done"][-1] == "final"
     model = AutoModelForCausalLM.from_pretrained(run_dir / "final" / "model")
     assert model.config.head_dim == 32
@@ -79,8 +82,8 @@ def test_the_tiny_pipeline_runs_its_rl_stages_on_vllm(uninterrupted):
 
 def test_killed_inside_the_rl_stage_resumes_to_the_same_result(uninterrupted, tmp_path):
     _, (want_state, want_weights), labels, _ = uninterrupted
-    steps = [x for x in labels if x.startswith("it1/rl ckpt step")]
-    point = steps[len(steps) // 2]
+    inside = [x for x in labels if x.startswith("it1/rl ckpt")]
+    point = inside[len(inside) // 2]  # its 2 epochs are 1 step each: after the first
     run_dir = tmp_path / "run"
     assert _run(run_dir, COSCALE_KILL_AT=point) == -signal.SIGKILL
     assert _run(run_dir) == 0

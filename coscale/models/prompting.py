@@ -9,6 +9,7 @@ the rollout backends stop at, whatever the tokenizer's EOS is.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,3 +115,13 @@ def as_prompt_format(value: PromptFormat | dict[str, Any] | str | None) -> Promp
     if isinstance(value, dict):
         return PromptFormat(**value)
     raise ValueError(f"prompt must be a PromptFormat, a dict or a template string; got {value!r}")
+
+
+def prompt_fields(value: PromptFormat | dict[str, Any] | str | None) -> dict[str, Any]:
+    """`value` as the dict of its `PromptFormat` fields: how a module's hyperparameters keep it.
+
+    Lightning's loggers write hyperparameters as YAML through ``apply_to_collection``, which
+    refuses a frozen dataclass (``CSVLogger`` failed at the start of a fit with the default
+    ``PromptFormat()``); `as_prompt_format` turns the dict back into the format.
+    """
+    return dataclasses.asdict(as_prompt_format(value))

@@ -22,7 +22,7 @@ import torch
 from typing_extensions import override
 
 from coscale.loop.curriculum import Curriculum
-from coscale.models.prompting import PromptFormat, as_prompt_format
+from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.distributed import all_gather_objects, global_max, global_sum
 from coscale.modules.feed import curriculum_of, epoch_finished
 from coscale.modules.generation import PolicyMixin
@@ -124,6 +124,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     ) -> None:
         super().__init__()
         _check(scale_rewards, lr, num_iterations, micro_batch_size, temperature, val_samples)
+        prompt = prompt_fields(prompt)  # hparams: a plain dict (loggers refuse a frozen dataclass)
         self.save_hyperparameters(
             ignore=["model", "reward", "loss"]
             if not isinstance(model, (str, os.PathLike))

@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from coscale.models.prompting import PromptFormat, as_prompt_format
+from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.feed import curriculum_of
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
@@ -122,6 +122,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         if errors:
             raise ValueError("SFTModule: " + "; ".join(errors))
         in_memory = not isinstance(model, (str, os.PathLike))
+        prompt = prompt_fields(prompt)  # hparams: a plain dict (loggers refuse a frozen dataclass)
         self.save_hyperparameters(ignore=["model"] * in_memory + ["reward", "mastered"])
         prompt = as_prompt_format(prompt)
         self.prompt, self.lr, self.betas = prompt, lr, betas
