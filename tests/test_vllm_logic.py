@@ -939,3 +939,23 @@ def test_the_vllm_extra_allows_only_versions_whose_logprobs_apply_the_temperatur
         assert not allowed.contains(old), old
         assert not applies_temperature(old)
     assert not allowed.contains("0.34.0")  # newer vLLM internals are untested: capped
+
+
+def test_only_the_expected_failed_to_load_lines_are_dropped(caplog):
+    import logging
+
+    from coscale.rollout import vllm_reload
+
+    vllm_reload.quiet_expected_warnings()
+    vllm_reload.quiet_expected_warnings()  # once a process, however often an engine starts
+    logger = logging.getLogger(vllm_reload.LAYERWISE_LOGGER)
+    assert len(logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger=vllm_reload.LAYERWISE_LOGGER):
+        for layer in (
+            "ParallelLMHead",
+            "RotaryEmbedding",
+            "Llama3RotaryEmbedding",
+            "QKVParallelLinear",
+        ):
+            logger.warning("%s: Failed to load weights", layer)
+    assert [r.getMessage() for r in caplog.records] == ["QKVParallelLinear: Failed to load weights"]

@@ -44,7 +44,13 @@ from coscale.rollout.vllm_launch import (
     replica_args,
     require_vllm,
 )
-from coscale.rollout.vllm_reload import finish_load, load_bucket, reload_api, start_load
+from coscale.rollout.vllm_reload import (
+    finish_load,
+    load_bucket,
+    quiet_expected_warnings,
+    reload_api,
+    start_load,
+)
 from coscale.rollout.vllm_requests import Request, logprobs_trusted
 from coscale.rollout.vllm_versions import (
     applies_temperature,
@@ -126,6 +132,8 @@ def build_engine(**kwargs: Any) -> VLLMEngine:
     finally:
         host.restore()
     version, layerwise = installed_version(vllm), reload_api() is not None
+    if layerwise:
+        quiet_expected_warnings()
     return VLLMEngine(llm, vllm.SamplingParams, version, layerwise=layerwise, host=host)
 
 

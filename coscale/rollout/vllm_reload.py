@@ -21,6 +21,10 @@ old values, and the engine would sample from a stale head while the embedding is
 `refresh_tied_layers` re-runs the processing of every layer whose weight is another layer's.
 On GPU that processing does nothing for unquantized layers.
 
+vLLM logs ``<layer>: Failed to load weights`` for every layer no checkpoint name reached at
+each sync: the tied head (refreshed here) and rotary embeddings (no weights, their tables
+stay). `quiet_expected_warnings` drops those two lines, no other.
+
 vLLM releases without the reload package (it came after the 0.10 series) keep each layer's
 ``weight_loader``: there `start_load` and `finish_load` do nothing and `load_bucket` is the plain
 ``model.load_weights``. `reload_api` tells which one an engine has.
@@ -29,10 +33,29 @@ vLLM releases without the reload package (it came after the 0.10 series) keep ea
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch import Tensor, nn
+
+EXPECTED_UNLOADED = ("ParallelLMHead", "RotaryEmbedding")
+"""Layers no checkpoint name reaches in a reload, by design (see the module docstring)."""
+LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _ExpectedUnloaded(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        layer = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        expected = isinstance(layer, str) and layer.endswith(EXPECTED_UNLOADED)
+        return not (expected and "Failed to load weights" in str(record.msg))
+
+
+def quiet_expected_warnings() -> None:
+    """Installs the filter of the expected "Failed to load weights" lines (once a process)."""
+    logger = logging.getLogger(LAYERWISE_LOGGER)
+    if not any(isinstance(f, _ExpectedUnloaded) for f in logger.filters):
+        logger.addFilter(_ExpectedUnloaded())
 
 
 def reload_api() -> tuple[Any, Any] | None:
