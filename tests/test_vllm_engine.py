@@ -224,3 +224,32 @@ def test_ddp_on_two_cpu_ranks_with_one_engine_per_rank(model32_dir, tmp_path):
         assert rank["syncs"] == 6
     # the engines are replicas with their own seeds: the ranks sampled different completions
     assert r0["texts"][0] != r1["texts"][0]
+
+
+def test_a_grpo_fit_on_smollm2_with_vllm_rollouts(smollm2_dir):
+    # the real chat model: BPE tokenizer, ChatML template, <|im_end|> ends a turn
+    from test_modules import CharCountReward, _rl_dm, _trainer
+
+    from coscale.modules import GRPOModule
+
+    module = GRPOModule(
+        model=str(smollm2_dir),
+        reward=CharCountReward(),
+        prompt={"template": "Compute {question}.", "chat": True},
+        lr=1e-5,
+        max_new_tokens=12,
+        temperature=1.0,
+        rollout_backend="vllm",
+        rollout_options={"max_model_len": 256, "engine_kwargs": {"enforce_eager": True}},
+    )
+    watch = _Watch()
+    trainer = _trainer(2)
+    trainer.callbacks.append(watch)
+    trainer.fit(module, datamodule=_rl_dm([4, 4], batch_size=2))
+    versions = [version for version, _ in watch.parity]
+    assert sorted(set(versions)) == [1, 2, 3], watch.parity
+    assert all(r.ok and r.mean_abs < 1e-3 for _, r in watch.parity), watch.parity
+    im_end = module.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in module._backend.eos_token_ids  # the turn's end stops a rollout
+    engine, hf = watch.greedy
+    assert engine == hf
