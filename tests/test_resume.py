@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from coscale.datamodules import ProblemDataModule
+from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.modules import GRPOModule
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
 from coscale.tasks import arithmetic
@@ -87,7 +88,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_model_dir, tmp_path, 
     first_module, first_dm = _setup(tiny_model_dir)
     _fit(first_module, first_dm, tmp_path / "part", max_steps=split)
     resumed_module, resumed_dm = _setup(tiny_model_dir)  # a new process would start like this
-    last = tmp_path / "part" / "last.ckpt"
+    last = last_checkpoint(str(tmp_path / "part"))
     spent = _fit(resumed_module, resumed_dm, tmp_path / "part", ckpt_path=last, max_steps=5)
 
     assert spent == full_spent and full_spent["rollouts"] > 0

@@ -21,6 +21,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from coscale.loop.commit import commit_point
 from coscale.models.full_state import barrier, is_writer
 from coscale.rollout.base import SamplingParams
 from coscale.stages.measure import sample_counts
@@ -43,13 +44,20 @@ class SelectOnProblems(Callback):
         every_n_steps: Score every this many optimiser steps (and always at the fit's end).
         folder: Where each new best is exported (``<folder>/step<k>``).
         seed: Seed of the samples, the same at every scoring so that scores compare.
+        label: The stage's name, in the commit point each scoring ends with.
     """
 
     def __init__(
-        self, problems: list[dict], k: int, every_n_steps: int, folder: str, seed: int = 0
+        self,
+        problems: list[dict],
+        k: int,
+        every_n_steps: int,
+        folder: str,
+        seed: int = 0,
+        label: str = "",
     ) -> None:
         self.problems, self.k, self.every_n_steps = problems, k, every_n_steps
-        self.folder, self.seed = folder, seed
+        self.folder, self.seed, self.label = folder, seed, label
         self.scores: dict[int, float] = {}  # step -> pass@1
         self.best_step = -1
 
@@ -94,6 +102,8 @@ class SelectOnProblems(Callback):
         metrics = {"select/pass@1": value, "select/best_step": float(self.best_step)}
         for logger in trainer.loggers if trainer.is_global_zero else []:
             logger.log_metrics(metrics, step=step)
+        # scored (and a new best exported), not yet in a checkpoint: a kill here redoes the step
+        commit_point(f"{self.label} select step {step} scored")
 
     def prune(self) -> None:
         """Removes the exported folders other than the best one."""

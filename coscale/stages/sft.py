@@ -55,7 +55,8 @@ def selection(ctx: StageContext, name: str) -> SelectOnProblems | None:
         return None
     problems = selection_slice(ctx.curriculum.problems.values(), cfg.sft_select_problems, cfg.seed)
     folder = ctx.path(name, "select")
-    return SelectOnProblems(problems, cfg.sft_select_k, cfg.sft_select_every, folder, cfg.seed)
+    k, every = cfg.sft_select_k, cfg.sft_select_every
+    return SelectOnProblems(problems, k, every, folder, cfg.seed, label=name)
 
 
 def copy_model(src: str, dst: str) -> str:
