@@ -35,38 +35,18 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "tests" / "configs" / "two_ranks.yaml"
 WORKER = Path(__file__).with_name("fsdp_worker.py")
-FSDP2 = (
-    "{class_path: lightning.pytorch.strategies.ModelParallelStrategy, "
-    "init_args: {data_parallel_size: 2, tensor_parallel_size: 1}}"
-)
-STRATEGIES = {"single": None, "ddp": "ddp", "fsdp2": FSDP2}
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def _pipeline(run_dir: Path, strategy: str | None) -> subprocess.CompletedProcess:
-    trainer = "{accelerator: cpu, precision: 32-true}"
-    if strategy is not None:
-        trainer = f"{{accelerator: cpu, precision: 32-true, devices: 2, strategy: {strategy}}}"
-    cmd = [sys.executable, "-m", "coscale", "run", "--config", str(CONFIG)]
-    cmd += ["--pipeline.run_dir", str(run_dir), "--pipeline.trainer", trainer]
-    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=500)
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    out = {}
-    for name, strategy in STRATEGIES.items():
-        run_dir = tmp_path_factory.mktemp(name) / "run"
-        done = _pipeline(run_dir, strategy)
-        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
-        out[name] = run_dir
-    return out
+def runs(two_rank_runs) -> dict[str, Path]:
+    """The run folders of two_ranks.yaml in one process, under DDP and under FSDP2 (conftest)."""
+    return {name: two_rank_runs(name)[0] for name in ("single", "ddp", "fsdp2")}
 
 
 def _state(run_dir: Path) -> dict:

@@ -58,7 +58,10 @@ class CommitCheckpoint(Checkpoint):
     @override
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         step = trainer.global_step
-        if step != self._saved_step and step % self.every_n_steps == 0 and step > 0:
+        # at max_steps the epoch-end save follows at once, with the end work done; a checkpoint
+        # before it would resume into a fit Lightning finds finished and skips, losing that work
+        last = 0 < trainer.max_steps <= step
+        if step != self._saved_step and step % self.every_n_steps == 0 and step > 0 and not last:
             self.save(trainer, f"step {step}")
 
     @override
