@@ -99,8 +99,9 @@ def test_checkpoint_before_the_epoch_end_work_closes_that_epoch_first(tiny_model
     # Lightning's ModelCheckpoint saves last.ckpt after the epoch's last step and then skips its
     # epoch-end save (same step): the checkpoint holds epoch 0's open RL tally, not its close.
     # A fit resumed from it must close epoch 0 before it trains epoch 1. Needs the fix reported
-    # with this migration: GRPOModule.on_fit_start does that work through end_epoch, which calls
-    # self.log_dict, refused by Lightning in on_fit_start (log to the loggers there instead).
+    # with this migration: GRPOModule.on_train_start does that work through end_epoch, which calls
+    # self.log_dict, refused there (log to the loggers instead). on_train_start, not
+    # on_fit_start: FSDP2 (ModelParallelStrategy) restores the checkpoint after on_fit_start.
     full_module, full_dm = _setup(tiny_model_dir)
     full_probe = _EpochStart(full_dm, epoch=1)
     callbacks = [RunState(), CommitCheckpoint(str(tmp_path / "full")), full_probe]

@@ -23,6 +23,10 @@ POINTER = "latest"
 LEGACY = "last.ckpt"  # runs saved before versions: one file, replaced atomically
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, ...); the last whole one is untouched."""
+
+
 def last_checkpoint(dirpath: str) -> str | None:
     """The whole checkpoint to resume from in ``dirpath`` (file or folder), None when none.
 

@@ -21,6 +21,7 @@ from typing_extensions import override
 
 from coscale.loop import budget
 from coscale.loop.checkpoint_store import (
+    CheckpointWriteError,
     last_checkpoint,
     next_version,
     remove_leftovers,
@@ -79,7 +80,7 @@ class CommitCheckpoint(Checkpoint):
         except OSError as err:
             if trainer.is_global_zero:
                 remove_path(path)
-            raise OSError(err.errno, self._failure(path, err)) from err
+            raise CheckpointWriteError(err.errno, self._failure(path, err)) from err
         trainer.strategy.barrier("commit switched")
         self._saved_step = trainer.global_step
         commit_point(f"{self.label} ckpt {what}")
