@@ -90,7 +90,6 @@ def first_saves(path: Path, run_dir: Path, devices: int = 1) -> list[dict[str, A
 
 def main(config: str, stand_in: str, out: str) -> None:
     import torch
-
     from test_configs import install_stand_ins
 
     torch.set_num_threads(1)

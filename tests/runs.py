@@ -9,7 +9,9 @@ The next run then starts on a clean machine, from what the disk holds.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,7 +30,7 @@ TWO_RANK_ENV = {"OMP_NUM_THREADS": "1"}  # one torch thread a rank: 2 ranks on 2
 def command(config: Path, run_dir: Path, *extra: str) -> list[str]:
     """``coscale run --config <config>`` into ``run_dir``, with CSV logs and ``extra`` flags."""
     cmd = [sys.executable, "-m", "coscale", "run", "--config", str(config)]
-    return cmd + ["--pipeline.run_dir", str(run_dir), "--pipeline.logger", "csv", *extra]
+    return [*cmd, "--pipeline.run_dir", str(run_dir), "--pipeline.logger", "csv", *extra]
 
 
 def two_ranks_command(run_dir: Path, strategy: str) -> list[str]:
@@ -66,10 +68,8 @@ def kill_session(sid: int, wait_s: float = 60.0) -> None:
     deadline = time.monotonic() + wait_s
     while pids := _live_in_session(sid):
         for pid in pids:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         assert time.monotonic() < deadline, f"processes {pids} of session {sid} outlived SIGKILL"
         time.sleep(0.1)
 

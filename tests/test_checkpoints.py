@@ -36,7 +36,7 @@ def test_a_save_is_a_new_version_and_the_pointer_switches_to_it(tmp_path):
     assert store.last_checkpoint(folder) == second  # resume reads the whole one
     assert store.remove_leftovers(folder) == ["v000003.ckpt"]
     os.remove(second)
-    with pytest.raises(FileNotFoundError, match="names v000002.ckpt, which is missing"):
+    with pytest.raises(FileNotFoundError, match=r"names v000002\.ckpt, which is missing"):
         store.last_checkpoint(folder)
 
 

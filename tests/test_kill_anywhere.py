@@ -193,9 +193,7 @@ def _two_rank_points(labels: list[str]) -> list[tuple[str, str | None]]:
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_sigkill_under_ddp_and_fsdp2_resumes_to_the_same_result(
-    strategy, two_rank_runs, tmp_path
-):
+def test_sigkill_under_ddp_and_fsdp2_resumes_to_the_same_result(strategy, two_rank_runs, tmp_path):
     ref_dir, labels = two_rank_runs(strategy)
     run_dir = tmp_path / "run"
     cmd, log = runs.two_ranks_command(run_dir, strategy), tmp_path / "chain.log"

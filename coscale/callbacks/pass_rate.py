@@ -75,9 +75,9 @@ class PassRateEvaluation(Callback):
     @override
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         fresh = trainer.global_step == 0 and not getattr(trainer, "ckpt_path", None)
-        if self.at_fit_start and fresh and (cur := curriculum_of(pl_module)) is not None:
-            if cur.pending_epoch() is None:
-                self.evaluate(trainer, pl_module, tag="fit_start")
+        cur = curriculum_of(pl_module) if self.at_fit_start and fresh else None
+        if cur is not None and cur.pending_epoch() is None:
+            self.evaluate(trainer, pl_module, tag="fit_start")
 
     @override
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:

@@ -16,6 +16,7 @@ decides which rank writes and where the barriers go (``coscale.stages.checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -92,10 +93,8 @@ def remove_path(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
     elif os.path.lexists(path):
-        try:
+        with contextlib.suppress(FileNotFoundError):  # another process removed it first
             os.remove(path)
-        except FileNotFoundError:  # another process removed it first
-            pass
 
 
 def _target(dirpath: str) -> str | None:
