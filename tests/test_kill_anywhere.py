@@ -17,8 +17,8 @@ equal those of the uninterrupted run of the same strategy, bit for bit. What is 
 * tests/configs/two_ranks.yaml under DDP and under FSDP2 (2 CPU processes, gloo; an FSDP2
   checkpoint is a folder of shards): the same chain, inside a selection scoring, right after a
   last-step checkpoint, inside RL with only rank 1 killed (rank 0 then fails at its next
-  collective, as a job loses one process), between a stage's end and its state file, and
-  between the final judge and its copy. The uninterrupted runs are those of
+  collective, as a job loses one process), and between a stage's end and its state file (the
+  final stage's points are the one-process chains'). The uninterrupted runs are those of
   tests/test_multiprocess.py (conftest's ``two_rank_runs``). After each kill what is left of the
   job is killed (``tests/runs.py``), as a launcher does, so each restart starts clean.
 """
@@ -185,7 +185,6 @@ def _two_rank_points(labels: list[str]) -> list[tuple[str, str | None]]:
         (sft_steps[-1], None),  # right after the last-step checkpoint
         ("it1/rl ckpt step 1", "1"),  # inside RL, rank 1 alone
         ("it1/rl end, before the state file", None),
-        ("final judged, before the copy", None),
     ]
     names = [p for p, _ in points]
     assert names == sorted(set(names), key=labels.index) and set(names) <= set(labels), names
