@@ -8,8 +8,9 @@ this script again, so every process installs the stand-ins (``test_configs.insta
 and rank 0 writes what the saves saw to ``<out>/first_saves.json``.
 
 The run is the config's own (model and data through the stand-ins, its precision, batch sizes,
-stages) with two changes: the accelerator is the CPU, and a checkpoint follows every step, so
-the two saves come after the first optimiser steps. It stops right after the second save.
+stages) with three changes: the accelerator is the CPU, a checkpoint follows every step, so
+the two saves come after the first optimiser steps, and a measurement before the first fit (the
+demo has no warm-up fit) samples at most 32 problems. It stops right after the second save.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+MEASURED = 32  # problems a measurement before the first fit samples (the demo's has 256)
 
 
 class _TwoSaves(Exception):
@@ -57,6 +60,7 @@ def first_saves(path: Path, run_dir: Path, devices: int = 1) -> list[dict[str, A
         run_dir=str(run_dir),
         logger="none",
         checkpoint_every_n_steps=1,
+        eval_max_problems=min(init.pipeline.eval_max_problems or MEASURED, MEASURED),
         trainer=trainer,
     )
     saves: list[dict[str, Any]] = []
