@@ -1,8 +1,8 @@
 """A finished pipeline run, copied and rolled back to the end of one of its stages.
 
 The copy holds the stages up to ``--after`` (their exported models and results) and the
-curriculum as it was when that stage ended (read from the stage's ``last.ckpt``, which holds
-the data module's state), so that ``coscale run``/``coscale demo`` on the copy resumes after
+curriculum as it was when that stage ended (read from the stage's last checkpoint, which holds
+the data module's state; the run must have kept it: ``--pipeline.keep_checkpoints true``), so that ``coscale run``/``coscale demo`` on the copy resumes after
 that stage and reruns the later ones under changed settings (e.g. ``--pipeline.final_sft_epochs
 14``) without redoing the earlier ones. Only stages that end in a fit have such a checkpoint.
 
@@ -18,6 +18,8 @@ import os
 import shutil
 
 import torch
+
+from coscale.loop.checkpoint_store import last_checkpoint
 
 
 def rolled_back(state: dict, src: str, dst: str, after: str, curriculum: dict) -> dict:
@@ -51,9 +53,15 @@ def main() -> None:
         raise SystemExit(f"{dst} exists: give a new folder")
     with open(os.path.join(src, "pipeline_state.json")) as f:
         state = json.load(f)
-    ckpt = os.path.join(src, args.after, "ckpt", "last.ckpt")
-    if not os.path.exists(ckpt):
-        raise SystemExit(f"--after {args.after}: {ckpt} missing (only fits leave a checkpoint)")
+    folder = os.path.join(src, args.after, "ckpt")
+    ckpt = last_checkpoint(folder)
+    if ckpt is None:
+        raise SystemExit(
+            f"--after {args.after}: no checkpoint in {folder} (only fits leave one, and only "
+            "runs with pipeline.keep_checkpoints: true keep it after the stage)"
+        )
+    if os.path.isdir(ckpt):  # FSDP2: the non-tensor state is in the folder's meta.pt
+        ckpt = os.path.join(ckpt, "meta.pt")
     saved = torch.load(ckpt, map_location="cpu", weights_only=False)
     new = rolled_back(state, src, dst, args.after, saved["CurriculumDataModule"]["curriculum"])
     for stage in new["models"]:

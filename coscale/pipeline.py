@@ -10,11 +10,12 @@
     final        judge the retrain against the last iteration's model; keep one (``final_keep``)
 
 State lives in one :class:`~coscale.loop.curriculum.Curriculum`. Commit points: a stage fit writes
-its ``last.ckpt`` (the curriculum, RNG and spend in it) every ``checkpoint_every_n_steps`` steps
-and after each epoch's end work; when a stage ends, ``pipeline_state.json`` (curriculum, done
-stages, results, spend) is replaced atomically. A run killed anywhere and started again with the
-same command ends with the same state and weights as an uninterrupted one
-(``tests/test_kill_anywhere.py``).
+a whole checkpoint (the curriculum, RNG and spend in it; a file, or a folder of shards under FSDP2)
+every ``checkpoint_every_n_steps`` steps and after each epoch's end work; when a stage ends,
+``pipeline_state.json`` (curriculum, done stages, results, spend) is replaced atomically, and then
+the stage's checkpoints are removed (``keep_checkpoints`` keeps them). A run killed anywhere and
+started again with the same command ends with the same state and weights as an uninterrupted one
+(``tests/test_kill_anywhere.py``, one process, DDP and FSDP2).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import lightning as L
 from coscale.checks import at_least, one_of
 from coscale.datamodules import ProblemDataModule
 from coscale.loop import budget
+from coscale.loop.checkpoint_store import remove_all
 from coscale.loop.commit import commit_point, write_json
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.loop.schedule import NSchedule
@@ -100,10 +102,15 @@ class PipelineConfig:
             the last (the final retrain is the last one's). Off, the next iteration's SFT (from
             the initial model, on the bank plus the re-distilled set) is the re-distillation,
             one SFT fit per iteration is saved, and an iteration's model is its RL model.
-        checkpoint_every_n_steps: Save the running stage's ``last.ckpt`` every this many
-            optimiser steps (and after every epoch's end work). 1 loses no step to a crash; a
-            larger value saves the time of writing the model after every step, and a crash
-            then redoes at most this many steps, to the same result.
+        checkpoint_every_n_steps: Save the running stage's checkpoint (``<stage>/ckpt``) every
+            this many optimiser steps (and after every epoch's end work). 1 loses no step to a
+            crash; a larger value saves the time of writing the model after every step, and a
+            crash then redoes at most this many steps, to the same result.
+        keep_checkpoints: Keep each finished stage's last checkpoint (model, optimiser state,
+            curriculum: about 12 bytes per parameter, 1.6 GB for a 135M model). Off, a stage's
+            ``<stage>/ckpt`` is removed once the state file records the stage as done, so the
+            run's disk peaks at one stage's checkpoint plus the exported models; on, a
+            finished stage can be read back later (``benchmarks/rollback_run.py``).
         logger: ``wandb`` (offline without an API key), ``csv`` or ``none``.
         project: W&B project name.
         seed: Global seed.
@@ -137,6 +144,7 @@ class PipelineConfig:
     redistill_each_iteration: bool = True
     final_keep: str = "retrained"
     checkpoint_every_n_steps: int = 1
+    keep_checkpoints: bool = False
     logger: LoggerKind = "wandb"
     project: str = "coscale"
     seed: int = 0
@@ -338,6 +346,17 @@ class Pipeline:
         commit_point(f"{name} end, before the state file")
         self._save()
         commit_point(f"{name} state file written")
+        self._drop_checkpoints(name)
+
+    def _drop_checkpoints(self, name: str) -> None:
+        """Removes done stage ``name``'s checkpoints (unless ``keep_checkpoints``): the state
+        file holds everything a later stage needs. Also run for every done stage on resume, for
+        a run killed between the state file and the removal."""
+        if self.cfg.keep_checkpoints:
+            return
+        if is_writer():
+            remove_all(self.ctx.path(name, "ckpt"))
+        barrier()
 
     def close_logger(self) -> None:
         """Flushes and closes the W&B run so that its files are complete when ``run`` returns."""
@@ -370,3 +389,5 @@ class Pipeline:
         self.models, self.seconds = state["models"], state.get("seconds", {})
         self.curriculum.load_state_dict(state["curriculum"])
         print(f"[coscale] resuming after stages: {', '.join(self.done) or 'none'}")
+        for name in self.done:
+            self._drop_checkpoints(name)

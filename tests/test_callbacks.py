@@ -128,7 +128,7 @@ def _measured(restored: bool = False):
     cb = _Kept(k=4, batch_size=3, temperature=0.5, max_new_tokens=7)
     if restored:
         assert cur.pending_epoch() == 0
-        cb.on_fit_start(trainer, policy)
+        cb.on_train_start(trainer, policy)
     else:
         cb.on_train_epoch_end(trainer, policy)
     return dm, policy, trainer, cb
@@ -231,6 +231,7 @@ def test_callbacks_without_a_curriculum_do_nothing_and_the_sft_stages_warn_once(
     cb = PassRateEvaluation(on_fit_start=True)
     assert cb.evaluate(trainer, policy) == {}
     cb.on_fit_start(trainer, policy)
+    cb.on_train_start(trainer, policy)
     cb.on_train_epoch_end(trainer, policy)
     sched = RolloutNSchedule()
     sched.setup(trainer, policy, "fit")

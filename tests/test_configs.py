@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from coscale.app.cli import lightning_cli, pipeline_parser
@@ -120,9 +121,9 @@ def stand_in_model(tmp_path_factory) -> str:
     return str(save_tiny(folder, tokenizer, **sizes))
 
 
-@pytest.fixture
-def offline_hub(monkeypatch, stand_in_model) -> Hub:
-    """Model names and hub data sets resolved to the stand-ins; returns what was asked for."""
+def install_stand_ins(stand_in_model: str, setattr_=setattr) -> Hub:
+    """Model names and hub data sets resolved to the stand-ins (``setattr_``: pytest's
+    ``monkeypatch.setattr``, or plain ``setattr`` in a worker process); returns what was asked."""
     import datasets
 
     hub, resolve = Hub(), policy.resolve_model_path
@@ -144,9 +145,15 @@ def offline_hub(monkeypatch, stand_in_model) -> Hub:
         data = datasets.Dataset.from_list(HUB_DATA[key])
         return data.to_iterable_dataset() if streaming else data
 
-    monkeypatch.setattr(policy, "resolve_model_path", resolve_model_path)
-    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    setattr_(policy, "resolve_model_path", resolve_model_path)
+    setattr_(datasets, "load_dataset", load_dataset)
     return hub
+
+
+@pytest.fixture
+def offline_hub(monkeypatch, stand_in_model) -> Hub:
+    """Model names and hub data sets resolved to the stand-ins; returns what was asked for."""
+    return install_stand_ins(stand_in_model, monkeypatch.setattr)
 
 
 # ---------------------------------------------------------------------- building a config
@@ -291,3 +298,60 @@ def test_8gpu_config_is_the_1gpu_config_split_over_8_ranks():
     small, large = parse_source(one["data"]["train"]), parse_source(eight["data"]["train"])
     assert replace(small, limit=None, max_rows=None) == replace(large, limit=None, max_rows=None)
     assert small.limit * ranks == large.limit and small.max_rows * ranks == large.max_rows
+
+
+# ------------------------------------------------- the first steps and saves of every pipeline
+PIPELINES = [p for p in CONFIGS if _kind(p) == "pipeline"]
+WORKER = Path(__file__).with_name("config_worker.py")
+
+
+def _processes(path: Path) -> int:
+    """CPU processes the config's own strategy runs on here: 2 for a multi-device one."""
+    trainer = yaml.safe_load(path.read_text())["pipeline"].get("trainer", {})
+    return 2 if trainer.get("devices", 1) != 1 or "strategy" in trainer else 1
+
+
+def _saves_on_two_processes(path: Path, stand_in: str, out: Path) -> list[dict[str, Any]]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(WORKER), str(path), stand_in, str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=out)
+    assert (out / "first_saves.json").exists(), done.stderr[-4000:]
+    return json.loads((out / "first_saves.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", PIPELINES, ids=[str(p.relative_to(ROOT)) for p in PIPELINES])
+def test_pipeline_config_trains_its_first_stage_to_its_second_checkpoint(
+    path, tmp_path, monkeypatch, offline_hub, stand_in_model
+):
+    """The config's own stages, settings and strategy (FSDP2 on 2 CPU processes for the 8-GPU
+    config), on CPU stand-ins, with a checkpoint after every step: the first fit takes its first
+    optimiser steps and replaces its first checkpoint by a second one (where FSDP2 used to fail:
+    a folder of shards cannot be renamed over another)."""
+    from config_worker import first_saves
+
+    monkeypatch.chdir(tmp_path)
+    processes = _processes(path)
+    if processes == 1:
+        saves = first_saves(path, tmp_path / "run")
+    else:
+        saves = _saves_on_two_processes(path, stand_in_model, tmp_path)
+    first, second = saves
+    assert first["stage"] == second["stage"] in ("warmup", "it1/sft")
+    assert first["step"] >= 1 and second["checkpoint"] != first["checkpoint"]
+    assert second["world_size"] == processes
+    last = Path(second["checkpoint"])
+    assert sorted(p.name for p in last.parent.iterdir()) == ["latest", last.name]
+    if processes == 1:
+        assert second["strategy"] == "SingleDeviceStrategy"
+        assert torch.load(last, weights_only=False)["global_step"] == second["step"]
+    else:  # the config's strategy: a folder of one shard per rank
+        assert second["strategy"] == "ModelParallelStrategy"
+        assert sorted(p.name for p in last.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+        assert torch.load(last / "meta.pt", weights_only=False)["global_step"] == second["step"]

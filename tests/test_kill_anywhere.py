@@ -1,60 +1,54 @@
 """A kill anywhere gives the same result: `coscale run` SIGKILLed, restarted, compared.
 
-The tiny pipeline (configs/tiny.yaml) runs once uninterrupted with its commit points logged
-(``COSCALE_COMMIT_LOG``). Then the same command runs in a chain of processes, each one killed
-with SIGKILL (``COSCALE_KILL_AT=<label>``) at the next chosen point, and restarted until one
-finishes. The chosen points: inside each stage that trains, right after each stage's last-step
-checkpoint (before its end-of-epoch work), and between each stage's end and its state file.
-A second test kills by a timer, at no commit point. The final ``pipeline_state.json``
+Each config runs once uninterrupted with its commit points logged (``COSCALE_COMMIT_LOG``). Then
+the same command runs in a chain of processes, each one SIGKILLed (``COSCALE_KILL_AT=<label>``)
+at the next chosen point and restarted until one finishes; the final ``pipeline_state.json``
 (pools, histories, N, groups, bank, replay buffer, spend, results) and the final weights must
-equal those of the uninterrupted run.
+equal those of the uninterrupted run of the same strategy, bit for bit. What is covered:
+
+* configs/tiny.yaml, one process: inside each stage that trains, right after each stage's
+  last-step checkpoint (before its end-of-epoch work), between each stage's end and its state
+  file; and once by a timer, at no commit point.
+* tests/configs/every_switch.yaml, one process: every switch the demo and the SmolLM2 configs
+  turn on (checkpoint selection, re-distillation each iteration, ``distill_weight``, the
+  forgetting guard, ``final_rl``, ``final_keep: better``, a replay share), killed inside a
+  selection scoring, inside a distilled and guarded re-distillation, inside the final RL stage,
+  between the final judge and its copy, and between the final stage and the state file.
+* tests/configs/two_ranks.yaml under DDP and under FSDP2 (2 CPU processes, gloo; an FSDP2
+  checkpoint is a folder of shards): the same chain, inside a selection scoring, right after a
+  last-step checkpoint, inside RL with only rank 1 killed (rank 0 then fails at its next
+  collective, as a job loses one process), and between a stage's end and its state file (the
+  final stage's points are the one-process chains'). The uninterrupted runs are those of
+  tests/test_multiprocess.py (conftest's ``two_rank_runs``). After each kill what is left of the
+  job is killed (``tests/runs.py``), as a launcher does, so each restart starts clean.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import runs
 import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+EVERY_SWITCH = ROOT / "tests" / "configs" / "every_switch.yaml"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
-def _cmd(run_dir: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "coscale",
-        "run",
-        "--config",
-        str(TINY),
-        "--pipeline.run_dir",
-        str(run_dir),
-        "--pipeline.logger",
-        "csv",
-        "--pipeline.checkpoint_every_n_steps",
-        "1",
-    ]
+def _cmd(run_dir: Path, config: Path = TINY) -> list[str]:
+    return runs.command(config, run_dir, "--pipeline.checkpoint_every_n_steps", "1")
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COSCALE_KILL")}
-    return {**env, **extra}  # COSCALE_CACHE: the session's (conftest), so the model is built once
-
-
-def _run(run_dir: Path, **extra: str) -> int:
-    out = run_dir.parent / f"{run_dir.name}.log"
-    with open(out, "a") as log:
-        return subprocess.run(_cmd(run_dir), env=_env(**extra), stdout=log, stderr=log).returncode
+def _run(run_dir: Path, config: Path = TINY, **extra: str) -> int:
+    """The config's run into ``run_dir`` (output appended to ``<run_dir>.log``); its status."""
+    return runs.run(_cmd(run_dir, config), run_dir.parent / f"{run_dir.name}.log", **extra)
 
 
 def _final(run_dir: Path) -> tuple[dict, dict]:
@@ -79,8 +73,7 @@ def uninterrupted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("full") / "run"
     commits = run_dir.parent / "commits.tsv"
     assert _run(run_dir, COSCALE_COMMIT_LOG=str(commits)) == 0
-    labels = [line.split("\t", 1)[1] for line in commits.read_text().splitlines()]
-    return _final(run_dir), labels
+    return _final(run_dir), runs.commit_labels(commits)
 
 
 def _kill_points(labels: list[str]) -> list[str]:
@@ -115,7 +108,9 @@ def test_sigkill_by_a_timer_inside_the_rl_stage_resumes_to_the_same_result(unint
     run_dir = tmp_path / "run"
     log = tmp_path / "timer.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(_cmd(run_dir), env=_env(), stdout=out, stderr=out)
+        proc = subprocess.Popen(
+            _cmd(run_dir), env=runs.env(), stdout=out, stderr=out, start_new_session=True
+        )
         deadline = time.time() + 600
         while "== stage it1/rl" not in log.read_text() and proc.poll() is None:
             assert time.time() < deadline
@@ -123,5 +118,90 @@ def test_sigkill_by_a_timer_inside_the_rl_stage_resumes_to_the_same_result(unint
         time.sleep(1.5)  # somewhere in the RL epochs, at no particular point
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        runs.kill_session(proc.pid)
     assert _run(run_dir) == 0
     _assert_same(_final(run_dir), want)
+
+
+# --------------------------------------------------------- every switch, one process
+@pytest.fixture(scope="module")
+def every_switch(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("every_switch") / "run"
+    commits = run_dir.parent / "commits.tsv"
+    assert _run(run_dir, EVERY_SWITCH, COSCALE_COMMIT_LOG=str(commits)) == 0
+    return _final(run_dir), runs.commit_labels(commits), run_dir
+
+
+def _every_switch_points(labels: list[str]) -> list[str]:
+    redistill = [x for x in labels if x.startswith("it1/redistill ckpt step")]
+    final_rl = [x for x in labels if x.startswith("final/rl ckpt")]
+    points = [
+        next(x for x in labels if x.startswith("it1/sft select step") and "150" not in x),
+        redistill[len(redistill) // 2],  # distilled from it1/rl, guarded, selected
+        final_rl[0],  # inside the final RL stage (after its first epoch)
+        "final judged, before the copy",
+        "final end, before the state file",
+    ]
+    assert points == sorted(set(points), key=labels.index) and set(points) <= set(labels), points
+    return points
+
+
+def test_every_switch_killed_in_scoring_final_rl_and_judge_resumes_to_the_same_result(
+    every_switch, tmp_path
+):
+    want, labels, ref_dir = every_switch
+    # the switches did their work in the uninterrupted run: the guard froze coordinates, the
+    # KL to the RL model was part of a loss, the final stage judged the RL'd retrain
+    logged = _logged(ref_dir)
+    assert any(v > 0 for v in logged["train/masked_frac"]) and logged["train/kl"]
+    assert {"it1/redistill", "final/rl"} <= set(want[0]["models"])
+    assert "val/final_kept_retrained" in want[0]["results"]["final"]
+    run_dir = tmp_path / "run"
+    for point in _every_switch_points(labels):
+        assert _run(run_dir, EVERY_SWITCH, COSCALE_KILL_AT=point) == -signal.SIGKILL, point
+    assert _run(run_dir, EVERY_SWITCH) == 0
+    _assert_same(_final(run_dir), want)
+
+
+def _logged(run_dir: Path) -> dict[str, list[float]]:
+    """Every value of each metric in the run's CSV log."""
+    import csv
+
+    (path,) = run_dir.glob("logs/*/version_*/metrics.csv")
+    values: dict[str, list[float]] = {}
+    for row in csv.DictReader(path.open()):
+        for key, value in row.items():
+            if value:
+                values.setdefault(key, []).append(float(value))
+    return values
+
+
+# ------------------------------------------------------------- DDP and FSDP2, 2 ranks
+def _two_rank_points(labels: list[str]) -> list[tuple[str, str | None]]:
+    """(label, the one rank to kill or None for every rank), in the order a run reaches them."""
+    sft_steps = [x for x in labels if x.startswith("it1/sft ckpt step")]
+    points = [
+        ("it1/sft select step 2 scored", None),  # inside a selection scoring
+        (sft_steps[-1], None),  # right after the last-step checkpoint
+        ("it1/rl ckpt step 1", "1"),  # inside RL, rank 1 alone
+        ("it1/rl end, before the state file", None),
+    ]
+    names = [p for p, _ in points]
+    assert names == sorted(set(names), key=labels.index) and set(names) <= set(labels), names
+    return points
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_sigkill_under_ddp_and_fsdp2_resumes_to_the_same_result(strategy, two_rank_runs, tmp_path):
+    ref_dir, labels = two_rank_runs(strategy)
+    run_dir = tmp_path / "run"
+    cmd, log = runs.two_ranks_command(run_dir, strategy), tmp_path / "chain.log"
+    for point, rank in _two_rank_points(labels):
+        extra = {**runs.TWO_RANK_ENV, "COSCALE_KILL_AT": point}
+        extra |= {"COSCALE_KILL_RANK": rank} if rank else {}
+        status = runs.run(cmd, log, timeout=300, **extra)
+        # every rank killed: rank 0's status is the SIGKILL; rank 1 alone: rank 0 fails after it
+        want = -signal.SIGKILL if rank is None else 1
+        assert status == want, f"{point}: {status}\n{log.read_text()[-3000:]}"
+    assert runs.run(cmd, log, timeout=300, **runs.TWO_RANK_ENV) == 0, log.read_text()[-3000:]
+    _assert_same(_final(run_dir), _final(ref_dir))

@@ -14,10 +14,12 @@ layer), each on 2 processes. What must agree, and why:
   DDP against FSDP2: both split the data and seed the rollouts alike; their weights differ only
   by the rounding of the gradient reduction (all-reduce against reduce-scatter), far below what
   could move a sampled token (inverse-CDF draws), so the runs take the same decisions;
-* the final weights, DDP against FSDP2, within 5e-4: that rounding, over a few steps, grows
+* the final weights, DDP against FSDP2, within 2e-3: that rounding, over a few steps, grows
   where a stage distils from an RL model that itself differs by it (measured 2026-12-01: 6e-6
   after it1/rl, 1.1e-4 after the distilled it1/redistill, 2.1e-4 at the end; 1e-4 held before
-  the distillation was added).
+  the distillation was added). With a checkpoint after every step and the selection on
+  (issue 23): 2.7e-5 after it1/rl, 2.2e-4 after it1/redistill, 4.5e-4 after it2/rl, 9.8e-4 at
+  the end, the same stages kept and the same decisions taken.
 The one-process run splits rollouts differently after the warm-up, so only its warm-up is held
 to the others.
 """
@@ -35,38 +37,18 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "tests" / "configs" / "two_ranks.yaml"
 WORKER = Path(__file__).with_name("fsdp_worker.py")
-FSDP2 = (
-    "{class_path: lightning.pytorch.strategies.ModelParallelStrategy, "
-    "init_args: {data_parallel_size: 2, tensor_parallel_size: 1}}"
-)
-STRATEGIES = {"single": None, "ddp": "ddp", "fsdp2": FSDP2}
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def _pipeline(run_dir: Path, strategy: str | None) -> subprocess.CompletedProcess:
-    trainer = "{accelerator: cpu, precision: 32-true}"
-    if strategy is not None:
-        trainer = f"{{accelerator: cpu, precision: 32-true, devices: 2, strategy: {strategy}}}"
-    cmd = [sys.executable, "-m", "coscale", "run", "--config", str(CONFIG)]
-    cmd += ["--pipeline.run_dir", str(run_dir), "--pipeline.trainer", trainer]
-    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=500)
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    out = {}
-    for name, strategy in STRATEGIES.items():
-        run_dir = tmp_path_factory.mktemp(name) / "run"
-        done = _pipeline(run_dir, strategy)
-        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
-        out[name] = run_dir
-    return out
+def runs(two_rank_runs) -> dict[str, Path]:
+    """The run folders of two_ranks.yaml in one process, under DDP and under FSDP2 (conftest)."""
+    return {name: two_rank_runs(name)[0] for name in ("single", "ddp", "fsdp2")}
 
 
 def _state(run_dir: Path) -> dict:
@@ -115,7 +97,7 @@ def test_exports_load_in_transformers_and_agree_across_strategies(runs):
     fsdp2 = load_file(runs["fsdp2"] / "final" / "model" / "model.safetensors")
     assert ddp.keys() == fsdp2.keys()
     for name, tensor in ddp.items():
-        assert torch.allclose(fsdp2[name], tensor, atol=5e-4), name
+        assert torch.allclose(fsdp2[name], tensor, atol=2e-3), name
     for stage in ("it1/rl", "it1/redistill", "final"):
         model = AutoModelForCausalLM.from_pretrained(runs["fsdp2"] / stage / "model")
         assert not any(hasattr(p, "full_tensor") for p in model.parameters())

@@ -251,6 +251,7 @@ def test_settings_are_checked_before_any_work():
 
 
 def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
+    from coscale.loop.checkpoint_store import switch_to
     from coscale.stages.checkpoint import CommitCheckpoint, RunState
 
     with pytest.raises(ValueError, match="checkpoint_every_n_steps must be an int >= 1, got 0"):
@@ -271,11 +272,14 @@ def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
     (state, ckpt), resume = seen
     assert isinstance(state, RunState) and isinstance(ckpt, CommitCheckpoint)
     assert ckpt.every_n_steps == 25 and resume is None
-    assert ckpt.path == str(tmp_path / "it1" / "sft" / "ckpt" / "last.ckpt")
-    (tmp_path / "it1" / "sft" / "ckpt").mkdir(parents=True)
-    (tmp_path / "it1" / "sft" / "ckpt" / "last.ckpt").write_text("x")
+    assert ckpt.dirpath == str(tmp_path / "it1" / "sft" / "ckpt") and ckpt.last() is None
+    folder = tmp_path / "it1" / "sft" / "ckpt"
+    (folder / "v000001.ckpt").mkdir(parents=True)  # a folder of shards, as FSDP2 writes
+    (folder / "v000002.ckpt").write_text("half")  # a save killed before its switch
+    switch_to(str(folder / "v000001.ckpt"))
     pipe.ctx.fit("it1/sft", module=None, data=None, callbacks=[], epochs=1)
-    assert seen[-1] == ckpt.path  # the same stage resumes from its own checkpoint
+    assert seen[-1] == str(folder / "v000001.ckpt")  # the stage resumes from its whole version
+    assert sorted(os.listdir(folder)) == ["latest", "v000001.ckpt"]  # the switch removed it
 
 
 def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path, monkeypatch):

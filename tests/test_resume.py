@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from coscale.datamodules import ProblemDataModule
+from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.modules import GRPOModule
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
 from coscale.tasks import arithmetic
@@ -87,7 +88,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_model_dir, tmp_path, 
     first_module, first_dm = _setup(tiny_model_dir)
     _fit(first_module, first_dm, tmp_path / "part", max_steps=split)
     resumed_module, resumed_dm = _setup(tiny_model_dir)  # a new process would start like this
-    last = tmp_path / "part" / "last.ckpt"
+    last = last_checkpoint(str(tmp_path / "part"))
     spent = _fit(resumed_module, resumed_dm, tmp_path / "part", ckpt_path=last, max_steps=5)
 
     assert spent == full_spent and full_spent["rollouts"] > 0
@@ -98,8 +99,9 @@ def test_checkpoint_before_the_epoch_end_work_closes_that_epoch_first(tiny_model
     # Lightning's ModelCheckpoint saves last.ckpt after the epoch's last step and then skips its
     # epoch-end save (same step): the checkpoint holds epoch 0's open RL tally, not its close.
     # A fit resumed from it must close epoch 0 before it trains epoch 1. Needs the fix reported
-    # with this migration: GRPOModule.on_fit_start does that work through end_epoch, which calls
-    # self.log_dict, refused by Lightning in on_fit_start (log to the loggers there instead).
+    # with this migration: GRPOModule.on_train_start does that work through end_epoch, which calls
+    # self.log_dict, refused there (log to the loggers instead). on_train_start, not
+    # on_fit_start: FSDP2 (ModelParallelStrategy) restores the checkpoint after on_fit_start.
     full_module, full_dm = _setup(tiny_model_dir)
     full_probe = _EpochStart(full_dm, epoch=1)
     callbacks = [RunState(), CommitCheckpoint(str(tmp_path / "full")), full_probe]

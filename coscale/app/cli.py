@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from coscale.app.run_config import build_run, pipeline_parser
+from coscale.loop.checkpoint_store import CheckpointWriteError
 
 PIPELINE_COMMANDS = ("run", "demo")
 __all__ = ["main", "pipeline_parser"]
@@ -46,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         # one line that says what to change; COSCALE_TRACEBACK=1 shows where it came from
         print(f"coscale: error: {err}".splitlines()[0], file=sys.stderr)
         return 2
+    except CheckpointWriteError as err:  # a full disk: what is left whole, and how to go on
+        print(f"coscale: error: {err.strerror}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -74,12 +74,18 @@ class PassRateEvaluation(Callback):
 
     @override
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        if (cur := curriculum_of(pl_module)) is None:
-            return
-        if (epoch := cur.pending_epoch()) is not None:  # restored before that epoch's end work
-            self._epoch_end(trainer, pl_module, epoch, log=True)
-        elif self.at_fit_start and trainer.global_step == 0:
+        fresh = trainer.global_step == 0 and not getattr(trainer, "ckpt_path", None)
+        cur = curriculum_of(pl_module) if self.at_fit_start and fresh else None
+        if cur is not None and cur.pending_epoch() is None:
             self.evaluate(trainer, pl_module, tag="fit_start")
+
+    @override
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # after the checkpoint is restored under every strategy (FSDP2 restores it after
+        # on_fit_start); a fit resumed finished never gets here, and has nothing left to do
+        cur = curriculum_of(pl_module)
+        if cur is not None and (epoch := cur.pending_epoch()) is not None:
+            self._epoch_end(trainer, pl_module, epoch, log=True)  # restored before its end work
 
     @override
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:

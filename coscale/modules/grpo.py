@@ -311,6 +311,11 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     @override
     def on_train_start(self) -> None:
+        # restored between an epoch's last step and its end-of-epoch work: do that work first.
+        # Not in on_fit_start: FSDP2 (ModelParallelStrategy) restores the checkpoint after it
+        curriculum = curriculum_of(self)
+        if curriculum is not None and (epoch := curriculum.pending_epoch()) is not None:
+            self.end_epoch(curriculum, epoch, in_loop=False)  # self.log is refused here
         self.backend.update_weights(self.policy)  # a resumed policy reaches the engine
 
     @override
@@ -318,13 +323,6 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         # a vLLM engine's GPU memory, after any fit / validate / test; rebuilt (and synced) on
         # the next use. Lightning skips this hook when the fit raises: rl_stage closes too.
         close_backend(self._backend)
-
-    @override
-    def on_fit_start(self) -> None:
-        # restored between an epoch's last step and its end-of-epoch work: do that work first
-        curriculum = curriculum_of(self)
-        if curriculum is not None and (epoch := curriculum.pending_epoch()) is not None:
-            self.end_epoch(curriculum, epoch, in_loop=False)  # self.log is refused here
 
     @override
     def on_train_epoch_end(self) -> None:

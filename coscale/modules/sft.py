@@ -141,6 +141,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self.guard_refresh_every, self.guard_batch_size = guard_refresh_every, guard_batch_size
         self.guard_report: dict[str, float] = {}  # mastered-set figures of the last fit
         self._guard: ForgettingGuard | None = None
+        self._guard_resume: dict[str, Any] | None = None  # the guard's place, from a checkpoint
         self._mastered_cycle: list[dict] = []
         self._init_policy(model, tokenizer, dtype, trust_remote_code, gradient_checkpointing)
         self.distill_weight, self.distill_temperature = distill_weight, distill_temperature
@@ -213,8 +214,29 @@ class SFTModule(PolicyMixin, L.LightningModule):
         random.Random(0).shuffle(items)  # the same cycle on every rank and every run
         self._mastered_cycle, self._cursor, self._masked = items, 0, [0.0, 0]
         self._guard = ForgettingGuard(self.policy, self.forgetting_guard)
+        if (saved := self._guard_resume) is not None:  # a resumed fit goes on where it was
+            self._cursor, self._masked = saved["cursor"], list(saved["masked"])
+            self.guard_report, self._guard.reference = dict(saved["report"]), saved["reference"]
+            return
         self._report({"mastered_examples": float(len(items))})
         self._report({"mastered_loss_start": self.mastered_loss()})
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self._guard is None:
+            return
+        # the reference only when it outlives a step (the same on every rank: all-reduced)
+        kept = self._guard.reference if self.guard_refresh_every > 1 else None
+        checkpoint["forgetting_guard"] = {
+            "cursor": self._cursor,
+            "masked": list(self._masked),
+            "report": dict(self.guard_report),
+            "reference": kept,
+        }
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._guard_resume = checkpoint.get("forgetting_guard")
 
     @override
     def on_before_optimizer_step(self, optimizer: Any) -> None:

@@ -1,7 +1,7 @@
 """The callbacks every stage fit carries: atomic commit checkpoints, and the run's own state.
 
-:class:`CommitCheckpoint` writes ``last.ckpt`` every ``every_n_steps`` optimiser steps and after
-each epoch's end-of-epoch work (it is a ``Checkpoint``, so Lightning runs its epoch-end hook
+:class:`CommitCheckpoint` writes a whole checkpoint every ``every_n_steps`` optimiser steps and
+after each epoch's end-of-epoch work (it is a ``Checkpoint``, so Lightning runs its epoch-end hook
 after the module's and the other callbacks'). Lightning's ``ModelCheckpoint`` skips a save at
 a step it has saved already, which is how an epoch's end work used to be lost.
 :class:`RunState` puts in the same checkpoint what Lightning leaves out: the RNG states and the
@@ -11,7 +11,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
-import os
+import errno
 import random
 from typing import Any
 
@@ -20,22 +20,49 @@ from lightning.pytorch.callbacks import Callback, Checkpoint
 from typing_extensions import override
 
 from coscale.loop import budget
+from coscale.loop.checkpoint_store import (
+    CheckpointWriteError,
+    last_checkpoint,
+    next_version,
+    remove_leftovers,
+    remove_path,
+    switch_to,
+)
 from coscale.loop.commit import commit_point
 
 
 class CommitCheckpoint(Checkpoint):
-    """Atomic ``<dirpath>/last.ckpt`` after every ``every_n_steps`` steps and every epoch end."""
+    """Whole checkpoints in ``dirpath`` after every ``every_n_steps`` steps and every epoch end.
+
+    Each save is a new version behind the folder's pointer file
+    (:mod:`coscale.loop.checkpoint_store`): every rank writes its part (FSDP2: its shards), a
+    barrier, then rank 0 switches the pointer and removes the older version. The fit resumes from
+    :meth:`last`. A write that fails (a full disk) removes its half-written version and stops the
+    fit with an error naming the folder; the pointer still names the last whole checkpoint.
+    """
 
     def __init__(self, dirpath: str, every_n_steps: int = 1, label: str = "") -> None:
         super().__init__()
         self.dirpath, self.every_n_steps, self.label = dirpath, every_n_steps, label
-        self.path = os.path.join(dirpath, "last.ckpt")
         self._saved_step = -1
+
+    def last(self) -> str | None:
+        """The whole checkpoint a fit resumes from (None: the stage starts afresh)."""
+        return last_checkpoint(self.dirpath)
+
+    @override
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if trainer.is_global_zero:  # half-written versions of a killed save
+            remove_leftovers(self.dirpath)
+        trainer.strategy.barrier("commit setup")
 
     @override
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         step = trainer.global_step
-        if step != self._saved_step and step % self.every_n_steps == 0 and step > 0:
+        # at max_steps the epoch-end save follows at once, with the end work done; a checkpoint
+        # before it would resume into a fit Lightning finds finished and skips, losing that work
+        last = 0 < trainer.max_steps <= step
+        if step != self._saved_step and step % self.every_n_steps == 0 and step > 0 and not last:
             self.save(trainer, f"step {step}")
 
     @override
@@ -43,13 +70,31 @@ class CommitCheckpoint(Checkpoint):
         self.save(trainer, f"epoch {trainer.current_epoch} end")
 
     def save(self, trainer: Any, what: str) -> None:
-        tmp = self.path + ".tmp"
-        trainer.save_checkpoint(tmp)  # every rank takes part; rank 0 writes
-        if trainer.is_global_zero:
-            os.replace(tmp, self.path)
-        trainer.strategy.barrier("commit")
+        """Writes a new version (every rank takes part), then switches the pointer to it."""
+        path = trainer.strategy.broadcast(next_version(self.dirpath))
+        try:
+            trainer.save_checkpoint(path)  # one file from rank 0, or a folder of shards
+            trainer.strategy.barrier("commit written")  # every rank's part is on disk
+            if trainer.is_global_zero:
+                switch_to(path)
+        except OSError as err:
+            if trainer.is_global_zero:
+                remove_path(path)
+            raise CheckpointWriteError(err.errno, self._failure(path, err)) from err
+        trainer.strategy.barrier("commit switched")
         self._saved_step = trainer.global_step
         commit_point(f"{self.label} ckpt {what}")
+
+    def _failure(self, path: str, err: OSError) -> str:
+        """What a failed write tells the user: the folder, what is left whole, what to do."""
+        why = "the disk is full" if err.errno == errno.ENOSPC else err.strerror or str(err)
+        last = self.last()
+        kept = f"the last whole checkpoint, {last}," if last else "no checkpoint of this stage"
+        return (
+            f"writing checkpoint {path} failed: {why} ({err}). In {self.dirpath}, {kept} and the "
+            f"run's pipeline_state.json are as they were: free space (or set "
+            f"pipeline.checkpoint_every_n_steps higher) and run the same command to resume"
+        )
 
 
 class RunState(Callback):

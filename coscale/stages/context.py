@@ -2,7 +2,8 @@
 
 :meth:`StageContext.fit` is the only place a stage trains: one Lightning fit of a module on a
 view of the curriculum, with a commit checkpoint, the run's RNG and spend in it, and resume
-from the stage's own ``last.ckpt`` when one is there.
+from the stage's own last whole checkpoint (:func:`~coscale.loop.checkpoint_store.last_checkpoint`)
+when one is there.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from coscale.datamodules.serving import CurriculumDataModule
+from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.loop.curriculum import Curriculum
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
 from coscale.stages.precision import resolve_precision
@@ -56,7 +58,7 @@ class StageContext:
 
     def resumable(self, name: str) -> bool:
         """Whether stage ``name`` left a checkpoint to resume from."""
-        return os.path.exists(self.path(name, "ckpt", "last.ckpt"))
+        return last_checkpoint(self.path(name, "ckpt")) is not None
 
     def fit(
         self,
@@ -67,13 +69,12 @@ class StageContext:
         epochs: int,
         max_steps: int | None = None,
     ) -> None:
-        """One fit of stage ``name``, resumed from its ``last.ckpt`` when there is one."""
+        """One fit of stage ``name``, resumed from its last checkpoint when there is one."""
         ckpt_dir = self.path(name, "ckpt")
         state = RunState()
         commit = CommitCheckpoint(ckpt_dir, self.cfg.checkpoint_every_n_steps, label=name)
         trainer = self.trainer(name, [state, *callbacks, commit], epochs, max_steps)
-        last = commit.path if os.path.exists(commit.path) else None
-        trainer.fit(module, datamodule=data, ckpt_path=last)
+        trainer.fit(module, datamodule=data, ckpt_path=commit.last())
         self.carried.update(state.restored)
 
     def trainer(self, name: str, callbacks: list, epochs: int, max_steps: int | None) -> L.Trainer:

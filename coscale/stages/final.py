@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from coscale.loop.commit import commit_point
 from coscale.models.full_state import barrier, is_writer
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import judge, judged_problems
@@ -56,6 +57,7 @@ def final_stage(
                 kept, score = folder, results[f"val/final_{key}_pass@1"]
                 results["val/final_kept_iteration"] = float(it)
     ctx.log(results)
+    commit_point(f"{name} judged, before the copy")  # a kill here judges again on restart
     out = ctx.path(name, "model")
     if os.path.abspath(kept) != os.path.abspath(out) and is_writer():
         shutil.copytree(kept, out, dirs_exist_ok=True)

@@ -21,6 +21,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from coscale.loop.commit import commit_point
 from coscale.models.full_state import barrier, is_writer
 from coscale.rollout.base import SamplingParams
 from coscale.stages.measure import sample_counts
@@ -43,15 +44,23 @@ class SelectOnProblems(Callback):
         every_n_steps: Score every this many optimiser steps (and always at the fit's end).
         folder: Where each new best is exported (``<folder>/step<k>``).
         seed: Seed of the samples, the same at every scoring so that scores compare.
+        label: The stage's name, in the commit point each scoring ends with.
     """
 
     def __init__(
-        self, problems: list[dict], k: int, every_n_steps: int, folder: str, seed: int = 0
+        self,
+        problems: list[dict],
+        k: int,
+        every_n_steps: int,
+        folder: str,
+        seed: int = 0,
+        label: str = "",
     ) -> None:
         self.problems, self.k, self.every_n_steps = problems, k, every_n_steps
-        self.folder, self.seed = folder, seed
+        self.folder, self.seed, self.label = folder, seed, label
         self.scores: dict[int, float] = {}  # step -> pass@1
         self.best_step = -1
+        self._finished = False
 
     @property
     def best(self) -> float:
@@ -71,13 +80,28 @@ class SelectOnProblems(Callback):
             self.score(trainer, pl_module, step)
 
     @override
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.global_step not in self.scores:
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        # the fit's last scoring goes into the epoch-end checkpoint (Lightning runs checkpoint
+        # callbacks last): a fit resumed from it is finished, and Lightning skips its loop
+        if _fit_ends(trainer) and trainer.global_step not in self.scores:
             self.score(trainer, pl_module, trainer.global_step)
+
+    @override
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.global_step not in self.scores:  # a fit stopped before its end
+            self.score(trainer, pl_module, trainer.global_step)
+        self.finish()
+
+    def finish(self) -> None:
+        """Removes the exported folders but the best one and reports the choice, once. The stage
+        calls it after its fit too: a fit resumed finished never reaches ``on_train_end``."""
+        if self._finished:
+            return
+        self._finished = True
         self.prune()
         print(
-            f"[coscale] selection: step {self.best_step} of {trainer.global_step} kept, pass@1 "
-            f"{self.best:.4f} on {len(self.problems)} of the stage's problems "
+            f"[coscale] selection: step {self.best_step} of {max(self.scores, default=0)} kept, "
+            f"pass@1 {self.best:.4f} on {len(self.problems)} of the stage's problems "
             f"(scores: {', '.join(f'{s}:{v:.3f}' for s, v in sorted(self.scores.items()))})",
             flush=True,
         )
@@ -94,6 +118,8 @@ class SelectOnProblems(Callback):
         metrics = {"select/pass@1": value, "select/best_step": float(self.best_step)}
         for logger in trainer.loggers if trainer.is_global_zero else []:
             logger.log_metrics(metrics, step=step)
+        # scored (and a new best exported), not yet in a checkpoint: a kill here redoes the step
+        commit_point(f"{self.label} select step {step} scored")
 
     def prune(self) -> None:
         """Removes the exported folders other than the best one."""
@@ -111,3 +137,10 @@ class SelectOnProblems(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.scores = {int(k): float(v) for k, v in state_dict["scores"].items()}
         self.best_step = int(state_dict["best_step"])
+
+
+def _fit_ends(trainer: Any) -> bool:
+    """Whether the epoch ending now is the fit's last: its ``max_steps`` or epochs are done."""
+    steps_done = 0 < trainer.max_steps <= trainer.global_step
+    epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else None
+    return steps_done or (epochs is not None and trainer.current_epoch + 1 >= epochs)

@@ -43,6 +43,8 @@ def sft_stage(
     epochs = epochs or ctx.cfg.sft_epochs
     ctx.fit(name, module, view, callbacks, epochs, max_steps=ctx.cfg.sft_max_steps)
     out = ctx.path(name, "model")
+    if select is not None:
+        select.finish()  # when the fit resumed finished (Lightning skipped its end)
     if select is not None and select.best_model() is not None:
         return copy_model(select.best_model(), out)
     return module.export(out)
@@ -55,7 +57,8 @@ def selection(ctx: StageContext, name: str) -> SelectOnProblems | None:
         return None
     problems = selection_slice(ctx.curriculum.problems.values(), cfg.sft_select_problems, cfg.seed)
     folder = ctx.path(name, "select")
-    return SelectOnProblems(problems, cfg.sft_select_k, cfg.sft_select_every, folder, cfg.seed)
+    k, every = cfg.sft_select_k, cfg.sft_select_every
+    return SelectOnProblems(problems, k, every, folder, cfg.seed, label=name)
 
 
 def copy_model(src: str, dst: str) -> str:
