@@ -237,7 +237,7 @@ class VLLMEngine:
             release_memory()
         host, self.host = self.host, None
         if host is not None:
-            host.restore()  # the shutdown may replace set_num_threads again
+            host.restore_threads()  # not the RNGs: the trainer drew from them since
             host.restore_environment()
 
 

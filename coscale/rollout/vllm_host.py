@@ -75,7 +75,7 @@ class HostState:
         )
 
     def restore(self) -> None:
-        """Puts the captured state but the environment back, noting what the start set there."""
+        """After the start: RNG states and threads back, noting what it set in the environment."""
         torch.set_rng_state(self.torch_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
@@ -84,14 +84,20 @@ class HostState:
             import numpy
 
             numpy.random.set_state(self.numpy_rng)
+        self.restore_threads()
+        gone = {n: "" for n in self.environ if n not in os.environ}
+        now = {n: v for n, v in os.environ.items() if self.environ.get(n) != v}
+        self.engine_set = {**gone, **now}
+
+    def restore_threads(self) -> None:
+        """``torch.set_num_threads``, the thread count and the CPU affinity as captured. Also
+        after shutdown, which may replace them again; the RNG states are left alone there:
+        the trainer has drawn from them since."""
         torch.set_num_threads = self.set_num_threads
         if torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
         if self.affinity is not None and _affinity() != self.affinity:
             os.sched_setaffinity(0, self.affinity)
-        gone = {n: "" for n in self.environ if n not in os.environ}
-        now = {n: v for n, v in os.environ.items() if self.environ.get(n) != v}
-        self.engine_set = {**gone, **now}
 
     def restore_environment(self) -> None:
         """Undoes the start's changes of ``os.environ`` (call once the engine is shut down)."""
