@@ -8,7 +8,7 @@ On the built-in arithmetic task (``builtin:arithmetic``), per seed:
    own correct completion, as the replay buffer's latest correct solution would be.
 3. *Stage*: SFT from the base on *new* three-term problems (re-distillation / final-retrain
    style: the initial model fine-tuned on solutions found later) through
-   :func:`coscale.callbacks.sft_stage.run_sft` with the ``sft`` kwargs those callbacks pass,
+   :func:`coscale.callbacks.run_sft` with the ``sft`` kwargs those callbacks pass,
    once per arm (:data:`ARMS`): guard ``none`` / ``parameter`` / ``neuron`` on the new pairs
    only, and the usual remedy, ``replay`` (the mastered pairs added to the training set),
    without and with the parameter guard. Same seed, same shuffle for every arm.
@@ -36,7 +36,7 @@ import warnings
 
 import torch
 
-from coscale.callbacks.sft_stage import run_sft
+from coscale.callbacks import run_sft
 from coscale.models.tiny import save_tiny
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.rewards import extract_boxed
@@ -133,7 +133,7 @@ def sft_kwargs(args: argparse.Namespace) -> dict:
 
 
 def trainer_kwargs(epochs: int) -> dict:
-    return {"accelerator": "cpu", "enable_progress_bar": False, "max_epochs": epochs}
+    return {"max_epochs": epochs}
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

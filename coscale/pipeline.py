@@ -48,8 +48,6 @@ from coscale.stages.final import KEEP, final_stage
 from coscale.stages.rl import rl_stage
 from coscale.stages.sft import sft_stage
 
-FINAL_KEEP = KEEP
-
 
 @dataclass
 class PipelineConfig:

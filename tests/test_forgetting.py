@@ -327,11 +327,12 @@ import lightning as L, torch
 from torch.utils.data import DataLoader
 from coscale.sft.forgetting import guarded_parameters, reference_gradient
 from coscale.modules import SFTModule
+from coscale.modules.distributed import rank_world
 from tests.test_forgetting import ddp_rows
 
 class Probe(SFTModule):
     def on_train_start(self):  # each rank's share of the mastered set, then all-reduced
-        rank, world = self._rank_world()
+        rank, world = rank_world()
         params = guarded_parameters(self.policy)
         grads, _ = reference_gradient(params, [self.mastered[rank::world]], self._loss_sum)
         single = torch.load(sys.argv[3])

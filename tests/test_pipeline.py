@@ -299,7 +299,7 @@ def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path,
         return {f"val/final_{tag}_pass@1": scores[os.path.basename(model)]}
 
     monkeypatch.setattr(final_module, "judge", fake_judge)
-    monkeypatch.setattr(final_module, "judged_problems", lambda ctx: [])
+    monkeypatch.setattr(final_module, "judged_problems", lambda held_out, curriculum: [])
     pipe = _pipeline(tmp_path / "run", final_keep="best", iterations=3)
     earlier = [(1, folder("it1")), (2, folder("it2"))]
     out, kept = final_module.final_stage(

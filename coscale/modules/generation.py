@@ -96,19 +96,11 @@ class PolicyMixin:
         return correct.tolist()
 
     def configure_model(self) -> None:
-        """FSDP2 under Lightning's ``ModelParallelStrategy``: shard each decoder block, then the
-        whole policy, over the data-parallel mesh. Other strategies leave the model as is."""
+        """FSDP2 under Lightning's ``ModelParallelStrategy`` (:func:`shard_policy` over its
+        data-parallel mesh). Other strategies leave the model as is."""
         mesh = getattr(self, "device_mesh", None)
-        if mesh is None or getattr(self.policy, "_is_fsdp_managed_module", False):
-            return
-        from torch.distributed.fsdp import fully_shard
-
-        blocks = set(getattr(self.policy, "_no_split_modules", None) or ())
-        for module in self.policy.modules():
-            if type(module).__name__ in blocks:
-                fully_shard(module, mesh=mesh["data_parallel"])
-        fully_shard(self.policy, mesh=mesh["data_parallel"])
-        self.policy._is_fsdp_managed_module = True  # HF generate keeps ranks in lockstep
+        if mesh is not None:
+            shard_policy(self.policy, mesh)
 
     # ----------------------------------------------------------- validation
     def validation_step(self, batch: list[dict], batch_idx: int) -> None:
@@ -133,6 +125,22 @@ class PolicyMixin:
             )
         fresh, _ = load_policy(self.model_source, self.tokenizer, **self._load_kwargs)
         load_full_state_dict(self.policy, fresh.state_dict())  # into the shards under FSDP2
+
+
+def shard_policy(policy: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+    """FSDP2: each decoder block (the model's ``_no_split_modules``), then the whole policy,
+    sharded over ``mesh["data_parallel"]``; a policy sharded already is left as is."""
+    if getattr(policy, "_is_fsdp_managed_module", False):
+        return policy
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(getattr(policy, "_no_split_modules", None) or ())
+    for module in policy.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh["data_parallel"])
+    fully_shard(policy, mesh=mesh["data_parallel"])
+    policy._is_fsdp_managed_module = True  # HF generate keeps ranks in lockstep
+    return policy
 
 
 def _pass_ks(samples: int) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
+from coscale.modules.distributed import rank_world
 from coscale.modules.feed import curriculum_of
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
@@ -143,6 +144,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self._guard: ForgettingGuard | None = None
         self._guard_resume: dict[str, Any] | None = None  # the guard's place, from a checkpoint
         self._mastered_cycle: list[dict] = []
+        self.loop_steps = 0  # optimiser steps when a loop other than the Trainer's runs the fit
         self._init_policy(model, tokenizer, dtype, trust_remote_code, gradient_checkpointing)
         self.distill_weight, self.distill_temperature = distill_weight, distill_temperature
         # not a submodule: no optimiser state, not in checkpoints, not wrapped or sharded
@@ -203,7 +205,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self._guard, self.guard_report = None, {}
         if self.forgetting_guard == "none":
             return
-        _check_strategy(self.trainer.strategy, self.forgetting_guard)
+        check_guard_strategy(self.trainer.strategy, self.forgetting_guard)
         items = list(self.mastered) if self.mastered is not None else self._datamodule_mastered()
         if not items:
             rank_zero_warn(
@@ -242,10 +244,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         if self._guard is None:
             return
-        if (
-            self._guard.reference is None
-            or self.trainer.global_step % self.guard_refresh_every == 0
-        ):
+        if self._guard.reference is None or self.steps_done % self.guard_refresh_every == 0:
             rows = self._next_mastered()
             grads, _ = reference_gradient(
                 guarded_parameters(self.policy), [rows] if rows else [], self._loss_sum
@@ -259,8 +258,18 @@ class SFTModule(PolicyMixin, L.LightningModule):
     @override
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
+        self.after_optimizer_step()
+
+    def after_optimizer_step(self) -> None:
+        """The frozen coordinates back to their pre-step values (a no-op without the guard)."""
         if self._guard is not None:
-            self._guard.restore()  # the frozen coordinates back to their pre-step values
+            self._guard.restore()
+
+    @property
+    def steps_done(self) -> int:
+        """Optimiser steps of the running fit: the Trainer's ``global_step``, or the count of the
+        in-fit loop (:mod:`coscale.callbacks.sft_in_fit`) that runs this module on Fabric."""
+        return self._trainer.global_step if self._trainer is not None else self.loop_steps
 
     @override
     def on_train_end(self) -> None:
@@ -278,7 +287,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         source = self._mastered_cycle if items is None else items
         if not source:
             raise ValueError("mastered_loss: items is empty and this fit has no mastered set")
-        rank, world = self._rank_world()
+        rank, world = rank_world()
         mine = list(source)[rank::world]
         size = self.guard_batch_size
         batches = [mine[i : i + size] for i in range(0, len(mine), size)]
@@ -293,7 +302,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         cycle, n = self._mastered_cycle, min(self.guard_batch_size, len(self._mastered_cycle))
         rows = [cycle[(self._cursor + i) % len(cycle)] for i in range(n)]
         self._cursor = (self._cursor + n) % len(cycle)
-        rank, world = self._rank_world()
+        rank, world = rank_world()
         return rows[rank::world]
 
     def _datamodule_mastered(self) -> list[dict]:
@@ -308,13 +317,10 @@ class SFTModule(PolicyMixin, L.LightningModule):
             for logger in self.trainer.loggers:
                 logger.log_metrics({f"train/{k}": v for k, v in values.items()}, self.global_step)
 
-    def _rank_world(self) -> tuple[int, int]:
-        trainer = self._trainer  # None outside a fit: one process
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
-
-def _check_strategy(strategy: Any, guard: str) -> None:
-    """The guard needs whole, unsharded parameters and gradients: single device or DDP."""
+def check_guard_strategy(strategy: Any, guard: str) -> None:
+    """The guard needs whole, unsharded parameters and gradients: single device or DDP (a
+    Lightning or a Fabric strategy)."""
     name = type(strategy).__name__
     if any(sharded in name for sharded in ("FSDP", "DeepSpeed", "ModelParallel")):
         raise ValueError(

@@ -11,7 +11,7 @@ import shutil
 from coscale.models.full_state import barrier, is_writer
 from coscale.modules import SFTModule
 from coscale.stages.context import StageContext
-from coscale.stages.selection import SelectOnProblems, selection_slice
+from coscale.stages.selection import Selection, SelectOnProblems
 
 
 def sft_stage(
@@ -53,12 +53,8 @@ def sft_stage(
 def selection(ctx: StageContext, name: str) -> SelectOnProblems | None:
     """The stage's checkpoint selection on its own problems (None when it is off)."""
     cfg = ctx.cfg
-    if not cfg.sft_select_problems:
-        return None
-    problems = selection_slice(ctx.curriculum.problems.values(), cfg.sft_select_problems, cfg.seed)
-    folder = ctx.path(name, "select")
-    k, every = cfg.sft_select_k, cfg.sft_select_every
-    return SelectOnProblems(problems, k, every, folder, cfg.seed, label=name)
+    chosen = Selection(cfg.sft_select_problems, cfg.sft_select_every, cfg.sft_select_k)
+    return chosen.build(ctx.curriculum.problems.values(), ctx.path(name, "select"), cfg.seed, name)
 
 
 def copy_model(src: str, dst: str) -> str:
