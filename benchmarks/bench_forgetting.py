@@ -105,7 +105,8 @@ def run_seed(seed: int, args: argparse.Namespace, tmp: str) -> dict:
     for arm, (guard, replay) in ARMS.items():
         start = time.perf_counter()
         items = pairs(new) + (mastered if replay else [])
-        kwargs = sft_kwargs(args) | {"forgetting_guard": guard, "mastered": mastered}
+        mode = {"mode": guard, "batch_size": 16, "refresh_every": args.refresh_every}
+        kwargs = sft_kwargs(args) | {"forgetting_guard": mode, "mastered": mastered}
         stage = run_sft(base_path, items, kwargs, trainer_kwargs(args.stage_epochs), seed)
         easy_ok = greedy(stage, easy)[0]
         out["arms"][arm] = {
@@ -123,12 +124,10 @@ def sft_kwargs(args: argparse.Namespace) -> dict:
     """SFT stage settings (the ``sft`` block of ReDistillation / FinalRetrain)."""
     return {
         "prompt": {"template": "Q:{question}\nA:"},
-        "lr": args.lr,
+        "optimizer": {"lr": args.lr},
         "max_length": 64,
         "reward": BoxedInteger(),
         "batch_size": 16,
-        "guard_batch_size": 16,
-        "guard_refresh_every": args.refresh_every,
     }
 
 

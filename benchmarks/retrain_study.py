@@ -77,9 +77,9 @@ def retrain(cfg, data, items: list[dict], change: dict, out: str, rl_model: str 
     ``change["teacher"]``: distil from ``rl_model`` with that weight."""
     sft = {**instantiate(cfg.sft), "batch_size": data.sft_batch_size}
     if "lr" in change:
-        sft["lr"] = change["lr"]
+        sft["optimizer"] = {**sft.get("optimizer", {}), "lr": change["lr"]}
     if "teacher" in change:
-        sft |= {"teacher": rl_model, "distill_weight": change["teacher"]}
+        sft["distill"] = {"teacher": rl_model, "weight": change["teacher"]}
     if "epochs" in change:  # passes over the set decide the length, as in the demo now
         trainer = {"max_epochs": change["epochs"]}
     else:  # a step count decides it (the demo's 600 steps before issue 14)

@@ -29,7 +29,7 @@ from coscale.models.full_state import full_state_dict
 from coscale.models.policy import load_policy
 from coscale.modules import GRPOModule, SFTModule
 
-SFT = {"lr": 1e-2, "batch_size": 4}
+SFT = {"optimizer": {"lr": 1e-2}, "batch_size": 4}
 LOOP = {"max_epochs": 2}
 
 
@@ -64,7 +64,7 @@ def main(strategy: str, guard: str, model_dir: str, out: str) -> None:
     cur = dm.curriculum
     for i, pid in enumerate(dm.problems):  # solvable ones for RL, solved ones for the guard
         cur.pools.record(pid, 10, (2, 5, 10)[i % 3])
-    sft = SFT | {"forgetting_guard": guard}
+    sft = SFT | {"forgetting_guard": {"mode": guard}}
     redistill = ReDistillation(
         max_total=None, sft=sft, trainer=LOOP, export_dir=os.path.join(out, "redistilled")
     )

@@ -396,7 +396,7 @@ class ToyReward:
         ]
 
 
-SFT = {"lr": 1e-2, "batch_size": 2, "max_length": 32}
+SFT = {"optimizer": {"lr": 1e-2}, "batch_size": 2, "max_length": 32}
 
 
 def _weights(module):
@@ -474,7 +474,9 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
     dm = _dm(["a", "b"], val=val)
     dm.curriculum.bank.add("a", "a solved")
     dm.curriculum.bank.record_rollout("b", "b rl", True, step=0)
-    policy = SFTModule(model=str(tiny_model_dir), reward=ToyReward(), val_max_new_tokens=8)
+    policy = SFTModule(
+        model=str(tiny_model_dir), reward=ToyReward(), validation={"max_new_tokens": 8}
+    )
     measured, count_correct = [], policy.count_correct
 
     def spy(problems, n, sampling):
@@ -504,7 +506,9 @@ def test_final_retrain_keep_better_restores_the_fit_weights_when_the_retrain_is_
     val = [{"id": f"v{i}", "question": f"v{i}?", "answer": "yes"} for i in range(3)]
     dm = _dm(["a"], val=val)
     dm.curriculum.bank.add("a", "a solved")
-    policy = SFTModule(model=str(tiny_model_dir), reward=ToyReward(), val_max_new_tokens=8)
+    policy = SFTModule(
+        model=str(tiny_model_dir), reward=ToyReward(), validation={"max_new_tokens": 8}
+    )
     calls, count_correct = [], policy.count_correct
 
     def spy(problems, n, sampling):  # before: the real counts (all correct); after: as set
@@ -527,7 +531,9 @@ def test_final_retrain_source_leaves_the_rollouts_out(tiny_model_dir, monkeypatc
     dm = _dm(["a", "b"])
     dm.curriculum.bank.add("a", "a bank")
     dm.curriculum.bank.record_rollout("b", "b rollout", True, 0)
-    policy = SFTModule(model=str(tiny_model_dir), reward=ToyReward(), val_max_new_tokens=8)
+    policy = SFTModule(
+        model=str(tiny_model_dir), reward=ToyReward(), validation={"max_new_tokens": 8}
+    )
     trained = []
     monkeypatch.setattr(
         "coscale.callbacks.final_retrain.retrain_from_initial",
@@ -624,7 +630,8 @@ def test_in_fit_sft_names_each_setting_it_does_not_take_before_training():
     assert "every must be an int >= 1, got 0" in msg
     with pytest.raises(ValueError, match="keep must be one of retrained, better; got 'best'"):
         FinalRetrain(keep="best")
-    FinalRetrain(sft={"forgetting_guard": "parameter"}, trainer={"max_epochs": 2, "max_steps": 5})
+    guard = {"forgetting_guard": {"mode": "parameter"}}
+    FinalRetrain(sft=guard, trainer={"max_epochs": 2, "max_steps": 5})
 
 
 def test_the_guard_under_a_sharded_strategy_is_refused_at_setup(tiny_model_dir):
@@ -632,8 +639,8 @@ def test_the_guard_under_a_sharded_strategy_is_refused_at_setup(tiny_model_dir):
     trainer = SimpleNamespace(strategy=sharded)
     module = SFTModule(model=str(tiny_model_dir), reward=ToyReward())
     for cb in (
-        ReDistillation(sft={"forgetting_guard": "neuron"}),
-        FinalRetrain(sft={"forgetting_guard": "parameter"}),
+        ReDistillation(sft={"forgetting_guard": {"mode": "neuron"}}),
+        FinalRetrain(sft={"forgetting_guard": {"mode": "parameter"}}),
     ):
         with pytest.raises(ValueError, match=r"forgetting_guard=.* not with ModelParallelStrategy"):
             cb.setup(trainer, module, "fit")

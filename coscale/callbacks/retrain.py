@@ -14,8 +14,7 @@ from coscale.loop.curriculum import Curriculum
 from coscale.modules.sft import SFTModule, check_guard_strategy
 from coscale.stages.selection import Selection
 
-_SHARED = ("prompt", "tokenizer", "reward")  # the SFT takes these from the policy module
-_SHARED_HPARAMS = ("dtype", "trust_remote_code", "gradient_checkpointing")  # and these
+_SHARED = ("prompt", "tokenizer", "reward", "load")  # the SFT takes these from the policy module
 
 
 class RetrainSettings:
@@ -70,8 +69,8 @@ def retrain_from_initial(
     """SFT from ``owner``'s initial weights on ``items``, on the running fit's strategy and
     precision, then into ``pl_module``'s policy in place (rank 0's weights on every rank).
 
-    The SFT takes the policy module's prompt, tokenizer, reward, dtype, ``trust_remote_code`` and
-    gradient checkpointing unless ``owner.settings.sft`` sets them; the forgetting guard's
+    The SFT takes the policy module's prompt, tokenizer, reward and ``load`` (dtype, remote code,
+    gradient checkpointing) unless ``owner.settings.sft`` sets them; the forgetting guard's
     mastered set is the curriculum's (its solved problems), as in a pipeline SFT stage.
 
     Returns:
@@ -93,9 +92,7 @@ def retrain_from_initial(
 
 
 def _shared_args(pl_module: Any) -> dict[str, Any]:
-    same = {k: getattr(pl_module, k) for k in _SHARED if hasattr(pl_module, k)}
-    hparams = getattr(pl_module, "hparams", {})
-    return same | {k: hparams[k] for k in _SHARED_HPARAMS if k in hparams}
+    return {k: getattr(pl_module, k) for k in _SHARED if hasattr(pl_module, k)}
 
 
 def _selection(owner: Any, trainer: Any, curriculum: Curriculum):

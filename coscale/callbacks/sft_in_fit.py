@@ -208,13 +208,8 @@ def _keep_selected(fabric: L.Fabric, module: SFTModule, select: SelectOnProblems
         select.score(fabric, module, module.loop_steps)
     select.finish()
     if select.best_step != module.loop_steps and (best := select.best_model()) is not None:
-        fresh = SFTModule(model=best, **_reload_args(module))
+        fresh = SFTModule(model=best, load=module.load)
         load_full_state_dict(module.policy, full_state_dict(fresh.policy))
-
-
-def _reload_args(module: SFTModule) -> dict[str, Any]:
-    h = module.hparams
-    return {"dtype": h["dtype"], "trust_remote_code": h["trust_remote_code"]}
 
 
 def copy_weights(src_module: Any, dst_module: Any) -> None:

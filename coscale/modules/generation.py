@@ -15,6 +15,7 @@ from coscale.loop.budget import spend
 from coscale.models.full_state import load_full_state_dict
 from coscale.models.policy import export_policy, load_policy
 from coscale.models.prompting import PromptFormat
+from coscale.modules.settings import PolicyLoad
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
 from coscale.scoring.metrics import PassAtK
@@ -34,13 +35,11 @@ class PolicyMixin:
     val_sampling: SamplingParams
     val_samples: int
 
-    def _init_policy(
-        self, model, tokenizer, dtype, trust_remote_code, gradient_checkpointing
-    ) -> None:
+    def _init_policy(self, model: Any, tokenizer: str | None, load: PolicyLoad) -> None:
         self.model_source = model if isinstance(model, (str, os.PathLike)) else None
-        self._load_kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+        self._load_kwargs = {"dtype": load.dtype, "trust_remote_code": load.trust_remote_code}
         self.policy, self.tokenizer = load_policy(
-            model, tokenizer, dtype, trust_remote_code, gradient_checkpointing
+            model, tokenizer, load.dtype, load.trust_remote_code, load.gradient_checkpointing
         )
         self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
         self._backend: RolloutBackend | None = None

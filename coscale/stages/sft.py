@@ -10,6 +10,7 @@ import shutil
 
 from coscale.models.full_state import barrier, is_writer
 from coscale.modules import SFTModule
+from coscale.sft.distill import Distillation
 from coscale.stages.context import StageContext
 from coscale.stages.selection import Selection, SelectOnProblems
 
@@ -35,7 +36,7 @@ def sft_stage(
         return None
     distill = {}
     if teacher is not None and ctx.cfg.distill_weight > 0:
-        distill = {"teacher": teacher, "distill_weight": ctx.cfg.distill_weight}
+        distill = {"distill": Distillation(teacher, weight=ctx.cfg.distill_weight)}
         print(f"[coscale] {name}: distilling from {teacher} (weight {ctx.cfg.distill_weight})")
     module = SFTModule(model=start or ctx.cfg.model, **ctx.sft_args, **distill)
     select = selection(ctx, name) if start is None else None
