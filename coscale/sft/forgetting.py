@@ -1,4 +1,4 @@
-"""Gradient-similarity masking against forgetting (METHOD.md, last section; arXiv 2601.21577).
+"""Gradient-similarity masking against forgetting (arXiv 2601.21577; docs/forgetting-guard.md).
 
 While fine-tuning on new data, the gradient of the loss on already-mastered data (``g_old``) is
 compared with the gradient on the new data (``g_new``, what the optimiser is about to use).
