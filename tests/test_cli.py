@@ -70,17 +70,22 @@ def test_an_unknown_command_gets_one_line_naming_it_and_the_commands(argv, named
 
 
 @pytest.mark.parametrize(
-    ("command", "said"),
+    ("command", "usage", "said"),
     [
-        ("run", "The whole CoScale-RL pipeline"),
-        ("demo", "built-in task"),
-        ("eval", "pass@1 / pass@k"),
+        ("run", "usage: coscale run ", "The whole CoScale-RL pipeline"),
+        ("demo", "usage: coscale demo ", "built-in task"),
+        ("eval", "usage: coscale eval ", "pass@1 / pass@k"),
+        ("fit", "usage: coscale [options] fit ", "one Lightning fit of one module"),
+        ("validate", "usage: coscale [options] validate ", "one validation pass"),
     ],
 )
-def test_each_command_help_names_the_command_and_says_what_it_does(command, said, capsys):
-    assert main([command, "--help"]) == 0  # the parser's SystemExit(0) becomes the status
+def test_each_listed_command_answers_help_with_its_name_and_what_it_does(
+    command, usage, said, capsys, monkeypatch
+):
+    monkeypatch.setattr(sys, "argv", ["coscale", command, "--help"])  # as a shell launches it
+    assert main() == 0  # the parser's SystemExit(0) becomes the status
     out = capsys.readouterr().out
-    assert out.startswith(f"usage: coscale {command} ")
+    assert out.startswith(usage)
     assert said in " ".join(out.split())  # the description, rewrapped to the terminal
 
 

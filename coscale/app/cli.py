@@ -41,9 +41,12 @@ def _offline_defaults() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status (never raises SystemExit)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in HELP_FLAGS:
-        print(top_help(), file=sys.stdout if argv else sys.stderr)
-        return 0 if argv else 2
+    if not argv:  # a usage error, as argparse treats a missing command
+        print(top_help(), file=sys.stderr)
+        return 2
+    if argv[0] in HELP_FLAGS:
+        print(top_help())
+        return 0
     if argv[0] not in COMMANDS:
         print(unknown_command(argv[0]), file=sys.stderr)
         return 2
