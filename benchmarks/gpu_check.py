@@ -165,10 +165,7 @@ def speed(args: argparse.Namespace) -> None:
     module = TimedGRPO(model=model, prompt={"template": "Q:{question}\nA:"}, reward=HasDigitReward(),
                        lr=1e-5, max_new_tokens=args.new_tokens, temperature=1.0,
                        micro_batch_size=args.problems * args.n)  # fmt: skip
-    data = ProblemDataModule(
-        train=f"builtin:arithmetic?n={64 * args.problems}&terms=2,3&seed=0",
-        batch_size=args.problems, rollout_n=args.n, rl_unmeasured=True,
-    )  # fmt: skip
+    data = ProblemDataModule(train=f'builtin:arithmetic?n={64 * args.problems}&terms=2,3&seed=0', batch_size=args.problems, curriculum={'rollout_n': args.n, 'rl_unmeasured': True})  # fmt: skip
     timer = StepTimer()
     module.shard = args.strategy == "fsdp"
     devices = _devices(args.devices, args.accelerator)

@@ -48,12 +48,14 @@ def plain_grpo(
     dm = ProblemDataModule(
         train=[p.to_dict() for p in problems],
         batch_size=min(batch_size, len(problems)),
-        rollout_n=n,
-        rl_unmeasured=True,
-        low=0.0,
-        high=1.0,  # plain GRPO: a problem leaves only when every sample is right ...
-        max_rl_rounds=1_000_000,  # ... and never for having had many RL epochs
-        seed=seed,
+        curriculum={
+            "rollout_n": n,
+            "rl_unmeasured": True,
+            "low": 0.0,
+            "high": 1.0,
+            "max_rl_rounds": 1000000,
+            "seed": seed,
+        },
     )
     L.seed_everything(seed, workers=True)
     module = GRPOModule(model=start, **grpo_args)

@@ -33,3 +33,16 @@ def one_of(choices: tuple[str, ...], **values: Any) -> list[str]:
 def is_number(value: Any) -> bool:
     """A finite int or float (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def as_group(cls: type, value: Any) -> Any:
+    """``value`` as a ``cls`` group: a mapping (hyper-parameters read back from a checkpoint,
+    a plain dict in Python) becomes one; a group or None is returned as it is."""
+    if isinstance(value, dict):
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+    return value
+
+
+def group_errors(**groups: Any) -> list[str]:
+    """Every group's :meth:`errors`, prefixed with its argument name (None: skipped)."""
+    return [f"{name}.{e}" for name, g in groups.items() if g is not None for e in g.errors()]

@@ -48,7 +48,9 @@ def loaded_data(problems: int) -> ProblemDataModule:
         p.to_dict() | {"solutions": arithmetic.solutions_of(p, 2)}
         for p in arithmetic.generate(problems, (2,), 5, "d")
     ]
-    dm = ProblemDataModule(train=rows, sft_batch_size=4, batch_size=2, bank_solutions=2, seed=1)
+    dm = ProblemDataModule(
+        train=rows, sft_batch_size=4, batch_size=2, bank_solutions=2, curriculum={"seed": 1}
+    )
     dm.load()
     return dm
 

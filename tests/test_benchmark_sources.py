@@ -138,7 +138,7 @@ def test_local_jsonl_parquet_and_saved_dataset(tmp_path):
 def test_source_rows_feed_the_datamodule_with_their_solutions(omr):
     with pytest.warns(UserWarning):
         rows = source_rows(omr)
-    dm = ProblemDataModule(train=rows, solutions_per_round=4, bank_solutions=0)
+    dm = ProblemDataModule(train=rows, bank_solutions=0, curriculum={"solutions_per_round": 4})
     dm.load()
     # the data set's own solutions go to the bank first
     assert dm.curriculum.scale_solutions() == 3

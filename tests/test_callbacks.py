@@ -413,7 +413,7 @@ def test_redistillation_equals_sft_from_the_initial_model_on_its_set(tiny_model_
         for p in rl.policy.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
     rl_weights = _weights(rl)
-    dm = _dm(["a", "b", "c"], seed=3)
+    dm = _dm(["a", "b", "c"], curriculum={"seed": 3})
     bank = dm.curriculum.bank
     bank.add("c", "c solved")  # not handled by RL: its bank solution joins the set
     bank.record_rollout("a", "a old", True, step=1)
@@ -550,7 +550,7 @@ def test_final_retrain_source_leaves_the_rollouts_out(tiny_model_dir, monkeypatc
 
 def _fit_with_all_callbacks(model_dir, ids):
     rows = [{"id": i, "question": f"{i}?", "answer": a} for i, a in ids.items()]
-    dm = ProblemDataModule(train=rows, batch_size=2, rollout_n=4)
+    dm = ProblemDataModule(train=rows, batch_size=2, curriculum={"rollout_n": 4})
     module = GRPOModule(
         model=str(model_dir),
         reward=ToyReward(),
@@ -601,7 +601,7 @@ def test_one_fit_with_all_four_callbacks(tiny_model_dir):
 
 def test_redistillation_starts_no_fit_inside_the_running_one(tiny_model_dir, monkeypatch):
     rl = SFTModule(model=str(tiny_model_dir), reward=ToyReward())
-    dm = _dm(["a", "b"], seed=3)
+    dm = _dm(["a", "b"], curriculum={"seed": 3})
     dm.curriculum.bank.record_rollout("a", "a rl", True, step=1)
 
     def no_fit(*args, **kwargs):

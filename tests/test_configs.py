@@ -250,7 +250,7 @@ def test_offline_hub_refuses_names_it_does_not_hold(offline_hub):
     with pytest.raises(ValueError, match="could not load problem source 'typo'"):
         load_benchmark("typo?path=nvidia/OpenMathReasonin")
     with pytest.raises(ValueError, match="could not load source='HuggingFaceH4/MATH-5000'"):
-        ProblemDataModule(train="HuggingFaceH4/MATH-5000", split="test").load()
+        ProblemDataModule(train="HuggingFaceH4/MATH-5000", read={"split": "test"}).load()
     with pytest.raises(ValueError, match="unknown builtin model"):
         policy.resolve_model_path("builtin:nope")
 

@@ -105,7 +105,7 @@ def test_settings_name_every_bad_value_at_once():
     assert str(err.value) == (
         "data: rollout_n must be an int >= 1, got 0; "
         "redistill_max_total must be an int >= 1 or None, got 0; "
-        "sft_replay_fraction must be in [0, 1), got 1.0"
+        "replay_fraction must be in [0, 1), got 1.0"
     )
 
 

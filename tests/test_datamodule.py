@@ -77,7 +77,7 @@ def _write_jsonl(tmp_path):
 
 def test_jsonl_with_bad_rows_skip_keeps_the_good_ones_and_warns_where(tmp_path):
     path = _write_jsonl(tmp_path)
-    dm = ProblemDataModule(train=str(path), on_bad_row="skip")
+    dm = ProblemDataModule(train=str(path), read={"on_bad_row": "skip"})
     with pytest.warns(UserWarning) as record:
         dm.setup("fit")
     message = "\n".join(str(w.message) for w in record)
@@ -93,7 +93,7 @@ def test_jsonl_with_bad_rows_skip_keeps_the_good_ones_and_warns_where(tmp_path):
 
 def test_jsonl_with_bad_rows_raise_names_file_line_and_flag(tmp_path):
     path = _write_jsonl(tmp_path)
-    dm = ProblemDataModule(train=str(path), on_bad_row="raise")
+    dm = ProblemDataModule(train=str(path), read={"on_bad_row": "raise"})
     with pytest.raises(ValueError) as err:
         dm.load()
     text = str(err.value)
@@ -140,7 +140,7 @@ def test_list_of_rows_every_problem_starts_unsolvable():
 
 
 def test_limit_keeps_the_first_problems():
-    assert list(_dm(limit=2).problems) == ["a", "b"]
+    assert list(_dm(read={"limit": 2}).problems) == ["a", "b"]
 
 
 def test_duplicate_ids_in_the_source_and_from_code():
@@ -149,7 +149,7 @@ def test_duplicate_ids_in_the_source_and_from_code():
         dm = _dm(rows)
     assert list(dm.problems) == ["a", "b", "c"] and dm.problems["a"].question == "5-3+2"
     with pytest.raises(ValueError, match="duplicate id 'a'"):
-        _dm(rows, on_bad_row="raise")
+        _dm(rows, read={"on_bad_row": "raise"})
     dm.curriculum.add_problems([Problem("d", "9+9", "18")])  # the plug-in path: from code
     assert dm.curriculum.pools.pool_of("d") is Pool.UNSOLVABLE and "d" in dm.problems
     with pytest.raises(ValueError, match="duplicate problem id 'a'"):
@@ -164,11 +164,13 @@ def test_constructor_collects_every_bad_flag_in_one_error():
     # only one of the two sets. Passes once ProblemDataModule adds the serving checks
     # (sft_source, batch_size, sft_batch_size, val_batch_size) to its `errors` before raising.
     with pytest.raises(ValueError) as err:
-        ProblemDataModule(batch_size=0, sft_source="x", on_bad_row="x", rollout_n=0)
+        ProblemDataModule(
+            batch_size=0, sft_source="x", read={"on_bad_row": "x"}, curriculum={"rollout_n": 0}
+        )
     text = str(err.value)
     assert text.startswith("ProblemDataModule: ")
-    assert "on_bad_row must be one of skip, raise; got 'x'" in text
-    assert "rollout_n must be an int >= 1, got 0" in text
+    assert "read.on_bad_row must be one of skip, raise; got 'x'" in text
+    assert "curriculum.rollout_n must be an int >= 1, got 0" in text
     assert "sft_source must be one of bank, redistill, all; got 'x'" in text
     assert "batch_size must be an int >= 1, got 0" in text
     assert "sft_batch_size" not in text and "val_batch_size" not in text
@@ -184,23 +186,32 @@ def test_constructor_names_the_serving_flags_together():
 
 
 @pytest.mark.parametrize(
-    "flag", ["sft_batch_size", "val_batch_size", "rollout_n", "solutions_per_round"]
+    "flag",
+    ["sft_batch_size", "val_batch_size", "curriculum.rollout_n", "curriculum.solutions_per_round"],
 )
 def test_constructor_names_each_count_flag(flag):
+    group, _, key = flag.rpartition(".")
+    kwargs = {group: {key: -1}} if group else {key: -1}
     with pytest.raises(
         ValueError, match=rf"ProblemDataModule: {flag} must be an int >= 1, got -1$"
     ):
-        ProblemDataModule(**{flag: -1})
+        ProblemDataModule(**kwargs)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"redistill_per_problem": 0}, "redistill_per_problem must be an int >= 1, got 0"),
-        ({"on_bad_row": "x"}, "on_bad_row must be one of skip, raise; got 'x'"),
-        ({"limit": 0}, "limit must be an int >= 1 or None, got 0"),
+        (
+            {"curriculum": {"redistill_per_problem": 0}},
+            "curriculum.redistill_per_problem must be an int >= 1, got 0",
+        ),
+        ({"read": {"on_bad_row": "x"}}, "read.on_bad_row must be one of skip, raise; got 'x'"),
+        ({"read": {"limit": 0}}, "read.limit must be an int >= 1 or None, got 0"),
         ({"bank_solutions": -1}, "bank_solutions must be an int >= 0 or None, got -1"),
-        ({"sft_replay_fraction": 1.0}, r"sft_replay_fraction must be in \[0, 1\), got 1.0"),
+        (
+            {"curriculum": {"replay_fraction": 1.0}},
+            r"curriculum.replay_fraction must be in \[0, 1\), got 1.0",
+        ),
     ],
 )
 def test_constructor_checks_the_other_flags(kwargs, message):
@@ -244,7 +255,7 @@ def test_sft_replay_source_gives_the_first_solution_of_each_row():
         {"id": "r1", "question": "rq1", "answer": "1", "solutions": ["s1", "s1b"]},
         {"id": "r2", "question": "rq2", "answer": "2"},
     ]
-    dm = _dm(sft_replay=replay, sft_replay_fraction=0.5)
+    dm = _dm(sft_replay=replay, curriculum={"replay_fraction": 0.5})
     assert dm.curriculum.replay_pairs == [{"id": "r1", "question": "rq1", "solution": "s1"}]
     assert _dm(sft_replay=replay).curriculum.replay_pairs == []  # fraction 0: not read
 
@@ -252,7 +263,7 @@ def test_sft_replay_source_gives_the_first_solution_of_each_row():
 # -------------------------------------------------------------------------------- loaders
 def _solvable_dm(seed: int, n: int = 8) -> ProblemDataModule:
     rows = [{"id": f"p{i}", "question": f"q{i}", "answer": str(i)} for i in range(n)]
-    dm = _dm(rows, batch_size=3, rollout_n=2, seed=seed)
+    dm = _dm(rows, batch_size=3, curriculum={"rollout_n": 2, "seed": seed})
     for pid in dm.problems:
         dm.curriculum.pools.record(pid, 4, 1)
     return dm
@@ -362,7 +373,7 @@ def test_setup_reloads_every_epoch_and_starts_a_new_fit():
 
 def test_restored_state_resumes_mid_epoch():
     rows = [{"id": i, "question": f"q{i}", "answer": f"ans{i}"} for i in "abcde"]
-    dm = _dm(rows, rollout_n=4, batch_size=2)
+    dm = _dm(rows, curriculum={"rollout_n": 4}, batch_size=2)
     for pid in "abcde":
         dm.curriculum.pools.record(pid, 4, 1)  # all five solvable
     trainer = _trainer("rl", epoch=1)
@@ -377,7 +388,7 @@ def test_restored_state_resumes_mid_epoch():
     assert dm.curriculum.cursor == {"epoch": 1, "consumed": 1, "batches": 3, "closed": -1}
     state = json.loads(json.dumps(dm.state_dict()))
     assert set(state) == {"curriculum"}
-    fresh = ProblemDataModule(train=rows, rollout_n=4, batch_size=2)
+    fresh = ProblemDataModule(train=rows, batch_size=2, curriculum={"rollout_n": 4})
     fresh.trainer = trainer
     fresh.setup("fit")  # Lightning's order: setup, then the checkpoint's state
     fresh.load_state_dict(state)

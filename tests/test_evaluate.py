@@ -258,7 +258,9 @@ def test_grpo_steps_keep_a_colocated_engine_in_sync(tiny_model_dir):
     initial = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     module.backend = _backend(module.policy, module.tokenizer, parity_tokens=4)
     rows = [{"id": f"p{i}", "question": f"{i}+{i}", "answer": str(2 * i)} for i in range(8)]
-    data = ProblemDataModule(train=rows, batch_size=4, rollout_n=2, rl_unmeasured=True)
+    data = ProblemDataModule(
+        train=rows, batch_size=4, curriculum={"rollout_n": 2, "rl_unmeasured": True}
+    )
     trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     trainer.fit(module, datamodule=data)

@@ -95,7 +95,10 @@ def _capture_sft_stage(pipe, monkeypatch) -> list[dict]:
 def test_redistillation_uses_the_data_sections_redistill_settings(tmp_path, monkeypatch):
     # the first build ran per-iteration re-distillation with its own defaults (1 per problem,
     # cap 1000) instead of data.redistill_per_problem / redistill_max_total
-    data = {"redistill_per_problem": 2, "redistill_max_total": 3, "bank_solutions": 0}
+    data = {
+        "curriculum": {"redistill_per_problem": 2, "redistill_max_total": 3},
+        "bank_solutions": 0,
+    }
     pipe = _pipeline(tmp_path, data=data, sft_max_steps=7)
     seen = _capture_sft_stage(pipe, monkeypatch)
     pipe.data.load()

@@ -93,7 +93,9 @@ def test_sft_then_grpo_then_export_reloads_in_plain_transformers(smollm2_dir, tm
     gc.collect()
 
     dm = ProblemDataModule(
-        train=_rows(2, seed=1), batch_size=2, rollout_n=5, rl_unmeasured=True, low=0.0
+        train=_rows(2, seed=1),
+        batch_size=2,
+        curriculum={"rollout_n": 5, "rl_unmeasured": True, "low": 0.0},
     )
     grpo = GRPOModule(
         model=sft_dir,

@@ -26,7 +26,7 @@ class DigitReward:
 
 def _setup(model_dir):
     rows = [p.to_dict() for p in arithmetic.generate(6, (2,), 3, "r")]
-    dm = ProblemDataModule(train=rows, batch_size=2, seed=7)
+    dm = ProblemDataModule(train=rows, batch_size=2, curriculum={"seed": 7})
     dm.load()
     cur = dm.curriculum
     for i, pid in enumerate(dm.problems):

@@ -30,7 +30,7 @@ def _data() -> ProblemDataModule:
         p.to_dict() | {"solutions": arithmetic.solutions_of(p, 2)}
         for p in arithmetic.generate(8, (2,), 5, "s")
     ]
-    dm = ProblemDataModule(train=rows, sft_batch_size=4, bank_solutions=2, seed=1)
+    dm = ProblemDataModule(train=rows, sft_batch_size=4, bank_solutions=2, curriculum={"seed": 1})
     dm.load()
     return dm
 

@@ -34,7 +34,25 @@ SFT_SOURCES = ("bank", "redistill", "all")
 
 @dataclass(frozen=True)
 class CurriculumSettings:
-    """The rules' settings (``data:`` in YAML; documented on :class:`ProblemDataModule`)."""
+    """The loop's rules: pool thresholds, budgets, N, set sizes (``data.curriculum:`` in YAML).
+
+    Attributes:
+        low: Accuracy at which a problem becomes solvable.
+        high: Accuracy at which a problem counts as solved.
+        max_solutions: Solution budget of a problem before it is marked failed.
+        max_rl_rounds: RL epochs a problem may take before it is marked failed.
+        rollout_n: Rollout N of a problem that no schedule has set.
+        solutions_per_round: Solutions added to each unsolvable problem per data-scaling round.
+        redistill_per_problem: Latest correct rollouts taken per problem for re-distillation.
+        redistill_max_total: Cap on the re-distillation set (a seeded subset beyond it).
+        keep_rl_bank: In ``all`` sets, keep the bank solutions of problems RL has handled next to
+            their latest correct rollouts. The paper keeps only the rollouts; with few RL epochs
+            per problem that drops what the first SFT taught (docs/results.md).
+        replay_fraction: Share of replayed pairs (``data.sft_replay``) in an SFT set, in [0, 1).
+        rl_unmeasured: Also serve problems never measured yet to RL (a plain GRPO run on a data
+            set, without a pass-rate evaluation first). Off for the CoScale-RL pipeline.
+        seed: Seed of the per-epoch shuffle and of the re-distillation subset.
+    """
 
     low: float = 0.05
     high: float = 0.70
@@ -50,12 +68,12 @@ class CurriculumSettings:
     seed: int = 0
 
     def errors(self) -> list[str]:
-        """Every bad value, named by its ``data:`` key."""
+        """Every bad value, named by its field."""
         errors = at_least(1, rollout_n=self.rollout_n, solutions_per_round=self.solutions_per_round)
         errors += at_least(1, redistill_per_problem=self.redistill_per_problem)
         errors += at_least(1, optional=True, redistill_max_total=self.redistill_max_total)
         if not 0 <= self.replay_fraction < 1:
-            errors.append(f"sft_replay_fraction must be in [0, 1), got {self.replay_fraction}")
+            errors.append(f"replay_fraction must be in [0, 1), got {self.replay_fraction}")
         return errors
 
 

@@ -9,7 +9,6 @@ field); a module prefixes them with the argument's name, so an error reads
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from coscale.checks import at_least
 
@@ -79,16 +78,3 @@ class Validation:
         errors = at_least(1, samples=self.samples)
         errors += at_least(0, float, temperature=self.temperature)
         return errors + at_least(1, optional=True, max_new_tokens=self.max_new_tokens)
-
-
-def as_group(cls: type, value: Any) -> Any:
-    """``value`` as a ``cls`` group: a mapping (hyper-parameters read back from a checkpoint,
-    a plain dict in Python) becomes one; a group or None is returned as it is."""
-    if isinstance(value, dict):
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
-    return value
-
-
-def group_errors(**groups: Any) -> list[str]:
-    """Every group's :meth:`errors`, prefixed with its argument name (None: skipped)."""
-    return [f"{name}.{e}" for name, g in groups.items() if g is not None for e in g.errors()]

@@ -26,13 +26,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from coscale.checks import at_least
+from coscale.checks import as_group, at_least, group_errors
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.distributed import rank_world
 from coscale.modules.feed import curriculum_of
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
-from coscale.modules.settings import AdamW, PolicyLoad, Validation, as_group, group_errors
+from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.rollout.base import SamplingParams
 from coscale.sft.batch import solution_loss, tokenize_pairs
 from coscale.sft.distill import Distillation, Teacher, distill_loss
