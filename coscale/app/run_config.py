@@ -16,12 +16,17 @@ RUN_DESCRIPTION = (
 )
 
 
+MAPPINGS = ("pipeline.trainer", "pipeline.sft", "pipeline.grpo", "pipeline.schedule")
+"""The dict-typed settings that several ``--config`` files merge rather than replace."""
+
+
 def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTION):
     """The parser of ``coscale run`` (and, named and described as such, ``coscale demo``).
     ``data.bank_solutions`` defaults to 0 here: the pipeline hands a problem's own solutions
     out ``solutions_per_round`` at a time."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
+    from jsonargparse import ArgumentParser
 
+    from coscale.app.config_files import merging_config_file
     from coscale.datamodules import ProblemDataModule
     from coscale.pipeline import PipelineConfig
 
@@ -30,8 +35,11 @@ def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTIO
         parser_mode="omegaconf",
         description=description,
     )
+    config_file = merging_config_file(MAPPINGS)
     parser.add_argument(
-        "--config", action=ActionConfigFile, help="YAML with pipeline and data sections"
+        "--config",
+        action=config_file,
+        help="YAML with pipeline and data sections; a later file's mappings add to an earlier's",
     )
     parser.add_class_arguments(PipelineConfig, "pipeline")
     parser.add_class_arguments(ProblemDataModule, "data")
