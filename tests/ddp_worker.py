@@ -27,11 +27,11 @@ class DigitReward:
         return [float(any(ch.isdigit() for ch in c)) for c in completions]
 
 
-def _trainer(strategy="ddp", **kw) -> L.Trainer:
+def _trainer(strategy="ddp", devices=2, **kw) -> L.Trainer:
     """2 CPU processes, nothing but the fit (``tests/fsdp_worker.py`` passes FSDP2)."""
     return L.Trainer(
         accelerator="cpu",
-        devices=2,
+        devices=devices,
         strategy=strategy,
         logger=False,
         enable_checkpointing=False,

@@ -22,6 +22,7 @@ import sys
 import lightning as L
 import torch
 from ddp_worker import DigitReward, loaded_data
+from ddp_worker import _trainer as quiet_trainer
 
 from coscale.callbacks import FinalRetrain, ReDistillation
 from coscale.datamodules.serving import CurriculumDataModule
@@ -40,17 +41,7 @@ def _trainer(strategy: str, **kw) -> L.Trainer:
         chosen = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
     else:
         chosen = "ddp" if strategy == "ddp" else "auto"
-    return L.Trainer(
-        accelerator="cpu",
-        devices=1 if strategy == "single" else 2,
-        strategy=chosen,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        **kw,
-    )
+    return quiet_trainer(chosen, devices=1 if strategy == "single" else 2, **kw)
 
 
 def _save(state: dict, path: str) -> None:
