@@ -10,8 +10,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from coscale.callbacks.sft_in_fit import SFTLoop, copy_weights, fabric_for, loop_from, sft_in_fit
+from coscale.checks import as_group
 from coscale.loop.curriculum import Curriculum
 from coscale.modules.sft import SFTModule, check_guard_strategy
+from coscale.sft.forgetting import GuardSettings
 from coscale.stages.selection import Selection
 
 _SHARED = ("prompt", "tokenizer", "reward", "load")  # the SFT takes these from the policy module
@@ -44,9 +46,9 @@ class RetrainSettings:
     def check_trainer(self, trainer: Any) -> None:
         """Refuses, before training, what the running strategy cannot do (the forgetting guard
         under a sharded strategy)."""
-        guard = self.sft.get("forgetting_guard", "none")
-        if guard != "none" and (strategy := getattr(trainer, "strategy", None)) is not None:
-            check_guard_strategy(strategy, guard)
+        guard = as_group(GuardSettings, self.sft.get("forgetting_guard")) or GuardSettings()
+        if guard.on and (strategy := getattr(trainer, "strategy", None)) is not None:
+            check_guard_strategy(strategy, guard.mode)
 
 
 def _dict(value: Any) -> bool:
@@ -78,7 +80,8 @@ def retrain_from_initial(
     """
     settings: RetrainSettings = owner.settings
     kwargs = _shared_args(pl_module) | settings.sft
-    if kwargs.get("forgetting_guard", "none") != "none" and "mastered" not in kwargs:
+    guard = as_group(GuardSettings, kwargs.get("forgetting_guard")) or GuardSettings()
+    if guard.on and "mastered" not in kwargs:
         kwargs["mastered"] = curriculum.mastered()
     seed = curriculum.settings.seed
     cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []

@@ -311,7 +311,7 @@ def check_guard_strategy(strategy: Any, guard: str) -> None:
     if any(sharded in name for sharded in ("FSDP", "DeepSpeed", "ModelParallel")):
         raise ValueError(
             f"SFTModule: forgetting_guard={guard!r} works on one device or with DDP, not with "
-            f"{name} (sharded parameters); set forgetting_guard: none or strategy: ddp"
+            f"{name} (sharded parameters); set forgetting_guard.mode: none or strategy: ddp"
         )
 
 
