@@ -1,9 +1,9 @@
 """One GRPO step of `GRPOModule` per rollout backend on SmolLM2-135M-Instruct, same work.
 
-Backends (`--backends`): ``hf`` (``fast_rollouts=False``: HF `generate`), ``cached``
-(``fast_rollouts=True``, the default: `CachedDecodeBackend`), ``vllm`` (``rollout_backend:
+Backends (`--backends`): ``hf`` (``rollout.backend: hf``: HF `generate`), ``cached``
+(the default: `CachedDecodeBackend`), ``vllm`` (``rollout.backend:
 vllm``, the engine colocated in this process, weights synced after every optimiser step) and
-``vllm-unseeded`` (the same with ``rollout_options.honor_seed: false``: one request of n=N per
+``vllm-unseeded`` (the same with ``rollout.options.honor_seed: false``: one request of n=N per
 prompt instead of one seeded request per rollout). Every module loads its own copy of the model
 in `--dtype` (float32) and does the same work per step: `--prompts` prompts x N=`--n` rollouts
 of at most `--new-tokens` tokens at temperature 1, a reward with spread in every group, the
@@ -79,16 +79,17 @@ class KeptEngineGRPO(GRPOModule):
 
 def build_module(name: str, args) -> KeptEngineGRPO:
     """The module of backend `name` (see the module doc), its engine not yet built."""
-    options = {"fast_rollouts": name == "cached"}
+    rollout = {"backend": name}
     if name.startswith("vllm"):
-        rollout = engine_options(args.dtype, args.max_model_len, args.kv_cache_gib, args.eager)
-        rollout |= {"honor_seed": name == "vllm", "parity_every": args.parity_every}
-        options |= {"rollout_backend": "vllm", "rollout_options": rollout}
+        options = engine_options(args.dtype, args.max_model_len, args.kv_cache_gib, args.eager)
+        options |= {"honor_seed": name == "vllm", "parity_every": args.parity_every}
+        rollout = {"backend": "vllm", "options": options}
     module = KeptEngineGRPO(
-        model=SMOLLM2, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2), dtype=args.dtype,
-        scale_rewards="group", lr=1e-6, max_grad_norm=1.0, num_iterations=1,
-        micro_batch_size=min(args.micro_batch, args.prompts * args.n),
-        max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, **options,
+        model=SMOLLM2, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2),
+        load={"dtype": args.dtype}, optimizer={"lr": 1e-6}, rollout=rollout,
+        update={"scale_rewards": "group", "max_grad_norm": 1.0, "num_iterations": 1,
+                "micro_batch_size": min(args.micro_batch, args.prompts * args.n)},
+        sampling={"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0},
     )  # fmt: skip
     module.sample_seconds, module.sync_seconds = [], []
     return module

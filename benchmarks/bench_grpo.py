@@ -8,9 +8,9 @@ advantages, the `grpo` loss (token mean per sequence, mean over sequences), clip
 grad-norm clip 1.0, and the same rows per forward/backward pass (coscale `micro_batch_size` =
 TRL `per_device_train_batch_size`, TRL accumulating R / that many micro-batches). TRL runs on
 CPU as its docs ask: `use_cpu=True, bf16=False, gradient_checkpointing=False,
-report_to="none"`. coscale runs with its defaults (`fast_rollouts`, `sort_micro_batches` and
-`share_prompt_in_update` on); `--plain` adds a column with all three off; `--compile` turns on
-`compile_rollouts` (its compiling happens in the warm-up runs, which are not timed).
+report_to="none"`. coscale runs with its defaults (the cached decode loop, length-sorted micro-batches, each
+prompt once per micro-batch); `--plain` adds a column with all three off; `--compile` turns on
+`rollout.options.compile` (its compiling happens in the warm-up runs, which are not timed).
 
 A run is one fit of `--steps` optimizer steps with a fresh Lightning `Trainer` / TRL trainer;
 its figure is the median of its step times (the time between step ends, so data loading,
@@ -50,8 +50,9 @@ from torch.utils.data import DataLoader
 from coscale.modules import GRPOModule
 from coscale.rl.losses import GRPOLoss
 
-PLAIN = {"fast_rollouts": False, "sort_micro_batches": False, "share_prompt_in_update": False}
-"""GRPOModule with every speed path off (HF generate, micro-batches in rollout order, full width)."""
+PLAIN = {"cached_rollouts": False, "sort_micro_batches": False, "share_prompt_in_update": False}
+"""GRPOModule with every speed path off (HF generate, micro-batches in rollout order, full width):
+``rollout.backend: hf`` and the two update paths (module attributes, not settings) off."""
 TRL_WORKSPACE = (
     "TRL's peak includes the fp32 workspace of its chunked log-prob kernel, [min(tokens, 1600), "
     "32768] (up to 200 MiB) per pass whatever the vocabulary (98 here), mostly never written"
@@ -76,16 +77,23 @@ def trl_reward(prompts, completions, **_):
     return spread(completions)
 
 
-def coscale_run(size: str, n: int, args, **options):
-    """A function running one fit of `args.steps` steps -> median step seconds."""
+def coscale_run(size: str, n: int, args, **paths: bool):
+    """A function running one fit of `args.steps` steps -> median step seconds; ``paths``
+    turns speed paths of :data:`PLAIN` off."""
     model, tok = build(size)
+    cached = paths.pop("cached_rollouts", True)
+    rollout = (
+        {"backend": "cached", "options": {"compile": args.compile}} if cached else {"backend": "hf"}
+    )
     module = GRPOModule(
         model=model, tokenizer=tok, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2),
-        scale_rewards="group", lr=1e-6, max_grad_norm=1.0, num_iterations=1,
-        micro_batch_size=min(args.micro_batch, args.prompts * n),
-        max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0,
-        **{"compile_rollouts": args.compile, **options},
+        optimizer={"lr": 1e-6}, rollout=rollout,
+        sampling={"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0},
+        update={"scale_rewards": "group", "max_grad_norm": 1.0, "num_iterations": 1,
+                "micro_batch_size": min(args.micro_batch, args.prompts * n)},
     )  # fmt: skip
+    for name, on in paths.items():
+        setattr(module, name, on)
     problems = [
         {"id": str(i), "question": q, "answer": "", "n": n} for i, q in enumerate(QUESTIONS)
     ]
@@ -208,7 +216,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--plain", action="store_true", help="add coscale with speed paths off")
-    parser.add_argument("--compile", action="store_true", help="coscale with compile_rollouts")
+    parser.add_argument(
+        "--compile", action="store_true", help="coscale with rollout.options.compile"
+    )
     args = parser.parse_args()
     header(args.threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

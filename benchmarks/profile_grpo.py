@@ -47,12 +47,7 @@ class PhaseClock:
 
 def module_for(size: str, n: int, args) -> GRPOModule:
     model, tok = build(size)
-    return GRPOModule(
-        model=model, tokenizer=tok, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2),
-        scale_rewards="group", lr=1e-6, max_grad_norm=1.0, num_iterations=1,
-        micro_batch_size=min(args.micro_batch, args.prompts * n),
-        max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0,
-    )  # fmt: skip
+    return GRPOModule(model=model, tokenizer=tok, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2), optimizer={'lr': 1e-06}, sampling={'max_new_tokens': args.new_tokens, 'temperature': 1.0, 'top_p': 1.0}, update={'scale_rewards': 'group', 'max_grad_norm': 1.0, 'num_iterations': 1, 'micro_batch_size': min(args.micro_batch, args.prompts * n)})  # fmt: skip
 
 
 def fit(module: GRPOModule, steps: int, n: int, prompts: int) -> None:

@@ -83,7 +83,7 @@ def smollm2(dtype: str = "float32") -> tuple[str, Any, Any]:
 def engine_options(
     dtype: str, max_model_len: int, kv_cache_gib: float | None, eager: bool
 ) -> dict[str, Any]:
-    """`VLLMBackend` options of these benchmarks (also GRPOModule's ``rollout_options``)."""
+    """`VLLMBackend` options of these benchmarks (also GRPOModule's ``rollout.options``)."""
     options: dict[str, Any] = {"dtype": dtype, "max_model_len": max_model_len}
     if kv_cache_gib is not None:
         options["kv_cache_gib"] = kv_cache_gib

@@ -66,10 +66,9 @@ def main(model_dir: str, out: str) -> None:
     grpo = GRPOModule(
         model=model_dir,
         reward=DigitReward(),
-        lr=5e-3,
-        max_new_tokens=6,
-        temperature=1.0,
-        micro_batch_size=3,
+        optimizer={"lr": 0.005},
+        sampling={"max_new_tokens": 6, "temperature": 1.0},
+        update={"micro_batch_size": 3},
     )
     schedule = RolloutNSchedule(num_groups=2, n_init=2, factor=2.0, n_max=8, patience=1)
     _trainer(max_epochs=3, callbacks=[schedule]).fit(grpo, datamodule=dm)

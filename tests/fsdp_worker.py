@@ -56,10 +56,9 @@ def fits(model_dir: str, out: str) -> None:
     grpo = GRPOModule(
         model=model_dir,
         reward=DigitReward(),
-        lr=5e-3,
-        max_new_tokens=6,
-        temperature=1.0,
-        micro_batch_size=3,
+        optimizer={"lr": 0.005},
+        sampling={"max_new_tokens": 6, "temperature": 1.0},
+        update={"micro_batch_size": 3},
     )
     redistill = ReDistillation(
         max_per_problem=2,

@@ -61,7 +61,11 @@ def main(strategy: str, guard: str, model_dir: str, out: str) -> None:
     )
     final = FinalRetrain(sft=sft, trainer=LOOP, eval_k=2)
     grpo = GRPOModule(
-        model=model_dir, reward=DigitReward(), lr=5e-3, max_new_tokens=6, micro_batch_size=3
+        model=model_dir,
+        reward=DigitReward(),
+        optimizer={"lr": 0.005},
+        sampling={"max_new_tokens": 6},
+        update={"micro_batch_size": 3},
     )
     _trainer(strategy, max_epochs=1, callbacks=[redistill, final]).fit(grpo, datamodule=dm)
     _save(full_state_dict(grpo.policy), os.path.join(out, "final.pt"))

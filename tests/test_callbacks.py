@@ -554,10 +554,10 @@ def _fit_with_all_callbacks(model_dir, ids):
     module = GRPOModule(
         model=str(model_dir),
         reward=ToyReward(),
-        lr=1e-3,
-        max_new_tokens=8,
-        micro_batch_size=8,
-        val_samples=2,
+        optimizer={"lr": 0.001},
+        sampling={"max_new_tokens": 8},
+        update={"micro_batch_size": 8},
+        validation={"samples": 2},
     )
     stage = {"sft": SFT}
     callbacks = [

@@ -464,9 +464,8 @@ def test_plug_in_sft_then_grpo_in_a_plain_trainer(tiny_model_dir, tmp_path):
         model=str(tiny_model_dir),
         prompt=PROMPT,
         reward=DigitReward(),
-        max_new_tokens=6,
-        temperature=1.0,
-        lr=1e-3,
+        optimizer={"lr": 0.001},
+        sampling={"max_new_tokens": 6, "temperature": 1.0},
     )
     callbacks = [
         PassRateEvaluation(k=2, every_n_epochs=1),

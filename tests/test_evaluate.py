@@ -253,8 +253,7 @@ def test_grpo_steps_keep_a_colocated_engine_in_sync(tiny_model_dir):
 
     from coscale.datamodules import ProblemDataModule
 
-    module = GRPOModule(model=str(tiny_model_dir), reward=HasDigitReward(), lr=1e-2,
-                        max_new_tokens=4, temperature=1.0, micro_batch_size=64)  # fmt: skip
+    module = GRPOModule(model=str(tiny_model_dir), reward=HasDigitReward(), optimizer={'lr': 0.01}, sampling={'max_new_tokens': 4, 'temperature': 1.0}, update={'micro_batch_size': 64})  # fmt: skip
     initial = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     module.backend = _backend(module.policy, module.tokenizer, parity_tokens=4)
     rows = [{"id": f"p{i}", "question": f"{i}+{i}", "answer": str(2 * i)} for i in range(8)]

@@ -84,10 +84,9 @@ def test_grpo_two_steps_with_different_n_per_problem(tiny_model_dir):
     module = GRPOModule(
         model=str(tiny_model_dir),
         reward=CharCountReward(),
-        lr=1e-2,
-        max_new_tokens=6,
-        temperature=1.0,
-        micro_batch_size=4,
+        optimizer={"lr": 0.01},
+        sampling={"max_new_tokens": 6, "temperature": 1.0},
+        update={"micro_batch_size": 4},
     )
     seen = []
     original = module.sample
@@ -117,7 +116,12 @@ def test_grpo_two_steps_with_different_n_per_problem(tiny_model_dir):
 
 def test_grpo_batch_without_signal_is_skipped_not_crashed(tiny_model_dir):
     dm = _rl_dm([3, 3])
-    module = GRPOModule(model=str(tiny_model_dir), reward=ZeroReward(), lr=1e-2, max_new_tokens=4)
+    module = GRPOModule(
+        model=str(tiny_model_dir),
+        reward=ZeroReward(),
+        optimizer={"lr": 0.01},
+        sampling={"max_new_tokens": 4},
+    )
     before = _params(module)
     trainer = _trainer(2)
     trainer.fit(module, datamodule=dm)

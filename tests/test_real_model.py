@@ -101,9 +101,8 @@ def test_sft_then_grpo_then_export_reloads_in_plain_transformers(smollm2_dir, tm
         model=sft_dir,
         prompt=CHAT,
         reward=DigitReward(),
-        lr=1e-5,
-        max_new_tokens=16,
-        temperature=1.0,
+        optimizer={"lr": 1e-05},
+        sampling={"max_new_tokens": 16, "temperature": 1.0},
     )
     before = _weights(grpo)
     trainer = _trainer(1)

@@ -35,10 +35,8 @@ def _setup(model_dir):
     module = GRPOModule(
         model=str(model_dir),
         reward=DigitReward(),
-        lr=5e-3,
-        max_new_tokens=6,
-        temperature=1.0,
-        seed=3,
+        optimizer={"lr": 0.005},
+        sampling={"max_new_tokens": 6, "temperature": 1.0, "seed": 3},
     )
     return module, dm
 

@@ -219,16 +219,13 @@ class _SpreadReward:
         return [len(set(c)) / (len(c) + 1) for c in completions]
 
 
-def _grpo_step(tiny_model, char_tokenizer, **options):
+def _grpo_step(tiny_model, char_tokenizer, plain=False):
     module = GRPOModule(
-        model=copy.deepcopy(tiny_model),
-        tokenizer=char_tokenizer,
-        reward=_SpreadReward(),
-        max_new_tokens=16,
-        temperature=1.0,
-        micro_batch_size=3,
-        **options,
-    )
+        model=copy.deepcopy(tiny_model), tokenizer=char_tokenizer, reward=_SpreadReward(),
+        sampling={"max_new_tokens": 16, "temperature": 1.0}, update={"micro_batch_size": 3},
+    )  # fmt: skip
+    if plain:  # the plain update: no length sorting, every prompt run with each rollout
+        module.sort_micro_batches = module.share_prompt_in_update = False
     params = [p for p in module.policy.parameters() if p.requires_grad]
     module.configure_optimizers = lambda: torch.optim.SGD(params, lr=0.5)  # weights = -lr * grad
     problems = [
@@ -256,9 +253,7 @@ def test_sorted_shared_prompt_update_gives_the_same_weights(
     monkeypatch.setattr(
         grpo_module, "sequence_logprobs", lambda *a, **k: calls.append(1) or original(*a, **k)
     )
-    plain, _ = _grpo_step(
-        tiny_model, char_tokenizer, sort_micro_batches=False, share_prompt_in_update=False
-    )
+    plain, _ = _grpo_step(tiny_model, char_tokenizer, plain=True)
     assert len(calls) == 4  # 12 rollouts / 3 per micro-batch, num_iterations = 1: no extra pass
     fast, trainer = _grpo_step(tiny_model, char_tokenizer)
     changed = 0
@@ -277,10 +272,15 @@ def test_grpo_defaults_to_the_fast_backend(tiny_model, char_tokenizer):
         "reward": _SpreadReward(),
     }
     assert isinstance(GRPOModule(**kwargs).backend, CachedDecodeBackend)
-    slow = GRPOModule(**kwargs, fast_rollouts=False)
+    slow = GRPOModule(**kwargs, rollout={"backend": "hf"})
     assert type(slow.backend) is HFGenerateBackend
     assert GRPOModule(**kwargs).backend._compiled is None  # compile is opt-in
-    assert GRPOModule(**kwargs, compile_rollouts=True).backend._compiled is not None
+    assert (
+        GRPOModule(
+            **kwargs, rollout={"backend": "cached", "options": {"compile": True}}
+        ).backend._compiled
+        is not None
+    )
 
 
 # ------------------------------------------------------------------------- update paths

@@ -97,7 +97,7 @@ def test_cpu_options_sleep_refused_and_kv_cache_sized_from_the_model(model32_dir
 
     if not on_cpu():
         pytest.skip("vLLM runs on a GPU here: sleep mode exists and the cache follows its memory")
-    with pytest.raises(ValueError, match=r"rollout_options.sleep_level=1: vLLM has no sleep"):
+    with pytest.raises(ValueError, match=r"rollout.options.sleep_level=1: vLLM has no sleep"):
         _backend(model32_dir, char_tokenizer, None, sleep_level=1)
     default = _backend(model32_dir, char_tokenizer, None, max_model_len=256)
     # 2 layers x 2 KV heads x 32 x 4 bytes x (K, V) = 1 KiB a token; 32 x 256 tokens = 8 MiB,
@@ -177,11 +177,9 @@ def test_a_grpo_fit_with_vllm_rollouts_syncs_and_checks_parity_every_step(model3
     module = GRPOModule(
         model=str(model32_dir),
         reward=CharCountReward(),
-        lr=2e-2,
-        max_new_tokens=8,
-        temperature=1.0,
-        rollout_backend="vllm",
-        rollout_options={"dtype": "float32"},
+        optimizer={"lr": 0.02},
+        sampling={"max_new_tokens": 8, "temperature": 1.0},
+        rollout={"backend": "vllm", "options": {"dtype": "float32"}},
     )
     before, watch = _params(module), _Watch()
     trainer = _trainer(3)
@@ -238,11 +236,12 @@ def test_a_grpo_fit_on_smollm2_with_vllm_rollouts(smollm2_dir):
         model=str(smollm2_dir),
         reward=CharCountReward(),
         prompt={"template": "Compute {question}.", "chat": True},
-        lr=1e-5,
-        max_new_tokens=12,
-        temperature=1.0,
-        rollout_backend="vllm",
-        rollout_options={"max_model_len": 256, "engine_kwargs": {"enforce_eager": True}},
+        optimizer={"lr": 1e-05},
+        sampling={"max_new_tokens": 12, "temperature": 1.0},
+        rollout={
+            "backend": "vllm",
+            "options": {"max_model_len": 256, "engine_kwargs": {"enforce_eager": True}},
+        },
     )
     watch = _Watch()
     trainer = _trainer(2)

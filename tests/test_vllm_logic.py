@@ -630,9 +630,11 @@ def test_bad_settings_and_choices_are_named(char_tokenizer, tiny_model):
     for name in ("gpu_memory_utilization", "logprobs", "sleep_level", "parity_tokens",
                  "parity_every", "parity_atol", "sync_timeout_s", "on_stale"):  # fmt: skip
         assert f"{name} must" in str(err.value)
-    with pytest.raises(ValueError, match="rollout_backend must be one of hf, vllm, got 'sglang'"):
+    with pytest.raises(
+        ValueError, match=r"rollout\.backend must be one of cached, hf, vllm, got 'sglang'"
+    ):
         build_backend("sglang", tiny_model, char_tokenizer)
-    with pytest.raises(ValueError, match="rollout_backend='vllm' needs model_path"):
+    with pytest.raises(ValueError, match=r"rollout\.backend='vllm' needs model_path"):
         build_backend("vllm", tiny_model, char_tokenizer)
     assert build_backend("hf", tiny_model, char_tokenizer).model is tiny_model
 
@@ -765,7 +767,7 @@ def test_tensor_parallel_engines_are_refused_across_ranks(monkeypatch, char_toke
     tp2 = {"tensor_parallel_size": 2}
     assert ve.engine_args("m", extra=tp2)["tensor_parallel_size"] == 2  # one process: vLLM's own
     _fake_ranks(monkeypatch, rank=0, world=2)
-    with pytest.raises(ValueError, match=r"rollout_options\.engine_kwargs\.tensor_parallel_size"):
+    with pytest.raises(ValueError, match=r"rollout\.options\.engine_kwargs\.tensor_parallel_size"):
         ve.engine_args("m", extra=tp2)
     with pytest.raises(ValueError, match=r"must be 1 under torch\.distributed, got 2"):
         VLLMBackend("m", char_tokenizer, engine_kwargs=tp2, engine_factory=object)

@@ -1,4 +1,4 @@
-"""The tiny pipeline with ``rollout_backend: vllm`` on the real engine, end to end and resumed.
+"""The tiny pipeline with ``rollout.backend: vllm`` on the real engine, end to end and resumed.
 
 `coscale run --config configs/tiny.yaml --config tests/configs/vllm_tiny.yaml`: the GRPO rollouts
 from vLLM (its CPU build here), on the same random tiny Llama with 2 heads of size 32 (vLLM's
@@ -36,8 +36,10 @@ CONFIGS = (ROOT / "configs" / "tiny.yaml", ROOT / "tests" / "configs" / "vllm_ti
 
 
 VLLM = (  # eager: on these 2 cores the engine's torch.compile warm-up took 88 s of a 295 s stage
-    *("--pipeline.grpo.rollout_backend", "vllm"),
-    *("--pipeline.grpo.rollout_options", '{"engine_kwargs": {"enforce_eager": true}}'),
+    *(
+        "--pipeline.grpo.rollout",
+        '{"backend": "vllm", "options": {"engine_kwargs": {"enforce_eager": true}}}',
+    ),
 )
 
 

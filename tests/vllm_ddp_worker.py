@@ -64,12 +64,10 @@ def main(model_dir: str, out: str) -> None:
     grpo = GRPOModule(
         model=model_dir,
         reward=DigitReward(),
-        lr=5e-3,
-        max_new_tokens=6,
-        temperature=1.0,
-        micro_batch_size=4,
-        rollout_backend="vllm",
-        rollout_options={"dtype": "float32"},
+        optimizer={"lr": 0.005},
+        sampling={"max_new_tokens": 6, "temperature": 1.0},
+        update={"micro_batch_size": 4},
+        rollout={"backend": "vllm", "options": {"dtype": "float32"}},
     )
     records = [Record(), Record()]
     for record in records:  # the first fit's teardown shuts its engine down

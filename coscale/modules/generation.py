@@ -18,6 +18,7 @@ from coscale.models.prompting import PromptFormat
 from coscale.modules.settings import PolicyLoad
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
+from coscale.rollout.factory import Rollout
 from coscale.scoring.metrics import PassAtK
 
 
@@ -47,14 +48,16 @@ class PolicyMixin:
 
     @property
     def backend(self) -> RolloutBackend:
-        """The rollout backend (HF ``generate`` on the module's own policy by default)."""
+        """The rollout backend: the module's ``rollout`` setting (an SFTModule, which has none,
+        samples with HF ``generate``); assigning one replaces it."""
         if self._backend is None:
-            kind = getattr(self, "rollout_backend", "hf")
-            options = dict(getattr(self, "rollout_options", {}))
-            if kind == "vllm" and "dtype" not in options and (dtype := self._compute_dtype()):
+            spec = getattr(self, "rollout", None) or Rollout("hf")
+            options = dict(spec.options)
+            dtype = self._compute_dtype()
+            if spec.backend == "vllm" and "dtype" not in options and dtype:
                 options["dtype"] = dtype  # the engine samples in the trainer's compute dtype
             self._backend = build_backend(
-                kind, self.policy, self.tokenizer, self.model_source, **options
+                spec.backend, self.policy, self.tokenizer, self.model_source, **options
             )
         return self._backend
 

@@ -15,27 +15,29 @@ from __future__ import annotations
 import copy
 import os
 import time
+from dataclasses import asdict
 from typing import Any
 
 import lightning as L
 import torch
 from typing_extensions import override
 
+from coscale.checks import as_group, group_errors
 from coscale.loop.curriculum import Curriculum
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.distributed import all_gather_objects, global_max, global_sum
 from coscale.modules.feed import curriculum_of, epoch_finished
 from coscale.modules.generation import PolicyMixin
+from coscale.modules.grpo_settings import Sampling, Update
 from coscale.modules.loggers import log_to_loggers
 from coscale.modules.optim import adamw_with_warmup
-from coscale.modules.settings import AdamW, PolicyLoad
+from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.rl.advantages import group_advantages
 from coscale.rl.logprobs import sequence_logprobs
 from coscale.rl.losses import GRPOLoss, PolicyLoss
 from coscale.rl.micro_batches import merge_stats, micro_batches
 from coscale.rollout.base import Rollouts, SamplingParams
-from coscale.rollout.cached import CachedDecodeBackend
-from coscale.rollout.factory import close_backend
+from coscale.rollout.factory import Rollout, close_backend
 from coscale.rollout.lockstep import in_lockstep
 
 
@@ -52,40 +54,21 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         prompt: How a question becomes the prompt.
         reward: ``f(completions, answers) -> list[float]`` (``class_path`` in YAML); MathReward.
         loss: Policy loss object: GRPOLoss, DrGRPOLoss or DAPOLoss (``class_path`` in YAML).
-        scale_rewards: Advantage scaling: ``group`` (std of the group), ``batch`` or ``none``.
-        lr: AdamW learning rate.
-        betas: AdamW betas (the authors' verl runs used beta1 = 0.5).
-        weight_decay: AdamW weight decay.
-        warmup_steps: Linear warm-up steps.
-        max_grad_norm: Gradient clipping norm (0 disables).
-        num_iterations: Optimiser steps on each batch of rollouts.
-        micro_batch_size: Rollouts per forward/backward pass in the update.
-        max_new_tokens: Token limit of one rollout.
-        temperature: Sampling temperature of rollouts.
-        top_p: Nucleus sampling of rollouts.
-        mask_truncated: Exclude rollouts cut by ``max_new_tokens`` from the loss.
-        dtype: Weights' dtype name.
-        gradient_checkpointing: Recompute activations in the backward pass.
-        trust_remote_code: Allow custom model code shipped with the model.
-        seed: Base seed of rollout sampling (each step samples with ``seed + step``).
-        val_samples: Samples per held-out problem in validation.
-        val_temperature: Sampling temperature in validation.
+        load: How the policy loads (dtype, gradient checkpointing, remote code).
+        optimizer: AdamW and its learning-rate warm-up (the CoScale-RL authors' verl runs used
+            beta1 = 0.5).
+        sampling: Token limit, temperature, top-p and seed of the rollouts.
+        update: Optimiser steps per batch, micro-batch size, clipping, advantage scaling.
+        validation: Samples and temperature of validation on held-out problems (the token
+            limit defaults to ``sampling.max_new_tokens``).
+        rollout: Where rollouts come from: ``cached`` (the default), ``hf`` or ``vllm``, with the
+            backend's options. Assigning ``module.backend`` in Python replaces it.
         log_completions_every: Log a table of sampled completions every this many steps (0: never).
-        fast_rollouts: Sample with :class:`~coscale.rollout.CachedDecodeBackend` (shared prompt
-            prefill, finished rows dropped, preallocated KV cache) instead of HF ``generate``:
-            same distribution and log-probs, faster. Assigning ``module.backend`` overrides it.
-        compile_rollouts: With ``fast_rollouts``, run each decode step as one ``torch.compile``d
-            forward over a static KV cache (full-attention models only; finished rows stay in
-            the batch). Same tokens and log-probs; the first steps compile (seconds to a
-            minute), then small models decode ~1.2x faster on CPU (``bench_rollout.py --compile``).
-        sort_micro_batches: Group rollouts of similar length into the update's micro-batches and
-            skip each one's padding columns; same loss and gradient up to float rounding.
-        share_prompt_in_update: In each micro-batch, run every distinct prompt through the
-            policy once and feed its KV cache to its rollouts' completions (gradients flow back
-            through it); same loss and gradient up to float rounding, fewer FLOPs.
-        rollout_backend: ``hf`` (in-process, the default) or ``vllm`` (a colocated engine that
-            gets the policy's weights after every optimiser step; needs ``coscale[vllm]``).
-        rollout_options: Arguments of the chosen backend (e.g. ``gpu_memory_utilization``).
+
+    The update groups rollouts of similar length into its micro-batches and runs each distinct
+    prompt through the policy once per micro-batch (its KV cache feeds the prompt's
+    completions); both give the loss and gradient of the plain update up to float rounding
+    (``tests/test_speed_paths.py``), so they are not settings.
     """
 
     data_kind = "rl"
@@ -97,76 +80,59 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         prompt: PromptFormat | str = PromptFormat(),
         reward: Any = None,
         loss: PolicyLoss | None = None,
-        scale_rewards: str = "group",
-        lr: float = 1e-6,
-        betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        max_grad_norm: float = 1.0,
-        num_iterations: int = 1,
-        micro_batch_size: int = 32,
-        max_new_tokens: int = 256,
-        temperature: float = 0.7,
-        top_p: float = 1.0,
-        mask_truncated: bool = False,
-        dtype: str = "float32",
-        gradient_checkpointing: bool = False,
-        trust_remote_code: bool = False,
-        seed: int = 0,
-        val_samples: int = 8,
-        val_temperature: float = 1.0,
+        load: PolicyLoad = PolicyLoad(),
+        optimizer: AdamW = AdamW(lr=1e-6),
+        sampling: Sampling = Sampling(),
+        update: Update = Update(),
+        validation: Validation = Validation(),
+        rollout: Rollout = Rollout(),
         log_completions_every: int = 0,
-        fast_rollouts: bool = True,
-        compile_rollouts: bool = False,
-        sort_micro_batches: bool = True,
-        share_prompt_in_update: bool = True,
-        rollout_backend: str = "hf",
-        rollout_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        _check(scale_rewards, lr, num_iterations, micro_batch_size, temperature, val_samples)
-        prompt = prompt_fields(prompt)  # hparams: a plain dict (loggers refuse a frozen dataclass)
+        groups = {
+            name: as_group(cls, value)
+            for name, cls, value in (
+                ("load", PolicyLoad, load),
+                ("optimizer", AdamW, optimizer),
+                ("sampling", Sampling, sampling),
+                ("update", Update, update),
+                ("validation", Validation, validation),
+                ("rollout", Rollout, rollout),
+            )
+        }
+        if errors := settings_errors(**groups):
+            raise ValueError("GRPOModule: " + "; ".join(errors))
+        in_memory = not isinstance(model, (str, os.PathLike))
         self.save_hyperparameters(
-            ignore=["model", "reward", "loss"]
-            if not isinstance(model, (str, os.PathLike))
-            else ["reward", "loss"]
+            {"prompt": prompt_fields(prompt), "tokenizer": tokenizer}
+            | {k: asdict(v) for k, v in groups.items()}
+            | {"log_completions_every": log_completions_every}
+            | ({} if in_memory else {"model": model})
         )
         self.automatic_optimization = False
-        prompt = as_prompt_format(prompt)
-        self.prompt, self.scale_rewards = prompt, scale_rewards
+        self.prompt = as_prompt_format(prompt)
         self.reward = reward if reward is not None else _default_reward()
         self.loss_fn = loss if loss is not None else GRPOLoss()
-        self.lr, self.betas, self.weight_decay, self.warmup_steps = (
-            lr,
-            betas,
-            weight_decay,
-            warmup_steps,
-        )
-        self.max_grad_norm, self.num_iterations, self.micro_batch_size = (
-            max_grad_norm,
-            num_iterations,
-            micro_batch_size,
-        )
+        self.load, self.optimizer = groups["load"], groups["optimizer"]
+        self.update_settings, self.rollout = groups["update"], groups["rollout"]
+        s, v = groups["sampling"], groups["validation"]
         self.sampling = SamplingParams(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
+            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p
         )
-        self.mask_truncated, self.seed = mask_truncated, seed
-        self.val_samples = val_samples
+        self.seed, self.val_samples = s.seed, v.samples
         self.val_sampling = SamplingParams(
-            max_new_tokens=max_new_tokens, temperature=val_temperature
+            max_new_tokens=v.max_new_tokens or s.max_new_tokens, temperature=v.temperature
         )
         self.log_completions_every = log_completions_every
-        self.rollout_backend = rollout_backend
-        self.rollout_options = dict(rollout_options or {})
-        self.load = PolicyLoad(dtype, gradient_checkpointing, trust_remote_code)
         self._init_policy(model, tokenizer, self.load)
-        self.sort_micro_batches = sort_micro_batches
-        self.share_prompt_in_update = share_prompt_in_update
-        if fast_rollouts and rollout_backend == "hf":
-            self.backend = CachedDecodeBackend(
-                self.policy, self.tokenizer, compile=compile_rollouts
-            )
+        # same result, less work (tests/test_speed_paths.py compares them with the plain paths)
+        self.sort_micro_batches = self.share_prompt_in_update = True
         self.ref_policy = _frozen_copy(self.policy) if self.loss_fn.beta > 0 else None
+
+    @property
+    def lr(self) -> float:
+        """The optimiser's learning rate (what the Rollout N theory reads)."""
+        return self.optimizer.lr
 
     @override
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
@@ -176,10 +142,11 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         sampling = SamplingParams(**{**self.sampling.__dict__, "seed": self._step_seed()})
         rollouts, rewards = self.sample(batch, [p["n"] for p in batch], sampling)  # R rollouts
         rollouts = rollouts.to(self.device)
-        adv = group_advantages(rewards, rollouts.prompt_index.cpu(), self.scale_rewards)
+        scale = self.update_settings.scale_rewards
+        adv = group_advantages(rewards, rollouts.prompt_index.cpu(), scale)
         self.record_outcomes(batch, rollouts, rewards)
         keep = ~adv.zero_std[rollouts.prompt_index.cpu()]  # [R] rows of groups with signal
-        if self.mask_truncated:
+        if self.update_settings.mask_truncated:
             keep &= torch.tensor([r != "length" for r in rollouts.finish_reasons])
         gen_s = time.perf_counter() - start
         stats = self.update(rollouts, adv.advantages.to(self.device), keep.to(self.device))
@@ -202,12 +169,12 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         n_tok = int(global_sum(float(mask[rows].sum())))
         ref = self._ref_logprobs(rollouts, rows)
         chunks = micro_batches(
-            rows, rollouts.lengths, self.micro_batch_size, self.sort_micro_batches
+            rows, rollouts.lengths, self.update_settings.micro_batch_size, self.sort_micro_batches
         )
         n_chunks = global_max(len(chunks))  # every rank runs as many backward passes
         opt = self.optimizers()
         stats: dict[str, float] = {}
-        for _ in range(self.num_iterations):
+        for _ in range(self.update_settings.num_iterations):
             opt.zero_grad()
             parts = []
             for i in range(n_chunks):
@@ -271,7 +238,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         params = [p for p in self.policy.parameters() if p.grad is not None]
         if not params:
             return 0.0
-        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm or float("inf"))
+        limit = self.update_settings.max_grad_norm or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, limit)
         return float(norm)
 
     def record_outcomes(self, batch: list[dict], rollouts: Rollouts, rewards: torch.Tensor) -> None:
@@ -343,8 +311,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     @override
     def configure_optimizers(self) -> Any:
-        settings = AdamW(self.lr, tuple(self.betas), self.weight_decay, self.warmup_steps)
-        return adamw_with_warmup(self.policy, settings)
+        return adamw_with_warmup(self.policy, self.optimizer)
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -356,37 +323,21 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return ref
 
 
-def _check(scale_rewards, lr, num_iterations, micro_batch_size, temperature, val_samples) -> None:
-    errors = settings_errors(
-        scale_rewards, lr, num_iterations, micro_batch_size, temperature, val_samples
-    )
-    if errors:
-        raise ValueError("GRPOModule: " + "; ".join(errors))
+def settings_errors(**groups: Any) -> list[str]:
+    """Every out-of-range setting among ``groups`` (objects or mappings), named; the pipeline
+    checks ``pipeline.grpo`` with it before any work."""
+    return group_errors(**{k: as_group(GROUPS[k], v) for k, v in groups.items() if k in GROUPS})
 
 
-def settings_errors(
-    scale_rewards="group",
-    lr=1e-6,
-    num_iterations=1,
-    micro_batch_size=32,
-    temperature=0.7,
-    val_samples=8,
-    **_: Any,
-) -> list[str]:
-    """Every out-of-range setting, named (checked by the pipeline before any work, too)."""
-    errors = []
-    if scale_rewards not in ("group", "batch", "none"):
-        errors.append(f"scale_rewards must be one of group, batch, none; got {scale_rewards!r}")
-    for name, value, ok in [
-        ("lr", lr, lr > 0),
-        ("num_iterations", num_iterations, num_iterations >= 1),
-        ("micro_batch_size", micro_batch_size, micro_batch_size >= 1),
-        ("temperature", temperature, temperature >= 0),
-        ("val_samples", val_samples, val_samples >= 1),
-    ]:
-        if not ok:
-            errors.append(f"{name} out of range: {value}")
-    return errors
+GROUPS = {
+    "load": PolicyLoad,
+    "optimizer": AdamW,
+    "sampling": Sampling,
+    "update": Update,
+    "validation": Validation,
+    "rollout": Rollout,
+}
+"""The settings groups of :class:`GRPOModule`, by argument name."""
 
 
 def _default_reward() -> Any:

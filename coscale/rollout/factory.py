@@ -1,4 +1,4 @@
-"""Choosing a rollout backend by name (``rollout_backend: hf | vllm`` in YAML) or passing one.
+"""Choosing a rollout backend (``rollout: {backend: cached | hf | vllm, options: {...}}`` in YAML).
 
 The vLLM backend is imported only when chosen, and without vllm installed the choice itself
 fails with "install coscale[vllm] to use the vLLM rollout backend". `close_backend` frees what a
@@ -8,17 +8,60 @@ accepts a backend never built.
 
 from __future__ import annotations
 
+import inspect
 import os
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from coscale.rollout.base import RolloutBackend
+from coscale.rollout.cached import CachedDecodeBackend
 from coscale.rollout.hf import HFGenerateBackend
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("cached", "hf", "vllm")
 """Backend names `build_backend` accepts."""
+
+_BUILT_BY_US = {"model", "tokenizer", "policy"}  # arguments the factory passes itself
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Where the rollouts come from: one backend, with its own options.
+
+    Attributes:
+        backend: ``cached`` (coscale's decode loop on the policy: shared prompt prefill,
+            finished rows dropped, a preallocated KV cache; the default), ``hf`` (HF
+            ``generate`` on the policy: the same distribution, slower) or ``vllm`` (a colocated
+            engine that gets the policy's weights after every optimiser step; needs
+            ``coscale[vllm]``, or vLLM's CPU build as ``./run.sh`` installs it).
+        options: The backend's own arguments: ``cached``: ``compile`` (each decode step one
+            ``torch.compile``d forward; full-attention models), ``batch_size``, ...; ``hf``:
+            ``batch_size``; ``vllm``: ``VLLMBackend``'s (``gpu_memory_utilization``,
+            ``kv_cache_gib``, ``max_model_len``, ``sleep_level``, ``parity_every``, ...).
+    """
+
+    backend: Literal["cached", "hf", "vllm"] = "cached"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def errors(self) -> list[str]:
+        if self.backend not in BACKENDS:
+            return [f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"]
+        takes = set(inspect.signature(_backend_class(self.backend)).parameters) - _BUILT_BY_US
+        return [
+            f"options.{key} is not an option of the {self.backend} backend (it takes: "
+            f"{', '.join(sorted(takes))})"
+            for key in sorted(set(self.options) - takes)
+        ]
+
+
+def _backend_class(kind: str) -> type:
+    if kind == "vllm":  # by its module's name: importing it needs no vllm, building it does
+        from coscale.rollout.vllm import VLLMBackend
+
+        return VLLMBackend
+    return CachedDecodeBackend if kind == "cached" else HFGenerateBackend
 
 
 def build_backend(
@@ -31,8 +74,9 @@ def build_backend(
     """The rollout backend `kind`, sampling from `policy`.
 
     Args:
-        kind: ``hf`` (HF ``generate`` on the policy), ``vllm`` (a colocated engine loading
-            `model_path`, then following ``update_weights``) or a `RolloutBackend` (kept).
+        kind: ``cached`` (coscale's decode loop on the policy), ``hf`` (HF ``generate`` on the
+            policy), ``vllm`` (a colocated engine loading `model_path`, then following
+            ``update_weights``) or a `RolloutBackend` (kept).
         policy: The trainer's model (None only for a vLLM engine used for evaluation).
         tokenizer: The policy's tokenizer.
         model_path: Hub name or folder of the policy's current weights (``builtin:`` specs are
@@ -46,14 +90,14 @@ def build_backend(
     """
     if isinstance(kind, RolloutBackend):
         return kind
-    if kind == "hf":
+    if kind in ("cached", "hf"):
         if policy is None:
-            raise ValueError("rollout_backend='hf' samples from the policy: policy must be given")
-        return HFGenerateBackend(policy, tokenizer, **options)
+            raise ValueError(f"rollout.backend={kind!r} samples from the policy: give the policy")
+        return _backend_class(kind)(policy, tokenizer, **options)
     if kind == "vllm":
         if model_path is None:
             raise ValueError(
-                "rollout_backend='vllm' needs model_path, the folder or hub name the engine "
+                "rollout.backend='vllm' needs model_path, the folder or hub name the engine "
                 "loads (export the policy with save_pretrained first)"
             )
         from coscale.models.policy import resolve_model_path
@@ -63,7 +107,7 @@ def build_backend(
         if policy is not None and "dtype" not in options:
             options["dtype"] = engine_dtype(policy)
         return VLLMBackend(path, tokenizer=tokenizer, policy=policy, **options)
-    raise ValueError(f"rollout_backend must be one of {', '.join(BACKENDS)}, got {kind!r}")
+    raise ValueError(f"rollout.backend must be one of {', '.join(BACKENDS)}, got {kind!r}")
 
 
 def engine_dtype(policy: nn.Module) -> str:

@@ -46,9 +46,9 @@ def check_sleep_level(sleep_level: int) -> None:
     """Raises ValueError for ``sleep_level`` > 0 where vLLM has no sleep mode."""
     if sleep_level > 0 and not sleep_available():
         raise ValueError(
-            f"rollout_options.sleep_level={sleep_level}: vLLM has no sleep mode on this platform "
-            "(its CPU build); set rollout_options.sleep_level: 0 (the engine stays awake "
-            "between rollouts and its KV cache is sized by rollout_options.kv_cache_gib)"
+            f"rollout.options.sleep_level={sleep_level}: vLLM has no sleep mode on this platform "
+            "(its CPU build); set rollout.options.sleep_level: 0 (the engine stays awake "
+            "between rollouts and its KV cache is sized by rollout.options.kv_cache_gib)"
         )
 
 
@@ -76,8 +76,8 @@ def check_head_size(model: str) -> None:
     size, allowed = head_size(read_config(model)), cpu_head_sizes()
     if size is not None and allowed is not None and size not in allowed:
         raise ValueError(
-            f"rollout_backend: vllm on CPU: the model {model} has attention head size {size}, "
-            f"and vLLM's CPU attention takes only {allowed}: use rollout_backend: hf for this "
+            f"rollout.backend: vllm on CPU: the model {model} has attention head size {size}, "
+            f"and vLLM's CPU attention takes only {allowed}: use rollout.backend: cached for this "
             "model, or a model whose hidden_size / num_attention_heads is one of them"
         )
 

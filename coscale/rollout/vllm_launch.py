@@ -97,12 +97,12 @@ def check_tensor_parallel(args: Mapping[str, Any]) -> None:
     """Refuses ``tensor_parallel_size`` != 1 with ``external_launcher`` (module docstring).
 
     Raises:
-        ValueError: Naming ``rollout_options.engine_kwargs.tensor_parallel_size``.
+        ValueError: Naming ``rollout.options.engine_kwargs.tensor_parallel_size``.
     """
     tp = int(args.get("tensor_parallel_size", 1))
     if tp != 1 and args.get("distributed_executor_backend") == EXTERNAL_LAUNCHER:
         raise ValueError(
-            f"rollout_options.engine_kwargs.tensor_parallel_size must be 1 under "
+            f"rollout.options.engine_kwargs.tensor_parallel_size must be 1 under "
             f"torch.distributed, got {tp}: each rank samples its own prompts with its own "
             "seeds, while vLLM's external_launcher needs every rank of a tensor-parallel group "
             "to send the same ones. Use one engine per rank (a model that fits one GPU), or "

@@ -61,7 +61,7 @@ def check_logprobs_source(logprobs: str, version: str | None) -> None:
         return
     shown = "of unknown version" if version is None else repr(version)
     raise ValueError(
-        f"rollout_options.logprobs='engine' trusts vLLM's log-probs, but vLLM {shown} may return "
+        f"rollout.options.logprobs='engine' trusts vLLM's log-probs, but vLLM {shown} may return "
         f"them before the temperature (processed_logprobs include it from "
         f"{TEMPERATURE_IN_LOGPROBS}): set logprobs to 'auto' or 'trainer' (the trainer recomputes "
         f"them), or install vllm>={TEMPERATURE_IN_LOGPROBS}"

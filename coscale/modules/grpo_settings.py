@@ -1,0 +1,65 @@
+"""The GRPO module's own settings groups: how rollouts are sampled and how the policy is updated.
+
+Frozen dataclasses documented once (``coscale fit --help`` and ``coscale run --help`` show these
+docstrings), each checking its own ranges; in YAML a group is a mapping:
+``sampling: {temperature: 1.0, max_new_tokens: 64}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coscale.checks import at_least, one_of
+
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the rollouts of a training step are sampled.
+
+    Attributes:
+        max_new_tokens: Token limit of one rollout.
+        temperature: Sampling temperature (the update scores the rollouts at the same one).
+        top_p: Nucleus sampling.
+        seed: Base seed: each step samples with ``seed * 1_000_003 + step * 1_009 + rank``.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+    seed: int = 0
+
+    def errors(self) -> list[str]:
+        errors = at_least(1, max_new_tokens=self.max_new_tokens)
+        errors += at_least(0, float, temperature=self.temperature) + at_least(0, seed=self.seed)
+        if not 0 < self.top_p <= 1:
+            errors.append(f"top_p must be in (0, 1], got {self.top_p!r}")
+        return errors
+
+
+@dataclass(frozen=True)
+class Update:
+    """How one batch of rollouts updates the policy.
+
+    Attributes:
+        num_iterations: Optimiser steps on each batch of rollouts.
+        micro_batch_size: Rollouts per forward/backward pass (the step's gradient is the same
+            for any size; smaller saves memory).
+        max_grad_norm: Gradient clipping norm (0: none).
+        scale_rewards: Advantage scaling: ``group`` (std of the group), ``batch`` or ``none``.
+        mask_truncated: Leave rollouts cut by ``sampling.max_new_tokens`` out of the loss (their
+            reward says nothing about an unfinished answer; TRL's ``mask_truncated_completions``).
+    """
+
+    num_iterations: int = 1
+    micro_batch_size: int = 32
+    max_grad_norm: float = 1.0
+    scale_rewards: str = "group"
+    mask_truncated: bool = False
+
+    def errors(self) -> list[str]:
+        errors = at_least(1, num_iterations=self.num_iterations)
+        errors += at_least(1, micro_batch_size=self.micro_batch_size)
+        errors += at_least(0, float, max_grad_norm=self.max_grad_norm)
+        return errors + one_of(SCALE_REWARDS, scale_rewards=self.scale_rewards)
