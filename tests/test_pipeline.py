@@ -245,9 +245,9 @@ def test_settings_are_checked_before_any_work():
     assert "grpo: Option 'lrr' is not accepted (GRPOModule takes: " in msg and "sft" not in msg
     assert "schedule.n_init must be an int >= 1, got -4" in msg
     with pytest.raises(ValueError) as err:  # wrong types, and ranges the modules check
-        PipelineConfig(model="m", grpo={"lr": "fast"}, sft={"max_length": 1})
+        PipelineConfig(model="m", grpo={"optimizer": {"lr": "fast"}}, sft={"max_length": 1})
     msg = str(err.value)
-    assert "grpo: Parser key \"lr\": Expected a <class 'float'>. Got value: fast" in msg
+    assert "grpo: Parser key \"optimizer.lr\": Expected a <class 'float'>. Got value: fast" in msg
     assert "sft.max_length must be an int >= 2, got 1" in msg
     with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\]; got 2"):
         PipelineConfig(model="m", distill_weight=2)
