@@ -43,6 +43,7 @@ from coscale.rollout.vllm_launch import (
     prepare_environment,
     replica_args,
     require_vllm,
+    restore_lazy_environment,
 )
 from coscale.rollout.vllm_reload import (
     finish_load,
@@ -239,6 +240,7 @@ class VLLMEngine:
         if host is not None:
             host.restore_threads()  # not the RNGs: the trainer drew from them since
             host.restore_environment()
+        restore_lazy_environment()
 
 
 def resolve_tokenizer(tokenizer: Any, model: str) -> Any:

@@ -42,6 +42,28 @@ from coscale.rollout.vllm_versions import check_logprobs_source, installed_versi
 IMPORT_ENVIRONMENT: dict[str, str] = {}
 """The variables the first ``import vllm`` of this process set (see the module docstring)."""
 
+LAZY_PREFIXES, LAZY_NAMES = ("VLLM_", "AITER_"), ("LD_LIBRARY_PATH",)
+"""Variables that modules vLLM imports on first use set at any later time (its AITER kernels'
+flags; OpenCV, through its multimodal code, prepends to ``LD_LIBRARY_PATH``)."""
+_TRAINER_LAZY: dict[str, str] | None = (
+    None  # those variables before this process first imported vllm
+)
+
+
+def _lazy(name: str) -> bool:
+    return name.startswith(LAZY_PREFIXES) or name in LAZY_NAMES
+
+
+def restore_lazy_environment() -> None:
+    """The :data:`LAZY_NAMES` / :data:`LAZY_PREFIXES` variables back to what the trainer had
+    before its first ``import vllm`` (after an engine's shutdown)."""
+    if _TRAINER_LAZY is None:
+        return
+    for name in [n for n in os.environ if _lazy(n) and n not in _TRAINER_LAZY]:
+        del os.environ[name]
+    os.environ.update(_TRAINER_LAZY)
+
+
 INSTALL_HINT = "install coscale[vllm] to use the vLLM rollout backend (pip install 'coscale[vllm]')"
 EXTERNAL_LAUNCHER = "external_launcher"
 """vLLM's executor for engines started by an outside launcher (torchrun, Lightning, SLURM)."""
@@ -51,7 +73,10 @@ def require_vllm() -> Any:
     """Imports and returns the `vllm` module, or raises ImportError with `INSTALL_HINT`."""
     if importlib.util.find_spec("vllm") is None:
         raise ImportError(INSTALL_HINT)
+    global _TRAINER_LAZY
     first, before = "vllm" not in sys.modules, dict(os.environ)
+    if _TRAINER_LAZY is None:
+        _TRAINER_LAZY = {n: v for n, v in before.items() if _lazy(n)}
     try:
         module = importlib.import_module("vllm")
     except ImportError as err:
