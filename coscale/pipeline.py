@@ -331,16 +331,14 @@ class Pipeline:
         counts = " ".join(f"{k}={v}" for k, v in self.curriculum.pools.counts().items())
         bank = self.curriculum.bank.total()
         print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {bank} ==", flush=True)
-        before, self.ctx.carried = budget.snapshot(), type(self.ctx.carried)()
+        before = budget.snapshot()
         start = time.perf_counter()
         fn(name)
         # wall time of this process's part (a resumed stage counts only what it redid)
         self.seconds[name] = round(time.perf_counter() - start, 1)
         print(f"[coscale] {name} took {self.seconds[name]:.1f} s", flush=True)
-        spent = budget.since(before)  # this process's part, plus what the fits restored
-        self.results.setdefault("spend", {})[name] = {
-            k: v + self.ctx.carried.get(k, 0) for k, v in spent.items()
-        }
+        # a resumed fit puts its checkpoint's count back (RunState): as an uninterrupted run's
+        self.results.setdefault("spend", {})[name] = budget.since(before)
         self.done.append(name)
         self.results["pools"] = self.curriculum.pools.counts()  # as of the last finished stage
         commit_point(f"{name} end, before the state file")

@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from coscale.datamodules import ProblemDataModule
+from coscale.loop import budget
 from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.modules import GRPOModule
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
@@ -56,8 +57,10 @@ def _fit(module, dm, ckpt_dir, ckpt_path=None, callbacks=None, **limits):
         default_root_dir=ckpt_dir,
         **limits,
     )
+    before = budget.snapshot()
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-    return callbacks[0].spent()  # RunState: rollouts of the whole fit, before a restart included
+    # the one count: RunState put back the part before the restart in place of what was redone
+    return budget.since(before)
 
 
 def _assert_same_run(resumed_module, resumed_dm, full_module, full_dm, model_dir):
