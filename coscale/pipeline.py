@@ -36,7 +36,7 @@ from coscale.loop import budget
 from coscale.loop.checkpoint_store import remove_all
 from coscale.loop.commit import commit_point, write_json
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
-from coscale.loop.schedule import NSchedule
+from coscale.loop.schedule import NSchedule, schedule_errors
 from coscale.models.full_state import barrier, is_writer
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
@@ -180,7 +180,7 @@ class PipelineConfig:
             errors.append(f"final_keep must be one of {', '.join(KEEP)}; got {self.final_keep!r}")
         errors += _typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
         errors += _typed_errors("grpo", GRPOModule, self.grpo, grpo_settings_errors)
-        errors += _typed_errors("schedule", NSchedule, self.schedule, _schedule_errors)
+        errors += _typed_errors("schedule", NSchedule, self.schedule, schedule_errors)
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
 
@@ -201,14 +201,6 @@ def _typed_errors(name: str, cls: type, args: dict[str, Any], ranges) -> list[st
     return [f"{name}.{e}" for e in ranges(**args)]
 
 
-def _schedule_errors(**args: Any) -> list[str]:
-    try:
-        NSchedule(**args)
-    except ValueError as err:
-        return [str(err).removeprefix("schedule: ")]
-    return []
-
-
 def instantiate(value: Any) -> Any:
     """``{"class_path": ..., "init_args": {...}}`` dicts (from YAML) become objects, recursively."""
     if isinstance(value, dict) and "class_path" in value:
@@ -220,13 +212,25 @@ def instantiate(value: Any) -> Any:
     return value
 
 
+def _one_schedule(config: PipelineConfig, data: ProblemDataModule) -> NSchedule:
+    """The run's one N schedule, built from ``pipeline.schedule`` (its only place: every RL
+    stage starts it afresh from those settings); a ``data.schedule`` is refused, not replaced."""
+    if data.curriculum.schedule is not None:
+        raise ValueError(
+            "data.schedule is set, but coscale run takes the Rollout N schedule from "
+            "pipeline.schedule only: move its arguments there (pipeline.schedule = "
+            f"{config.schedule or '{} (the defaults)'}) and remove data.schedule"
+        )
+    return NSchedule(**config.schedule)
+
+
 class Pipeline:
     """Runs (or resumes) the stages of :class:`PipelineConfig` on the data of one DataModule."""
 
     def __init__(self, config: PipelineConfig, data: ProblemDataModule) -> None:
         self.cfg, self.data = config, data
         self.curriculum = data.curriculum
-        self.curriculum.schedule = NSchedule(**config.schedule)
+        self.curriculum.schedule = _one_schedule(config, data)
         self.state_path = os.path.join(config.run_dir, "pipeline_state.json")
         self.done: list[str] = []
         self.current = config.model  # folder of the latest stage's model

@@ -250,6 +250,39 @@ def test_settings_are_checked_before_any_work():
     PipelineConfig(model="m", grpo={**ok, "prompt": {"template": "Q:{question}"}})
 
 
+class _StubGRPO:
+    """Stands in for GRPOModule in the RL stage: no model, no backend."""
+
+    lr, _backend = 1e-3, None
+
+    def __init__(self, model, **kwargs):
+        pass
+
+    def export(self, path):
+        return str(path)
+
+
+def test_the_schedule_is_built_once_and_each_rl_stage_starts_it_afresh(tmp_path, monkeypatch):
+    from coscale.loop.schedule import NSchedule
+    from coscale.stages.rl import rl_stage
+
+    pipe = _pipeline(tmp_path, schedule={"num_groups": 2, "n_init": 3})
+    sched = pipe.curriculum.schedule
+    assert isinstance(sched, NSchedule) and sched.n == [3, 3]
+    pipe.data.load()
+    pipe.curriculum.record_measurement({"a": (4, 1)})  # something solvable
+    sched.n, sched.best, sched.bad = [9, 6], [0.5, None], [1, 0]  # as the last RL stage left it
+    monkeypatch.setattr("coscale.stages.rl.GRPOModule", _StubGRPO)
+    pipe.ctx.fit = lambda *args, **kwargs: None
+    rl_stage(pipe.ctx, "it2/rl", "m")
+    assert pipe.curriculum.schedule is sched  # the same object, not a new one from the dict
+    assert (sched.n, sched.best, sched.bad) == ([3, 3], [None, None], [0, 0])
+    assert pipe.curriculum.n_per_problem == {"a": 3}
+    # the data section's schedule is refused, naming both settings, never silently replaced
+    with pytest.raises(ValueError, match=r"data\.schedule is set.*from pipeline\.schedule only"):
+        _pipeline(tmp_path / "both", data={"schedule": NSchedule(n_init=5)})
+
+
 def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
     from coscale.loop.checkpoint_store import switch_to
     from coscale.stages.checkpoint import CommitCheckpoint, RunState
