@@ -151,7 +151,7 @@ def test_final_sft_source_shapes_only_the_final_retrain(tmp_path, monkeypatch):
 
 
 def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
-    pipe = _pipeline(tmp_path, distill_weight=0.4, iterations=2)
+    pipe = _pipeline(tmp_path, distill_weight=0.4, iterations=3)  # it2/redistill in the plan
     _capture_sft_stage(pipe, monkeypatch)
     pipe.data.load()
     pipe.curriculum.bank.record_rollout("a", "2", True, 0)  # something to train on
@@ -204,6 +204,28 @@ def test_redistillation_each_iteration_or_only_through_the_next_sft(tmp_path):
     assert plan[-1] == "it2/redistill" and "it1/redistill" not in plan
     plan = _stage_plan(tmp_path / "d", iterations=1, final_rl=True)
     assert plan[-4:] == ["final/retrain", "final/eval", "final/rl", "final"]
+
+
+def test_stages_carry_their_kind_and_iteration_as_data(tmp_path):
+    from coscale.stages.plan import Stage
+
+    pipe = _pipeline(tmp_path, iterations=2, final_rl=True)
+    assert list(pipe.plan.values())[:2] == [
+        Stage("warmup", "warmup", 0),
+        Stage("it1/scale", "scale", 1),
+    ]
+    assert pipe.plan["it1/redistill"] == Stage("it1/redistill", "redistill", 1)
+    assert [pipe.plan[n] for n in ("final/retrain", "final/eval", "final/rl", "final")] == [
+        Stage("final/retrain", "retrain", None),
+        Stage("final/eval", "eval", None),
+        Stage("final/rl", "rl", None),
+        Stage("final", "final", None),
+    ]
+    # what the models are to later stages follows the records: the final RL model is not an
+    # iteration's (a later SFT distils from it2/rl), the last iteration's model comes before it
+    pipe.models = {"it1/rl": "r1", "it1/redistill": "d1", "it2/rl": "r2", "final/rl": "f1"}
+    assert pipe._latest_rl() == "r2" and pipe._before_final() == "r2"
+    assert pipe._model_of(1) == "d1" and pipe._model_of(2) == "r2"
 
 
 def test_final_judges_the_retrain_after_its_rl_against_the_last_iterations_model(
