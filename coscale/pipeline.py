@@ -121,7 +121,9 @@ class PipelineConfig:
             (:mod:`coscale.stages.precision`).
         sft: ``SFTModule`` arguments (the model is the pipeline's).
         grpo: ``GRPOModule`` arguments (the model is the previous stage's).
-        schedule: ``NSchedule`` arguments (Rollout N per difficulty group).
+        schedule: ``NSchedule`` arguments (Rollout N per difficulty group): the run's one
+            schedule, built once and started afresh by every RL stage. Its only place in
+            ``coscale run``: a ``data.schedule`` is refused.
     """
 
     model: str
