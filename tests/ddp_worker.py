@@ -57,7 +57,7 @@ def main(model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     dm = loaded_data(10)
     cur = dm.curriculum
-    sft = SFTModule(model=model_dir, lr=1e-2)
+    sft = SFTModule(model=model_dir, optimizer={"lr": 1e-2})
     _trainer(max_steps=2).fit(sft, datamodule=dm)
     for i, pid in enumerate(dm.problems):
         cur.pools.record(pid, 10, 2 + i % 4)

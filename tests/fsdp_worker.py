@@ -47,7 +47,7 @@ def _gathered(module, path: str) -> int:
 def fits(model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     dm = loaded_data(8)
-    sft = SFTModule(model=model_dir, lr=1e-2)
+    sft = SFTModule(model=model_dir, optimizer={"lr": 1e-2})
     _trainer(max_steps=2).fit(sft, datamodule=dm)
     sft_tensors = _gathered(sft, os.path.join(out, "sft_gathered.pt"))
     sft.export(os.path.join(out, "sft"))
@@ -63,7 +63,7 @@ def fits(model_dir: str, out: str) -> None:
     )
     redistill = ReDistillation(
         max_per_problem=2,
-        sft={"lr": 1e-2, "batch_size": 4},
+        sft={"optimizer": {"lr": 1e-2}, "batch_size": 4},
         trainer={"max_steps": 2},
         export_dir=os.path.join(out, "redistilled"),
     )

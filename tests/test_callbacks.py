@@ -24,9 +24,9 @@ from coscale.callbacks import (
     PassRateEvaluation,
     ReDistillation,
     RolloutNSchedule,
+    Selection,
     copy_weights,
     run_sft,
-    sft_stage,
 )
 from coscale.datamodules import ProblemDataModule
 from coscale.loop.curriculum import CurriculumSettings
@@ -277,7 +277,6 @@ def test_sample_counts_deals_chunks_to_ranks_and_gathers(monkeypatch):
         parts[1] = mine
         raise _Stop
 
-    assert sft_stage.sample_counts is measure_stage.sample_counts  # what FinalRetrain samples with
     monkeypatch.setattr(measure_stage, "rank_world", lambda: (1, 2))
     monkeypatch.setattr(measure_stage, "all_gather_objects", rank1_gather)
     with pytest.raises(_Stop):
@@ -412,8 +411,7 @@ class ToyReward:
         ]
 
 
-SFT = {"lr": 1e-2, "batch_size": 2, "max_length": 32}
-QUIET = {"enable_progress_bar": False}
+SFT = {"optimizer": {"lr": 1e-2}, "batch_size": 2, "max_length": 32}
 
 
 def _weights(module):
@@ -437,9 +435,7 @@ def test_redistillation_equals_sft_from_the_initial_model_on_its_set(tiny_model_
     bank.record_rollout("a", "a new", True, step=2)
     bank.record_rollout("b", "b rl", True, step=2)
     trainer = _trainer(dm)
-    cb = ReDistillation(
-        sft=SFT, trainer={"max_epochs": 2, **QUIET}, export_dir=str(tmp_path / "out")
-    )
+    cb = ReDistillation(sft=SFT, trainer={"max_epochs": 2}, export_dir=str(tmp_path / "out"))
     assert cb.run(trainer, rl) == 3
     # the set is asked of the curriculum: what the datamodule serves is left as it was
     assert dm.sft_source == "bank" and dm.curriculum.settings == CurriculumSettings(seed=3)
@@ -451,7 +447,7 @@ def test_redistillation_equals_sft_from_the_initial_model_on_its_set(tiny_model_
         str(tiny_model_dir),
         items,
         {"prompt": rl.prompt, "tokenizer": rl.tokenizer, "reward": rl.reward, **SFT},
-        {"accelerator": "cpu", "max_epochs": 2, **QUIET},
+        {"max_epochs": 2},
         seed=3,
     )
     assert sorted(i["solution"] for i in items) == ["a new", "b rl", "c solved"]
@@ -466,7 +462,7 @@ def test_redistillation_with_an_empty_set_leaves_the_policy(
 ):
     rl = SFTModule(model=str(tiny_model_dir), reward=ToyReward())
     before = _weights(rl)
-    cb = ReDistillation(sft=SFT, trainer=QUIET)
+    cb = ReDistillation(sft=SFT)
     with pytest.warns(UserWarning, match="empty re-distillation set"):
         assert cb.run(_trainer(_dm(["a"])), rl) == 0
     assert _same(before, _weights(rl)) and cb.state_dict() == {"runs": 0, "last_size": 0}
@@ -493,7 +489,9 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
     dm = _dm(["a", "b"], val=val)
     dm.curriculum.bank.add("a", "a solved")
     dm.curriculum.bank.record_rollout("b", "b rl", True, step=0)
-    policy = SFTModule(model=str(tiny_model_dir), reward=ToyReward(), val_max_new_tokens=8)
+    policy = SFTModule(
+        model=str(tiny_model_dir), reward=ToyReward(), validation={"max_new_tokens": 8}
+    )
     measured, count_correct = [], policy.count_correct
 
     def spy(problems, n, sampling):
@@ -502,9 +500,9 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
 
     policy.count_correct = spy
     before, trainer = _weights(policy), _trainer(dm, step=5)
-    cb = FinalRetrain(sft=SFT, trainer=QUIET, eval_k=2, batch_size=2)
+    cb = FinalRetrain(sft=SFT, eval_k=2)
     results = cb.run(trainer, policy)
-    assert measured == [["v0", "v1"], ["v2"]] * 2  # before, then after, on the val problems
+    assert measured == [["v0", "v1", "v2"]] * 2  # before, then after, on the val problems
     # ToyReward: every non-blank sample of a "yes" problem is correct
     assert results == {f"val/final_{w}_pass@{k}": 1.0 for w in ("before", "after") for k in (1, 2)}
     assert trainer.loggers[0].metrics == [(5, results)] and not _same(before, _weights(policy))
@@ -523,7 +521,9 @@ def test_final_retrain_keep_better_restores_the_fit_weights_when_the_retrain_is_
     val = [{"id": f"v{i}", "question": f"v{i}?", "answer": "yes"} for i in range(3)]
     dm = _dm(["a"], val=val)
     dm.curriculum.bank.add("a", "a solved")
-    policy = SFTModule(model=str(tiny_model_dir), reward=ToyReward(), val_max_new_tokens=8)
+    policy = SFTModule(
+        model=str(tiny_model_dir), reward=ToyReward(), validation={"max_new_tokens": 8}
+    )
     calls, count_correct = [], policy.count_correct
 
     def spy(problems, n, sampling):  # before: the real counts (all correct); after: as set
@@ -534,7 +534,7 @@ def test_final_retrain_keep_better_restores_the_fit_weights_when_the_retrain_is_
 
     policy.count_correct = spy
     fit_end = _weights(policy)
-    cb = FinalRetrain(sft=SFT, trainer=QUIET, eval_k=2, batch_size=3, keep="better")
+    cb = FinalRetrain(sft=SFT, eval_k=2, keep="better")
     results = cb.run(_trainer(dm, step=1), policy)
     assert results["val/final_kept_retrained"] == float(after_correct)
     assert _same(fit_end, _weights(policy)) == (not after_correct)
@@ -546,14 +546,18 @@ def test_final_retrain_source_leaves_the_rollouts_out(tiny_model_dir, monkeypatc
     dm = _dm(["a", "b"])
     dm.curriculum.bank.add("a", "a bank")
     dm.curriculum.bank.record_rollout("b", "b rollout", True, 0)
-    policy = SFTModule(model=str(tiny_model_dir), reward=ToyReward(), val_max_new_tokens=8)
+    policy = SFTModule(
+        model=str(tiny_model_dir), reward=ToyReward(), validation={"max_new_tokens": 8}
+    )
     trained = []
     monkeypatch.setattr(
         "coscale.callbacks.final_retrain.retrain_from_initial",
-        lambda cb, module, items, seed: trained.append(sorted(i["solution"] for i in items)),
+        lambda cb, trainer, module, items, cur: (
+            trained.append(sorted(i["solution"] for i in items)) or {}
+        ),
     )
     for source in ("all", "bank"):
-        FinalRetrain(sft=SFT, trainer=QUIET, eval_k=1, source=source).run(_trainer(dm), policy)
+        FinalRetrain(sft=SFT, eval_k=1, source=source).run(_trainer(dm), policy)
     assert trained == [["a bank", "b rollout"], ["a bank"]]
     with pytest.raises(ValueError, match="source must be one of bank, redistill, all"):
         FinalRetrain(source="rollouts")
@@ -570,7 +574,7 @@ def _fit_with_all_callbacks(model_dir, ids):
         micro_batch_size=8,
         val_samples=2,
     )
-    stage = {"sft": SFT, "trainer": QUIET}
+    stage = {"sft": SFT}
     callbacks = [
         PassRateEvaluation(k=4, on_fit_start=True, max_new_tokens=8),
         RolloutNSchedule(num_groups=2, n_init=4, n_max=8),
@@ -619,18 +623,39 @@ def test_redistillation_starts_no_fit_inside_the_running_one(tiny_model_dir, mon
 
     monkeypatch.setattr(L.Trainer, "fit", no_fit)
     before = _weights(rl)
-    cb = ReDistillation(sft=SFT, trainer={"max_epochs": 1, "max_steps": 1, **QUIET})
+    cb = ReDistillation(sft=SFT, trainer={"max_epochs": 1, "max_steps": 1})
     assert cb.run(_trainer(dm), rl) == 1 and not _same(before, _weights(rl))
 
 
-def test_in_fit_sft_refuses_what_its_loop_cannot_follow_before_training():
+def test_in_fit_sft_names_each_setting_it_does_not_take_before_training():
     with pytest.raises(ValueError) as err:
         ReDistillation(
-            sft={"forgetting_guard": "parameter"},
-            trainer={"gradient_clip_val": 1.0, "precision": "16-mixed"},
+            sft={"batch_size": 0, "model": "x"},
+            trainer={"gradient_clip_val": 0.0, "precision": "16-mixed", "max_steps": 0},
+            selection=Selection(problems=2, every=0),
         )
     msg = str(err.value)
-    assert "sft.forgetting_guard='parameter' needs a fit of its own" in msg
-    assert "trainer.gradient_clip_val is not followed here" in msg
-    assert "trainer.precision must be one of 32-true, 32, bf16-mixed" in msg
-    FinalRetrain(trainer={"max_epochs": 2, "max_steps": 5, "precision": "bf16-mixed", **QUIET})
+    assert "sft must not set 'model'" in msg
+    assert "trainer.precision is not an in-fit SFT setting" in msg
+    assert "strategy and precision are those of the running Trainer" in msg
+    assert "batch_size must be an int >= 1, got 0" in msg
+    assert "max_steps must be an int >= 1 or None, got 0" in msg
+    assert "gradient_clip_val must be > 0 or None, got 0.0" in msg
+    assert "every must be an int >= 1, got 0" in msg
+    with pytest.raises(ValueError, match="keep must be one of retrained, better; got 'best'"):
+        FinalRetrain(keep="best")
+    guard = {"forgetting_guard": {"mode": "parameter"}}
+    FinalRetrain(sft=guard, trainer={"max_epochs": 2, "max_steps": 5})
+
+
+def test_the_guard_under_a_sharded_strategy_is_refused_at_setup(tiny_model_dir):
+    sharded = type("ModelParallelStrategy", (), {})()  # Lightning's FSDP2 strategy, by name
+    trainer = SimpleNamespace(strategy=sharded)
+    module = SFTModule(model=str(tiny_model_dir), reward=ToyReward())
+    for cb in (
+        ReDistillation(sft={"forgetting_guard": {"mode": "neuron"}}),
+        FinalRetrain(sft={"forgetting_guard": {"mode": "parameter"}}),
+    ):
+        with pytest.raises(ValueError, match=r"forgetting_guard=.* not with ModelParallelStrategy"):
+            cb.setup(trainer, module, "fit")
+    ReDistillation().setup(trainer, module, "fit")  # without the guard: fine

@@ -444,7 +444,7 @@ def test_plug_in_sft_then_grpo_in_a_plain_trainer(tiny_model_dir, tmp_path):
     assert bank == [s for r in rows for s in r["sols"]]  # the file's solutions, all in the bank
 
     # SFT on the bank's pairs
-    sft = SFTModule(model=str(tiny_model_dir), prompt=PROMPT, lr=1e-3, max_length=64)
+    sft = SFTModule(model=str(tiny_model_dir), prompt=PROMPT, optimizer={"lr": 1e-3}, max_length=64)
     before = _weights(sft)
     trainer = L.Trainer(max_steps=2, **QUIET)
     trainer.fit(sft, datamodule=dm)

@@ -13,7 +13,7 @@ from trainers import quiet_trainer
 from coscale.models.tiny import build_tiny_model
 from coscale.modules import SFTModule
 from coscale.sft.batch import solution_logits, solution_loss, tokenize_pairs
-from coscale.sft.distill import Teacher, distill_loss, kl_to_teacher
+from coscale.sft.distill import Distillation, Teacher, distill_loss, kl_to_teacher
 
 PAIRS = [
     ("Q:12+7-3\nA:", "12+7=19, 19-3=16 \\boxed{16}"),
@@ -75,8 +75,8 @@ def test_distilling_pulls_the_student_to_the_teacher_and_leaves_it_alone(
     char_tokenizer.save_pretrained(teacher_dir)
     rows = [{"question": p[3:-3], "solution": s} for p, s in PAIRS]
     module = SFTModule(
-        model=str(tiny_model_dir), teacher=str(teacher_dir), distill_weight=1.0, lr=1e-2,
-        prompt="Q:{question}\nA:",
+        model=str(tiny_model_dir), distill=Distillation(str(teacher_dir), weight=1.0),
+        optimizer={"lr": 1e-2}, prompt="Q:{question}\nA:",
     )  # fmt: skip
     teacher_before = {k: v.clone() for k, v in module.teacher.model.state_dict().items()}
     enc = module.encode(rows)
@@ -91,20 +91,23 @@ def test_distilling_pulls_the_student_to_the_teacher_and_leaves_it_alone(
     assert set(module.state_dict()) == set(plain.state_dict())
 
 
-def test_without_a_teacher_the_weight_changes_nothing(tiny_model_dir):
+def test_weight_zero_is_plain_sft(tiny_model_dir, tmp_path, char_tokenizer):
+    teacher_dir = tmp_path / "teacher"
+    build_tiny_model(char_tokenizer, seed=1).save_pretrained(teacher_dir)
+    char_tokenizer.save_pretrained(teacher_dir)
     rows = [{"question": p[3:-3], "solution": s} for p, s in PAIRS]
     weights = []
-    for weight in (0.0, 0.7):
+    for distill in (None, Distillation(str(teacher_dir), weight=0.0)):
         torch.manual_seed(0)
-        module = SFTModule(model=str(tiny_model_dir), distill_weight=weight, lr=1e-2)
+        module = SFTModule(model=str(tiny_model_dir), distill=distill, optimizer={"lr": 1e-2})
         _fit(module, rows, 2)
         weights.append(module.policy.state_dict())
     for key in weights[0]:
-        assert torch.equal(weights[0][key], weights[1][key]), key
+        assert torch.allclose(weights[0][key], weights[1][key], atol=1e-6), key
 
 
 def test_bad_distillation_settings_name_the_setting(tiny_model_dir):
-    with pytest.raises(ValueError, match="distill_weight must be in"):
-        SFTModule(model=str(tiny_model_dir), distill_weight=1.5)
-    with pytest.raises(ValueError, match="distill_temperature must be > 0"):
-        SFTModule(model=str(tiny_model_dir), distill_temperature=0)
+    with pytest.raises(ValueError, match=r"distill.weight must be in \[0, 1\], got 1.5"):
+        SFTModule(model=str(tiny_model_dir), distill=Distillation("t", weight=1.5))
+    with pytest.raises(ValueError, match=r"distill\.temperature must be > 0, got 0"):
+        SFTModule(model=str(tiny_model_dir), distill={"teacher": "t", "temperature": 0})

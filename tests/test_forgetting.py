@@ -207,9 +207,10 @@ def _rows(n=4):
     ]
 
 
-def _module(tiny_model, tok, **kw):
-    kw = dict(lr=1e-2, weight_decay=0.1, reward=lambda c, a: [0.0] * len(c)) | kw
-    return SFTModule(model=copy.deepcopy(tiny_model), tokenizer=tok, **kw)
+def _module(tiny_model, tok, optimizer=None, **kw):
+    kw = dict(reward=lambda c, a: [0.0] * len(c)) | kw
+    optimizer = {"lr": 1e-2, "weight_decay": 0.1} | (optimizer or {})
+    return SFTModule(model=copy.deepcopy(tiny_model), tokenizer=tok, optimizer=optimizer, **kw)
 
 
 class _WithoutGuard(SFTModule):
@@ -227,8 +228,9 @@ def test_guard_off_gives_the_same_weights_as_without_the_option(tiny_model, char
     for cls in (SFTModule, _WithoutGuard):
         torch.manual_seed(0)
         module = cls(
-            model=copy.deepcopy(tiny_model), tokenizer=char_tokenizer, lr=1e-2, mastered=mastered
-        )
+            model=copy.deepcopy(tiny_model), tokenizer=char_tokenizer, optimizer={"lr": 1e-2},
+            mastered=mastered,
+        )  # fmt: skip
         _fit(module, _rows(), 3, gradient_clip_val=0.5)
         weights.append(module.policy.state_dict())
         assert module.guard_report == {}
@@ -240,8 +242,8 @@ def test_guard_parameter_first_adamw_step_keeps_the_mastered_loss(tiny_model, ch
     # sign of the masked gradient, so every kept coordinate moves with the mastered gradient.
     mastered = [{"question": "12+3", "solution": "15"}]
     module = _module(
-        tiny_model, char_tokenizer, lr=1e-4, weight_decay=0.0, forgetting_guard="parameter",
-        mastered=mastered,
+        tiny_model, char_tokenizer, optimizer={"lr": 1e-4, "weight_decay": 0.0},
+        forgetting_guard={"mode": "parameter"}, mastered=mastered,
     )  # fmt: skip
     trainer = _fit(module, [{"question": "12+3", "solution": "73"}], 1)
     report = module.guard_report
@@ -267,9 +269,7 @@ def test_guard_refreshes_the_mastered_gradient_every_n_steps(
     module = _module(
         tiny_model,
         char_tokenizer,
-        forgetting_guard="neuron",
-        guard_refresh_every=2,
-        guard_batch_size=2,
+        forgetting_guard={"mode": "neuron", "refresh_every": 2, "batch_size": 2},
         mastered=_rows(3),
     )
     _fit(module, _rows(8), 4)
@@ -292,7 +292,7 @@ def test_default_mastered_set_comes_from_the_datamodule(tiny_model, char_tokeniz
     dm.load()
     for pid in ("d-0", "d-3"):
         dm.curriculum.pools.record(pid, 10, 10)  # solved
-    module = _module(tiny_model, char_tokenizer, forgetting_guard="parameter")
+    module = _module(tiny_model, char_tokenizer, forgetting_guard={"mode": "parameter"})
     L.Trainer(
         max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
@@ -302,7 +302,7 @@ def test_default_mastered_set_comes_from_the_datamodule(tiny_model, char_tokeniz
 
 
 def test_empty_mastered_set_warns_and_trains_unguarded(tiny_model, char_tokenizer):
-    module = _module(tiny_model, char_tokenizer, forgetting_guard="neuron", mastered=[])
+    module = _module(tiny_model, char_tokenizer, forgetting_guard={"mode": "neuron"}, mastered=[])
     with pytest.warns(UserWarning, match="mastered set is empty"):
         _fit(module, _rows(), 1)
     assert module.guard_report == {}
@@ -311,13 +311,13 @@ def test_empty_mastered_set_warns_and_trains_unguarded(tiny_model, char_tokenize
 def test_bad_guard_settings_are_rejected_together(tiny_model, char_tokenizer):
     with pytest.raises(ValueError) as err:
         _module(
-            tiny_model, char_tokenizer, forgetting_guard="layer", guard_refresh_every=0,
-            guard_batch_size=True,
+            tiny_model, char_tokenizer,
+            forgetting_guard={"mode": "layer", "refresh_every": 0, "batch_size": True},
         )  # fmt: skip
     message = str(err.value)
-    assert "forgetting_guard must be one of none, parameter, neuron; got 'layer'" in message
-    assert "guard_refresh_every must be an int >= 1, got 0" in message
-    assert "guard_batch_size must be an int >= 1, got True" in message
+    assert "forgetting_guard.mode must be one of none, parameter, neuron; got 'layer'" in message
+    assert "forgetting_guard.refresh_every must be an int >= 1, got 0" in message
+    assert "forgetting_guard.batch_size must be an int >= 1, got True" in message
 
 
 # ------------------------------------------------------------------------------------ DDP
@@ -327,11 +327,12 @@ import lightning as L, torch
 from torch.utils.data import DataLoader
 from coscale.sft.forgetting import guarded_parameters, reference_gradient
 from coscale.modules import SFTModule
+from coscale.modules.distributed import rank_world
 from tests.test_forgetting import ddp_rows
 
 class Probe(SFTModule):
     def on_train_start(self):  # each rank's share of the mastered set, then all-reduced
-        rank, world = self._rank_world()
+        rank, world = rank_world()
         params = guarded_parameters(self.policy)
         grads, _ = reference_gradient(params, [self.mastered[rank::world]], self._loss_sum)
         single = torch.load(sys.argv[3])
@@ -339,7 +340,8 @@ class Probe(SFTModule):
         super().on_train_start()
 
 torch.set_num_threads(1)
-module = Probe(model=sys.argv[1], lr=1e-2, forgetting_guard="neuron", guard_batch_size=3,
+module = Probe(model=sys.argv[1], optimizer={"lr": 1e-2},
+               forgetting_guard={"mode": "neuron", "batch_size": 3},
                mastered=ddp_rows(5, 2, 1), reward=lambda c, a: [0.0] * len(c))
 trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=3, logger=False,
                     enable_checkpointing=False, enable_progress_bar=False,
@@ -388,7 +390,12 @@ def test_the_option_is_set_from_yaml_through_the_cli(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     config = Path(__file__).resolve().parents[1] / "configs" / "sft_tiny.yaml"
-    flags = ["--model.init_args.forgetting_guard=neuron", "--model.init_args.guard_refresh_every=5"]
+    flags = [
+        "--model.init_args.forgetting_guard.mode=neuron",
+        "--model.init_args.forgetting_guard.refresh_every=5",
+    ]
     cli = lightning_cli(["--config", str(config), *flags, "--trainer.logger=false"], run=False)
-    assert (cli.model.forgetting_guard, cli.model.guard_refresh_every) == ("neuron", 5)
-    assert cli.model.hparams["forgetting_guard"] == "neuron" and "mastered" not in cli.model.hparams
+    assert (cli.model.guard.mode, cli.model.guard.refresh_every) == ("neuron", 5)
+    saved = cli.model.hparams["forgetting_guard"]
+    assert saved == {"mode": "neuron", "refresh_every": 5, "batch_size": 16}
+    assert "mastered" not in cli.model.hparams

@@ -32,10 +32,9 @@ import time
 from pathlib import Path
 
 import pytest
+import runs
 import torch
 from safetensors.torch import load_file
-
-import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"

@@ -70,7 +70,7 @@ def test_sft_two_steps_change_weights_and_loss_is_finite(tiny_model_dir):
     assert [bank.count(i) for i, p in dm.problems.items()] == [
         min(2, len(p.solutions)) for p in dm.problems.values()
     ]
-    module = SFTModule(model=str(tiny_model_dir), lr=1e-2)
+    module = SFTModule(model=str(tiny_model_dir), optimizer={"lr": 1e-2})
     before = _params(module)
     trainer = _trainer(2)
     trainer.fit(module, datamodule=dm)
@@ -191,7 +191,7 @@ def test_modules_with_the_default_prompt_log_their_hparams_to_csv(tiny_model_dir
 
     dm = ProblemDataModule(train=_rows(), sft_batch_size=4, bank_solutions=2)
     dm.load()
-    module = SFTModule(model=str(tiny_model_dir), lr=1e-2)
+    module = SFTModule(model=str(tiny_model_dir), optimizer={"lr": 1e-2})
     assert module.hparams_initial["prompt"] == {"template": "{question}", "chat": False,
                                                 "system": None}  # fmt: skip
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=CSVLogger(tmp_path),

@@ -10,6 +10,7 @@ from typing import ClassVar
 import pytest
 
 from coscale.app.cli import main
+from coscale.sft.distill import Distillation
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -162,11 +163,11 @@ def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
     pipe.models["it2/rl"] = "runs/x/it2/rl/model"
     pipe.sft("it2/redistill")
     first, redistill, later = _StubSFT.built
-    assert "teacher" not in first
-    assert redistill["teacher"] == "runs/x/it1/rl/model" and redistill["distill_weight"] == 0.4
-    assert later["teacher"] == "runs/x/it2/rl/model"
+    assert "distill" not in first
+    assert redistill["distill"] == Distillation("runs/x/it1/rl/model", weight=0.4)
+    assert later["distill"].teacher == "runs/x/it2/rl/model"
     pipe.sft("final/retrain")  # the final retrain too; final/eval and final/rl then start from it
-    assert _StubSFT.built[-1]["teacher"] == "runs/x/it2/rl/model"
+    assert _StubSFT.built[-1]["distill"].teacher == "runs/x/it2/rl/model"
     assert pipe.current == pipe.models["final/retrain"]
     off = _pipeline(tmp_path / "off", distill_weight=0.0)
     _capture_sft_stage(off, monkeypatch)
@@ -175,7 +176,7 @@ def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
     off.models["it1/rl"] = "runs/x/it1/rl/model"
     _StubSFT.built.clear()
     off.sft("it1/redistill")
-    assert "teacher" not in _StubSFT.built[0]  # weight 0: the paper's token-only SFT
+    assert "distill" not in _StubSFT.built[0]  # weight 0: the paper's token-only SFT
 
 
 def _stage_plan(tmp_path, **settings) -> list[str]:
@@ -255,7 +256,10 @@ def test_settings_are_checked_before_any_work():
     with pytest.raises(ValueError, match="final_keep must be one of"):
         PipelineConfig(model="m", final_keep="newest")
     with pytest.raises(ValueError) as err:
-        PipelineConfig(model="m", grpo={"lrr": 1e-3}, sft={"lr": 1e-3}, schedule={"n_init": -4})
+        PipelineConfig(
+            model="m", grpo={"lrr": 1e-3}, sft={"optimizer": {"lr": 1e-3}},
+            schedule={"n_init": -4},
+        )  # fmt: skip
     msg = str(err.value)
     assert "grpo: Option 'lrr' is not accepted (GRPOModule takes: " in msg and "sft" not in msg
     assert "schedule.n_init must be an int >= 1, got -4" in msg
@@ -263,11 +267,11 @@ def test_settings_are_checked_before_any_work():
         PipelineConfig(model="m", grpo={"lr": "fast"}, sft={"max_length": 1})
     msg = str(err.value)
     assert "grpo: Parser key \"lr\": Expected a <class 'float'>. Got value: fast" in msg
-    assert "sft.lr must be > 0 (got 1e-05), max_length >= 2 (got 1)" in msg
+    assert "sft.max_length must be an int >= 2, got 1" in msg
     with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\]; got 2"):
         PipelineConfig(model="m", distill_weight=2)
-    with pytest.raises(ValueError, match=r"sft\.teacher is chosen by the pipeline"):
-        PipelineConfig(model="m", sft={"teacher": "other"})
+    with pytest.raises(ValueError, match=r"sft\.distill is chosen by the pipeline"):
+        PipelineConfig(model="m", sft={"distill": {"teacher": "other"}})
     ok = {"loss": {"class_path": "coscale.rl.losses.DAPOLoss", "init_args": {"epsilon": 0.2}}}
     PipelineConfig(model="m", grpo={**ok, "prompt": {"template": "Q:{question}"}})
 
@@ -354,7 +358,7 @@ def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path,
         return {f"val/final_{tag}_pass@1": scores[os.path.basename(model)]}
 
     monkeypatch.setattr(final_module, "judge", fake_judge)
-    monkeypatch.setattr(final_module, "judged_problems", lambda ctx: [])
+    monkeypatch.setattr(final_module, "judged_problems", lambda held_out, curriculum: [])
     pipe = _pipeline(tmp_path / "run", final_keep="best", iterations=3)
     earlier = [(1, folder("it1")), (2, folder("it2"))]
     out, kept = final_module.final_stage(

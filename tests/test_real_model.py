@@ -83,7 +83,7 @@ def test_gguf_converts_to_a_chat_model_with_one_token_end_of_turn(smollm2_dir):
 @pytest.mark.slow
 def test_sft_then_grpo_then_export_reloads_in_plain_transformers(smollm2_dir, tmp_path):
     # each stage starts from the previous one's export, as in the pipeline
-    sft = SFTModule(model=str(smollm2_dir), prompt=CHAT, lr=1e-5, max_length=96)
+    sft = SFTModule(model=str(smollm2_dir), prompt=CHAT, optimizer={"lr": 1e-5}, max_length=96)
     pairs = [{"question": r["question"], "solution": r["solutions"][0]} for r in _rows(4)]
     before = _weights(sft)
     _trainer(2).fit(sft, train_dataloaders=DataLoader(pairs, batch_size=2, collate_fn=list))

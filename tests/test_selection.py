@@ -57,7 +57,7 @@ def _fit(module, dm, callbacks, steps: int) -> None:
 
 def test_the_stage_keeps_the_best_scoring_weights(tiny_model_dir, tmp_path):
     dm = _data()
-    module = SFTModule(model=tiny_model_dir, lr=1e-2)
+    module = SFTModule(model=tiny_model_dir, optimizer={"lr": 1e-2})
     seeds = _scripted(module, [0.25, 0.75, 0.5], k=4)  # steps 2, 4 and the end (6)
     problems = selection_slice(dm.problems.values(), 4, seed=0)
     select = SelectOnProblems(problems, k=4, every_n_steps=2, folder=str(tmp_path / "sel"))
@@ -75,7 +75,7 @@ def test_the_stage_keeps_the_best_scoring_weights(tiny_model_dir, tmp_path):
 
 def test_ties_keep_the_earlier_step_and_the_state_round_trips(tiny_model_dir, tmp_path):
     dm = _data()
-    module = SFTModule(model=tiny_model_dir, lr=1e-2)
+    module = SFTModule(model=tiny_model_dir, optimizer={"lr": 1e-2})
     _scripted(module, [0.5, 0.5], k=2)
     problems = selection_slice(dm.problems.values(), 3, 0)
     select = SelectOnProblems(problems, k=2, every_n_steps=3, folder=str(tmp_path / "sel"))

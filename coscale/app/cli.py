@@ -1,6 +1,7 @@
-"""The ``coscale`` command.
+"""The ``coscale`` command: reads the command name, then hands the rest to that command's parser.
 
-- ``coscale fit|validate|test --config x.yaml``: one Lightning run of one module (LightningCLI;
+- ``coscale`` / ``coscale --help``: every command, one line each (:mod:`coscale.app.commands`).
+- ``coscale fit|validate --config x.yaml``: one Lightning run of one module (LightningCLI;
   ``${...}`` interpolation, ``--print_config``).
 - ``coscale run --config x.yaml``: the whole CoScale-RL pipeline (:mod:`coscale.pipeline`).
 - ``coscale demo [--quick]``: the pipeline on the built-in task and model.
@@ -13,6 +14,15 @@ import os
 import sys
 from typing import Any
 
+from coscale.app.commands import (
+    COMMANDS,
+    DESCRIPTION,
+    HELP_FLAGS,
+    LIGHTNING_COMMANDS,
+    PROG,
+    top_help,
+    unknown_command,
+)
 from coscale.app.run_config import build_run, pipeline_parser
 from coscale.loop.checkpoint_store import CheckpointWriteError
 
@@ -29,18 +39,22 @@ def _offline_defaults() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit status."""
+    """Entry point of the console script; returns the exit status (never raises SystemExit)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:  # a usage error, as argparse treats a missing command
+        print(top_help(), file=sys.stderr)
+        return 2
+    if argv[0] in HELP_FLAGS:
+        print(top_help())
+        return 0
+    if argv[0] not in COMMANDS:
+        print(unknown_command(argv[0]), file=sys.stderr)
+        return 2
     _offline_defaults()
     try:
-        if argv and argv[0] == "eval":
-            from coscale.app.evaluate import eval_command
-
-            eval_command(argv[1:])
-        elif argv and argv[0] in PIPELINE_COMMANDS:
-            run_command(argv)
-        else:
-            lightning_cli(argv)
+        dispatch(argv)
+    except SystemExit as exit_:  # a parser's --help (0) or its refusal (2)
+        return _exit_status(exit_)
     except (ValueError, FileNotFoundError, TypeError) as err:
         if os.environ.get("COSCALE_TRACEBACK"):
             raise
@@ -53,8 +67,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def dispatch(argv: list[str]) -> None:
+    """Runs ``argv[0]``, one of `COMMANDS`, on the arguments after it."""
+    if argv[0] == "eval":
+        from coscale.app.evaluate import eval_command
+
+        eval_command(argv[1:])
+    elif argv[0] in PIPELINE_COMMANDS:
+        run_command(argv)
+    elif argv[0] in LIGHTNING_COMMANDS:
+        lightning_cli(argv)
+
+
+def _exit_status(exit_: SystemExit) -> int:
+    """The status ``sys.exit(code)`` would give: None is 0, a message is printed and is 1."""
+    if exit_.code is None or isinstance(exit_.code, int):
+        return exit_.code or 0
+    print(exit_.code, file=sys.stderr)
+    return 1
+
+
 def lightning_cli(argv: list[str], run: bool = True) -> Any:
-    """``coscale fit|validate|test``: LightningCLI over the coscale modules and DataModule."""
+    """``coscale fit|validate``: LightningCLI over the coscale modules and DataModule."""
     import lightning as L
     from lightning.pytorch.cli import LightningCLI
 
@@ -64,12 +98,23 @@ def lightning_cli(argv: list[str], run: bool = True) -> Any:
         L.LightningModule,
         ProblemDataModule,
         subclass_mode_model=True,
-        args=argv,
-        parser_kwargs={"parser_mode": "omegaconf"},
+        args=_lightning_args(argv),
+        parser_kwargs={
+            "parser_mode": "omegaconf",
+            "prog": PROG,
+            "description": DESCRIPTION,
+            **{name: {"description": COMMANDS[name]} for name in LIGHTNING_COMMANDS},
+        },
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,
         run=run,
     )
+
+
+def _lightning_args(argv: list[str]) -> list[str] | None:
+    """None when ``argv`` is the command line itself: LightningCLI then reads ``sys.argv``, and
+    does not warn that both were given (its warning is meant for ``args`` set from Python)."""
+    return None if argv == sys.argv[1:] else argv
 
 
 def run_command(argv: list[str]) -> dict[str, Any]:

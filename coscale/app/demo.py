@@ -39,15 +39,31 @@ def demo_config() -> str:
     return str(resources.files("coscale") / "configs" / "demo.yaml")
 
 
-def run_demo(rest: list[str]) -> dict[str, Any]:
-    """Parses ``coscale demo [--quick] [--test_problems N] [overrides]`` and runs it."""
+def demo_parser():
+    """The parser of ``coscale demo``: ``coscale run``'s settings, on top of ``demo.yaml``."""
     from coscale.app.run_config import pipeline_parser
+
+    parser = pipeline_parser(
+        prog="coscale demo",
+        description=(
+            "CoScale-RL on the built-in task and the shipped base model, then pass@k of every"
+            " stage on the held-out sets (table, plots, W&B offline run in the run folder)."
+            " Settings come from coscale/configs/demo.yaml; every flag below overrides one."
+        ),
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="one short iteration, 16 held-out problems a set"
+    )
+    return parser
+
+
+def run_demo(rest: list[str]) -> dict[str, Any]:
+    """Parses ``coscale demo [--quick] [overrides]`` and runs it."""
     from coscale.pipeline import Pipeline
 
     quick = "--quick" in rest
-    rest = [a for a in rest if a != "--quick"]
     n_test = 16 if quick else 128
-    parser = pipeline_parser()
+    parser = demo_parser()
     cfg = parser.parse_args(["--config", demo_config(), *(QUICK if quick else []), *rest])
     init = parser.instantiate(cfg)
     pipeline = Pipeline(init.pipeline, init.data)

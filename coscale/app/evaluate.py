@@ -180,7 +180,13 @@ def eval_parser():
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     parser = ArgumentParser(
-        prog="coscale eval", parser_mode="omegaconf", description="pass@k on benchmarks."
+        prog="coscale eval",
+        parser_mode="omegaconf",
+        description=(
+            "pass@1 / pass@k of a model on named benchmarks: a table on stdout, a JSON file and"
+            " (logger: wandb) W&B metrics. Settings: a YAML with an eval section (--config);"
+            " every flag below overrides one."
+        ),
     )
     parser.add_argument("--config", action=ActionConfigFile, help="YAML with an eval section")
     parser.add_class_arguments(EvalConfig, "eval")

@@ -8,19 +8,27 @@ from __future__ import annotations
 
 from typing import Any
 
+RUN_DESCRIPTION = (
+    "The whole CoScale-RL pipeline: a warm-up SFT and a measure, then per iteration data"
+    " scaling, SFT from the initial model, GRPO with one Rollout N per difficulty group and"
+    " re-distillation, then the final retrain. Settings: a YAML with pipeline and data sections"
+    " (--config); every flag below overrides one."
+)
 
-def pipeline_parser():
-    """The parser of ``coscale run``. ``data.bank_solutions`` defaults to 0 here: the pipeline
-    hands a problem's own solutions out ``solutions_per_round`` at a time."""
+
+def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTION):
+    """The parser of ``coscale run`` (and, named and described as such, ``coscale demo``).
+    ``data.bank_solutions`` defaults to 0 here: the pipeline hands a problem's own solutions
+    out ``solutions_per_round`` at a time."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     from coscale.datamodules import ProblemDataModule
     from coscale.pipeline import PipelineConfig
 
     parser = ArgumentParser(
-        prog="coscale run",
+        prog=prog,
         parser_mode="omegaconf",
-        description="Run the whole CoScale-RL pipeline.",
+        description=description,
     )
     parser.add_argument(
         "--config", action=ActionConfigFile, help="YAML with pipeline and data sections"

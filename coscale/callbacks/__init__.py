@@ -6,20 +6,24 @@
 - :class:`FinalRetrain`: the final retrain from the initial weights, pass@k before / after.
 
 They work with :class:`~coscale.datamodules.ProblemDataModule` and warn once (doing nothing)
-when a trainer has none. :func:`run_sft` and :func:`copy_weights` are the SFT stage they use.
+when a trainer has none. The two retrains run their SFT inside the fit on its own strategy and
+precision (:mod:`coscale.callbacks.sft_in_fit`); :func:`run_sft` is the same SFT outside any fit.
 """
 
 from coscale.callbacks.final_retrain import FinalRetrain
 from coscale.callbacks.pass_rate import PassRateEvaluation
 from coscale.callbacks.redistill import ReDistillation
 from coscale.callbacks.rollout_schedule import RolloutNSchedule
-from coscale.callbacks.sft_stage import copy_weights, run_sft
+from coscale.callbacks.sft_in_fit import SFTLoop, copy_weights, run_sft
+from coscale.stages.selection import Selection
 
 __all__ = [
     "FinalRetrain",
     "PassRateEvaluation",
     "ReDistillation",
     "RolloutNSchedule",
+    "SFTLoop",
+    "Selection",
     "copy_weights",
     "run_sft",
 ]

@@ -1,14 +1,15 @@
 """FinalRetrain: the last step of CoScale-RL, retraining the initial model on everything.
 
 In the final iteration the model is retrained from the initial weights on every solution
-collected (bank + latest correct RL rollouts), so that nothing learned early is forgotten
-(METHOD.md, "The loop"). Accuracy is measured before and after, on the held-out problems (or
-the training problems when there are none), with the same seeded samples both times.
+collected (bank + latest correct RL rollouts), so that nothing learned early is forgotten. The
+pipeline's ``final/retrain`` and ``final`` stages do the same with a fit of their own; this
+callback does it inside a user's fit (:mod:`coscale.callbacks.sft_in_fit`) and judges the two
+models as the final stage does (:func:`coscale.stages.measure.judge`, the same seeded samples
+before and after, on the held-out problems or, without any, the training problems).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -16,29 +17,31 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from coscale.callbacks import sft_stage
-from coscale.callbacks.redistill import initial_weights, retrain_from_initial, stage_errors
-from coscale.checks import one_of
+from coscale.callbacks.retrain import (
+    RetrainSettings,
+    datamodule_or_warn,
+    initial_weights,
+    retrain_from_initial,
+)
+from coscale.checks import at_least, one_of
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
-from coscale.rollout.base import SamplingParams
+from coscale.modules.loggers import log_to_loggers
+from coscale.stages.final import KEEP, keeps_retrained
+from coscale.stages.measure import judge, judged_problems
+from coscale.stages.selection import Selection
 
-KEEP = ("retrained", "better")
-"""What :class:`FinalRetrain` keeps: the retrained weights always, or the better of the two."""
-
-
-def judged_problems(dm: Any) -> list[dict]:
-    """The problems the before / after evaluation runs on: held-out ones, else training ones."""
-    return [p.to_dict() for p in (dm.val_problems or list(dm.curriculum.problems.values()))]
+CALLBACK_KEEP = KEEP[:2]
+"""``best`` also weighs every earlier iteration's model, which only the pipeline holds."""
 
 
 def _weights(pl_module: Any) -> dict[str, torch.Tensor]:
-    """A copy of the policy's weights (on their device)."""
+    """A copy of the policy's weights (on their device; this rank's shards under FSDP2)."""
     return {k: v.detach().clone() for k, v in pl_module.policy.state_dict().items()}
 
 
 class FinalRetrain(Callback):
-    """At ``on_fit_end``: evaluate -> SFT from the initial weights on the datamodule's
-    ``source`` set -> load it into the policy in place -> evaluate again.
+    """At ``on_fit_end``: judge -> SFT from the initial weights on the datamodule's ``source``
+    set -> load it into the policy in place -> judge again.
 
     Logs ``val/final_before_pass@1``, ``val/final_after_pass@1`` (and ``@eval_k``) to the
     loggers, prints them, and keeps them in :attr:`results`.
@@ -46,54 +49,49 @@ class FinalRetrain(Callback):
     Args:
         sft: :class:`~coscale.modules.SFTModule` arguments plus ``batch_size``; the policy's
             prompt, tokenizer, reward and dtype are used unless set here.
-        trainer: ``lightning.Trainer`` arguments of the SFT fit (e.g. ``max_epochs``).
+        trainer: The SFT's length: ``max_epochs``, ``max_steps``, ``gradient_clip_val``
+            (strategy and precision are the running Trainer's).
+        selection: Keep the weights with the best pass@1 on a slice of the training problems.
         initial_model: Name or folder of the initial weights (default: ``model_source``).
-        eval_k: Samples per problem in the before / after evaluation.
+        eval_k: Samples per problem in the before / after judging.
         export_dir: Save the retrained policy here in HF format.
-        batch_size: Problems per sampling call of the evaluation.
-        seed: Seed of the evaluation samples (the same before and after).
+        seed: Seed of the judging samples (the same before and after).
         keep: ``retrained`` (the paper) keeps the retrained weights; ``better`` keeps them only
-            when their pass@1 in that evaluation is not lower than before, else restores the
-            weights the fit ended with (``val/final_kept_retrained`` says which was kept).
-            The evaluation runs on the datamodule's held-out problems, or its training problems
-            when it has none: never point it at the sets you report.
+            when their pass@1 is not lower than before, else restores the weights the fit ended
+            with (``val/final_kept_retrained`` says which was kept).
         source: The retrain's set (plus the replay share): ``all`` (the paper: bank solutions
-            and the latest correct RL rollouts), ``bank`` (RL's rollouts left out; the pipeline's
-            ``final_sft_source``, which the demo sets to ``bank``) or ``redistill``.
+            and the latest correct RL rollouts), ``bank`` or ``redistill``.
     """
 
     def __init__(
         self,
         sft: dict[str, Any] | None = None,
         trainer: dict[str, Any] | None = None,
+        selection: Selection | None = None,
         initial_model: str | None = None,
         eval_k: int = 8,
         export_dir: str | None = None,
-        batch_size: int = 16,
         seed: int = 0,
         keep: str = "retrained",
         source: SFTSource = "all",
     ) -> None:
         super().__init__()
-        errors = stage_errors(sft, trainer) + sft_stage.at_least(0, seed=seed)
-        if keep not in KEEP:
-            errors.append(f"keep must be one of {KEEP}, got {keep!r}")
-        errors += sft_stage.at_least(1, eval_k=eval_k, batch_size=batch_size)
-        errors += one_of(SFT_SOURCES, source=source)
+        errors = at_least(0, seed=seed) + at_least(1, eval_k=eval_k)
+        errors += one_of(CALLBACK_KEEP, keep=keep) + one_of(SFT_SOURCES, source=source)
         if errors:
             raise ValueError("FinalRetrain: " + "; ".join(errors))
-        self.sft, self.trainer_kwargs = dict(sft or {}), dict(trainer or {})
+        self.settings = RetrainSettings("FinalRetrain", sft, trainer, selection)
         self.initial_model, self.export_dir = initial_model, export_dir
-        self.eval_k, self.batch_size, self.seed, self.keep = eval_k, batch_size, seed, keep
-        self.source = source
+        self.eval_k, self.seed, self.keep, self.source = eval_k, seed, keep, source
         self.runs = 0  # retrains done
         self.results: dict[str, float] = {}  # val/final_{before,after}_pass@k of the last run
         self._device: torch.device | None = None
 
     @override
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage == "fit":
-            initial_weights(self, pl_module)  # fail before training, not after it
+        if stage == "fit":  # fail before training, not after it
+            initial_weights(self, pl_module)
+            self.settings.check_trainer(trainer)
 
     @override
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -104,57 +102,46 @@ class FinalRetrain(Callback):
         self.run(trainer, pl_module)
 
     def run(self, trainer: Any, pl_module: Any, datamodule: Any = None) -> dict[str, float]:
-        """Evaluates, retrains from the initial weights, evaluates again; returns the results.
+        """Judges, retrains from the initial weights, judges again; returns the results.
 
         ``datamodule`` defaults to the trainer's (a trainer that never ran ``fit`` has none).
         """
-        if (dm := sft_stage.datamodule_or_warn(trainer, self, datamodule)) is None:
+        if (dm := datamodule_or_warn(trainer, self, datamodule)) is None:
             return {}
-        problems = judged_problems(dm)
+        problems = judged_problems(dm.val_problems, dm.curriculum)
         back_to = pl_module.device
         pl_module.to(self._device or back_to)  # sample on the training device, not the CPU
         try:
-            self.results = self.measure(trainer, pl_module, problems, "before")
+            self.results = judge(pl_module, problems, "before", self.eval_k, self.seed)
             items = dm.curriculum.sft_pairs(self.source)
             if items:
-                fit_end = _weights(pl_module) if self.keep == "better" else None
-                retrain_from_initial(self, pl_module, items, seed=dm.curriculum.settings.seed)
-                self.runs += 1
-                self.results |= self.measure(trainer, pl_module, problems, "after")
-                self._keep_better(pl_module, fit_end)
+                self._retrain(trainer, pl_module, items, dm, problems)
             else:
                 rank_zero_warn("FinalRetrain: nothing to retrain on; the policy is left as is")
             if items and self.export_dir:  # every rank: the export gathers, rank 0 writes
                 pl_module.export(self.export_dir)
         finally:
             pl_module.to(back_to)
-        sft_stage.log_to_loggers(trainer, self.results)
+        log_to_loggers(trainer, self.results)
         rank_zero_info(
             "FinalRetrain: " + ", ".join(f"{k}={v:.4f}" for k, v in self.results.items())
         )
         return dict(self.results)
 
-    def _keep_better(self, pl_module: Any, fit_end: dict[str, torch.Tensor] | None) -> None:
-        """With ``keep="better"``: back to the fit's own weights if the retrain lowered pass@1."""
-        if fit_end is None:
+    def _retrain(self, trainer, pl_module, items, dm, problems) -> None:
+        fit_end = _weights(pl_module) if self.keep == "better" else None
+        guard = retrain_from_initial(self, trainer, pl_module, items, dm.curriculum)
+        self.results |= {f"final/{k}": v for k, v in guard.items()}
+        self.runs += 1
+        self.results |= judge(pl_module, problems, "after", self.eval_k, self.seed)
+        if fit_end is None or not problems:
             return
-        before = self.results.get("val/final_before_pass@1", 0.0)
-        kept = self.results.get("val/final_after_pass@1", 0.0) >= before
+        before = self.results["val/final_before_pass@1"]
+        kept = keeps_retrained(self.keep, before, self.results["val/final_after_pass@1"])
         if not kept:
             pl_module.policy.load_state_dict(fit_end)
             rank_zero_info("FinalRetrain: the retrain lowered pass@1; the fit's weights are kept")
         self.results["val/final_kept_retrained"] = float(kept)
-
-    def measure(self, trainer: Any, pl_module: Any, problems: list[dict], when: str) -> dict:
-        """``val/final_<when>_pass@1`` and ``@eval_k`` of ``pl_module``'s policy on ``problems``
-        (seeded: every model measured gets the same sampling seed)."""
-        if not problems:
-            return {}
-        base = getattr(pl_module, "val_sampling", None) or SamplingParams()
-        sampling = replace(base, seed=self.seed)
-        n, chunk = self.eval_k, self.batch_size
-        counts = sft_stage.sample_counts(pl_module, problems, n, sampling, chunk)
-        return {f"val/final_{when}_{k}": v for k, v in sft_stage.pass_rates(n, counts).items()}
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -51,7 +51,7 @@ class ProblemDataModule(CurriculumDataModule):
         sft_keep_rl_bank: In ``all`` sets, keep the bank solutions of problems RL has handled
             next to their latest correct rollouts. The paper keeps only the rollouts; with few
             RL epochs per problem that drops what the first SFT taught (the built-in demo
-            measured it: re-distilled pass@1 fell back to the base's).
+            measured it: re-distilled pass@1 fell back to the base's; docs/results.md).
         low: Accuracy at which a problem becomes solvable.
         high: Accuracy at which a problem counts as solved.
         max_solutions: Solution budget of a problem before it is marked failed.

@@ -1,7 +1,7 @@
 """Problem pools: which stage of CoScale-RL every training problem is in.
 
 Each problem sits in exactly one :class:`Pool`, decided from its latest measured accuracy
-(pass@1 over K samples) and the budgets it has spent (METHOD.md, "Problem pools"):
+(pass@1 over K samples) and the budgets it has spent (docs/method.md, "Problem pools"):
 
 * ``acc >= high`` -> SOLVED (leaves RL);
 * ``low <= acc < high`` -> SOLVABLE (goes to RL), or FAILED once its RL budget is spent;
@@ -23,7 +23,7 @@ _FORMAT = 1
 
 
 class Pool(str, Enum):
-    """The four pools of METHOD.md; the values are the keys of :meth:`ProblemPools.counts`."""
+    """The four pools of CoScale-RL; the values are the keys of :meth:`ProblemPools.counts`."""
 
     UNSOLVABLE = "unsolvable"
     SOLVABLE = "solvable"

@@ -1,7 +1,7 @@
 """Rollout N per difficulty group: the computation-scaling rule of CoScale-RL, without Lightning.
 
 A problem gets a group when it is first seen solvable: equal-width accuracy bins over
-``[low, high)`` of the pools, group 0 the hardest (METHOD.md idea 2). Two ways to set each
+``[low, high)`` of the pools, group 0 the hardest (docs/method.md, computation scaling). Two ways to set each
 group's N:
 
 * ``plateau``: N x ``factor`` once the group's mean RL accuracy has not beaten its best by more

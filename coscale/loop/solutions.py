@@ -1,10 +1,11 @@
 """Solution bank and replay buffer: the data side of CoScale-RL.
 
 * The **bank** holds verified solutions per problem in a stable insertion order; SFT takes
-  the first k of a problem ("scale solutions per problem", METHOD.md idea 1).
+  the first k of a problem (data scaling, docs/method.md).
 * The **replay buffer** keeps, per problem, the most recent correct RL rollouts with the step
   that produced them; :meth:`SolutionBank.redistill_set` turns it into the re-distillation set
-  (METHOD.md idea 3: latest correct solution per problem, capped, shuffled with a fixed seed).
+  (docs/method.md, re-distillation: latest correct solution per problem, capped, shuffled with
+  a fixed seed).
 
 Everything is JSON-serialisable so it can be saved in a Lightning checkpoint.
 """

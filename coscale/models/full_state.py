@@ -70,6 +70,7 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> No
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+        _reshard(model)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(model, state, options=options)
         return
@@ -77,6 +78,16 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> No
     if distributed():
         for tensor in model.state_dict().values():
             dist.broadcast(tensor.data, src=0)
+
+
+def _reshard(model: nn.Module) -> None:
+    """Every FSDP2 unit of ``model`` back to its shards: a unit left gathered (the root after a
+    forward without a backward) holds plain tensors, which a sharded load cannot copy into."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def save_full(model: Any, tokenizer: Any, path: str | os.PathLike) -> str:

@@ -15,6 +15,7 @@ from coscale.loop.budget import spend
 from coscale.models.full_state import load_full_state_dict
 from coscale.models.policy import export_policy, load_policy
 from coscale.models.prompting import PromptFormat
+from coscale.modules.settings import PolicyLoad
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
 from coscale.scoring.metrics import PassAtK
@@ -34,13 +35,11 @@ class PolicyMixin:
     val_sampling: SamplingParams
     val_samples: int
 
-    def _init_policy(
-        self, model, tokenizer, dtype, trust_remote_code, gradient_checkpointing
-    ) -> None:
+    def _init_policy(self, model: Any, tokenizer: str | None, load: PolicyLoad) -> None:
         self.model_source = model if isinstance(model, (str, os.PathLike)) else None
-        self._load_kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+        self._load_kwargs = {"dtype": load.dtype, "trust_remote_code": load.trust_remote_code}
         self.policy, self.tokenizer = load_policy(
-            model, tokenizer, dtype, trust_remote_code, gradient_checkpointing
+            model, tokenizer, load.dtype, load.trust_remote_code, load.gradient_checkpointing
         )
         self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
         self._backend: RolloutBackend | None = None
@@ -96,19 +95,11 @@ class PolicyMixin:
         return correct.tolist()
 
     def configure_model(self) -> None:
-        """FSDP2 under Lightning's ``ModelParallelStrategy``: shard each decoder block, then the
-        whole policy, over the data-parallel mesh. Other strategies leave the model as is."""
+        """FSDP2 under Lightning's ``ModelParallelStrategy`` (:func:`shard_policy` over its
+        data-parallel mesh). Other strategies leave the model as is."""
         mesh = getattr(self, "device_mesh", None)
-        if mesh is None or getattr(self.policy, "_is_fsdp_managed_module", False):
-            return
-        from torch.distributed.fsdp import fully_shard
-
-        blocks = set(getattr(self.policy, "_no_split_modules", None) or ())
-        for module in self.policy.modules():
-            if type(module).__name__ in blocks:
-                fully_shard(module, mesh=mesh["data_parallel"])
-        fully_shard(self.policy, mesh=mesh["data_parallel"])
-        self.policy._is_fsdp_managed_module = True  # HF generate keeps ranks in lockstep
+        if mesh is not None:
+            shard_policy(self.policy, mesh)
 
     # ----------------------------------------------------------- validation
     def validation_step(self, batch: list[dict], batch_idx: int) -> None:
@@ -133,6 +124,22 @@ class PolicyMixin:
             )
         fresh, _ = load_policy(self.model_source, self.tokenizer, **self._load_kwargs)
         load_full_state_dict(self.policy, fresh.state_dict())  # into the shards under FSDP2
+
+
+def shard_policy(policy: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+    """FSDP2: each decoder block (the model's ``_no_split_modules``), then the whole policy,
+    sharded over ``mesh["data_parallel"]``; a policy sharded already is left as is."""
+    if getattr(policy, "_is_fsdp_managed_module", False):
+        return policy
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(getattr(policy, "_no_split_modules", None) or ())
+    for module in policy.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh["data_parallel"])
+    fully_shard(policy, mesh=mesh["data_parallel"])
+    policy._is_fsdp_managed_module = True  # HF generate keeps ranks in lockstep
+    return policy
 
 
 def _pass_ks(samples: int) -> tuple[int, ...]:

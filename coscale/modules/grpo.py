@@ -26,6 +26,7 @@ from coscale.modules.distributed import all_gather_objects, global_max, global_s
 from coscale.modules.feed import curriculum_of, epoch_finished
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
+from coscale.modules.settings import AdamW, PolicyLoad
 from coscale.rl.advantages import group_advantages
 from coscale.rl.logprobs import sequence_logprobs
 from coscale.rl.losses import GRPOLoss, PolicyLoss
@@ -155,7 +156,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.log_completions_every = log_completions_every
         self.rollout_backend = rollout_backend
         self.rollout_options = dict(rollout_options or {})
-        self._init_policy(model, tokenizer, dtype, trust_remote_code, gradient_checkpointing)
+        self.load = PolicyLoad(dtype, gradient_checkpointing, trust_remote_code)
+        self._init_policy(model, tokenizer, self.load)
         self.sort_micro_batches = sort_micro_batches
         self.share_prompt_in_update = share_prompt_in_update
         if fast_rollouts and rollout_backend == "hf":
@@ -341,9 +343,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     @override
     def configure_optimizers(self) -> Any:
-        return adamw_with_warmup(
-            self.policy, self.lr, self.betas, self.weight_decay, self.warmup_steps
-        )
+        settings = AdamW(self.lr, tuple(self.betas), self.weight_decay, self.warmup_steps)
+        return adamw_with_warmup(self.policy, settings)
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

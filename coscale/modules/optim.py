@@ -11,23 +11,20 @@ from typing import Any
 
 import torch
 
+from coscale.modules.settings import AdamW
 
-def adamw_with_warmup(
-    model: torch.nn.Module,
-    lr: float,
-    betas: tuple[float, float],
-    weight_decay: float,
-    warmup_steps: int,
-) -> dict[str, Any]:
+
+def adamw_with_warmup(model: torch.nn.Module, settings: AdamW) -> dict[str, Any]:
     """AdamW over the trainable parameters, the LR ramped linearly over ``warmup_steps`` steps."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
         params,
-        lr=lr,
-        betas=tuple(betas),
-        weight_decay=weight_decay,
+        lr=settings.lr,
+        betas=tuple(settings.betas),
+        weight_decay=settings.weight_decay,
         fused=_can_fuse(params) or None,
     )
+    warmup_steps = settings.warmup_steps
     if warmup_steps <= 0:
         return {"optimizer": opt}
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warmup_steps))

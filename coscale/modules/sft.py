@@ -18,22 +18,27 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Any, Literal
+from dataclasses import asdict
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from coscale.checks import at_least
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
+from coscale.modules.distributed import rank_world
 from coscale.modules.feed import curriculum_of
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
+from coscale.modules.settings import AdamW, PolicyLoad, Validation, as_group, group_errors
 from coscale.rollout.base import SamplingParams
 from coscale.sft.batch import solution_loss, tokenize_pairs
-from coscale.sft.distill import Teacher, distill_errors, distill_loss
+from coscale.sft.distill import Distillation, Teacher, distill_loss
 from coscale.sft.forgetting import (
     ForgettingGuard,
+    GuardSettings,
     guarded_parameters,
     mean_loss,
     reference_gradient,
@@ -50,41 +55,25 @@ class SFTModule(PolicyMixin, L.LightningModule):
         model: HF hub name or local folder of a causal LM (or a built model, in Python).
         tokenizer: Tokenizer name or folder; defaults to the model's.
         prompt: How a question becomes the prompt.
-        lr: AdamW learning rate.
-        betas: AdamW betas.
-        weight_decay: AdamW weight decay.
-        warmup_steps: Linear warm-up steps of the learning rate.
+        reward: Verifier used by validation (``class_path`` in YAML); default MathReward.
+        load: How the policy loads (dtype, gradient checkpointing, remote code).
+        optimizer: AdamW and its learning-rate warm-up.
         max_length: Longest (prompt + solution) in tokens; longer pairs are cut.
-        dtype: Weights' dtype name (``float32``, ``bfloat16``, ``float16``).
-        gradient_checkpointing: Recompute activations in the backward pass to save memory.
         padding_free: Run each batch with its rows end to end and attention kept per row
             (:mod:`coscale.sft.packing`), so no FLOPs go to padding; same loss up to float rounding.
             Applies where :func:`coscale.sft.packing.can_pack` holds (SDPA, no window shorter than
             a row, no activation checkpointing); any other model takes the padded path
             (``bench_sft.py`` measures both).
-        trust_remote_code: Allow custom model code shipped with the model (off unless asked).
-        reward: Verifier used by validation (``class_path`` in YAML); default MathReward.
-        val_samples: Samples per held-out problem in validation (pass@k up to this k).
-        val_temperature: Sampling temperature in validation.
-        val_max_new_tokens: Token limit of a validation sample.
-        forgetting_guard: ``none`` (off), or freeze the coordinates whose gradient opposes the
-            mastered set's per ``parameter`` or per ``neuron`` (output row); see
-            :mod:`coscale.sft.forgetting`. Logs ``train/masked_frac`` and the mastered-set loss
-            (``train/mastered_loss_start`` / ``_end``; also in :attr:`guard_report`).
-        guard_refresh_every: Optimiser steps between recomputations of the mastered gradient.
-        guard_batch_size: Mastered pairs per recomputation, all ranks together (the set is
-            cycled through in a fixed shuffled order); also the batch of the loss measurement.
-        mastered: The mastered set as ``{"question", "solution"}`` dicts. Default: the
+        validation: Samples, temperature and token limit of validation on held-out problems.
+        forgetting_guard: Mask each step's gradient against the mastered set's
+            (:mod:`coscale.sft.forgetting`; figures also in :attr:`guard_report`).
+        mastered: The guard's mastered set as ``{"question", "solution"}`` dicts. Default: the
             ``solved`` problems of the trainer's ProblemDataModule with their latest correct
             rollout (else first bank solution). Not saved in the hyper-parameters.
-        teacher: A model (folder or hub name, same tokenizer) to distil from: the loss then
-            mixes the solution tokens' cross-entropy with KL(teacher || model) on the same
-            tokens (:mod:`coscale.sft.distill`). None: plain SFT. The pipeline sets it to the
-            latest RL model in the SFT stages from the initial model that follow RL when
-            ``pipeline.distill_weight`` > 0. Logs ``train/ce`` and ``train/kl``.
-        distill_weight: Weight of the KL term (the cross-entropy gets 1 - it); used with a
-            teacher only.
-        distill_temperature: Temperature both distributions are softened with in the KL term.
+        distill: Also match a teacher's next-token distributions on the solution tokens
+            (:mod:`coscale.sft.distill`; logs ``train/ce`` and ``train/kl``). The pipeline sets it
+            to the latest RL model in the SFT stages from the initial model that follow RL when
+            ``pipeline.distill_weight`` > 0. None: plain SFT.
     """
 
     data_kind = "sft"
@@ -94,59 +83,64 @@ class SFTModule(PolicyMixin, L.LightningModule):
         model: str | Any,
         tokenizer: str | None = None,
         prompt: PromptFormat | str = PromptFormat(),
-        lr: float = 1e-5,
-        betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        max_length: int = 1024,
-        dtype: str = "float32",
-        gradient_checkpointing: bool = False,
-        padding_free: bool = True,
-        trust_remote_code: bool = False,
         reward: Any = None,
-        val_samples: int = 8,
-        val_temperature: float = 1.0,
-        val_max_new_tokens: int = 256,
-        forgetting_guard: Literal["none", "parameter", "neuron"] = "none",
-        guard_refresh_every: int = 1,
-        guard_batch_size: int = 16,
+        load: PolicyLoad = PolicyLoad(),
+        optimizer: AdamW = AdamW(),
+        max_length: int = 1024,
+        padding_free: bool = True,
+        validation: Validation = Validation(),
+        forgetting_guard: GuardSettings = GuardSettings(),
         mastered: list[dict[str, str]] | None = None,
-        teacher: str | None = None,
-        distill_weight: float = 0.5,
-        distill_temperature: float = 1.0,
+        distill: Distillation | None = None,
     ) -> None:
         super().__init__()
-        guard = (forgetting_guard, guard_refresh_every, guard_batch_size)
-        distill = (distill_weight, distill_temperature)
-        errors = settings_errors(lr, max_length, val_samples, *guard, *distill)
+        load, optimizer = as_group(PolicyLoad, load), as_group(AdamW, optimizer)
+        validation = as_group(Validation, validation)
+        guard, distill = as_group(GuardSettings, forgetting_guard), as_group(Distillation, distill)
+        groups = dict(load=load, optimizer=optimizer, validation=validation)
+        errors = settings_errors(
+            max_length=max_length, forgetting_guard=guard, distill=distill, **groups
+        )
         if errors:
             raise ValueError("SFTModule: " + "; ".join(errors))
         in_memory = not isinstance(model, (str, os.PathLike))
-        prompt = prompt_fields(prompt)  # hparams: a plain dict (loggers refuse a frozen dataclass)
-        self.save_hyperparameters(ignore=["model"] * in_memory + ["reward", "mastered"])
-        prompt = as_prompt_format(prompt)
-        self.prompt, self.lr, self.betas = prompt, lr, betas
-        self.weight_decay, self.warmup_steps, self.max_length = (
-            weight_decay,
-            warmup_steps,
+        self.save_hyperparameters(
+            {
+                "prompt": prompt_fields(prompt),
+                "max_length": max_length,
+                "padding_free": padding_free,
+            }
+            | {"tokenizer": tokenizer, "forgetting_guard": asdict(guard)}
+            | {k: asdict(v) for k, v in groups.items()}
+            | {"distill": asdict(distill) if distill is not None else None}
+            | ({} if in_memory else {"model": model})
+        )
+        self.prompt, self.optimizer, self.max_length = (
+            as_prompt_format(prompt),
+            optimizer,
             max_length,
         )
         self.reward = reward if reward is not None else _default_reward()
-        self.padding_free = padding_free
-        self.val_samples = val_samples
+        self.padding_free, self.load = padding_free, load
+        self.val_samples = validation.samples
         self.val_sampling = SamplingParams(
-            max_new_tokens=val_max_new_tokens, temperature=val_temperature
+            max_new_tokens=validation.max_new_tokens or 256, temperature=validation.temperature
         )
-        self.forgetting_guard, self.mastered = forgetting_guard, mastered
-        self.guard_refresh_every, self.guard_batch_size = guard_refresh_every, guard_batch_size
+        self.guard, self.mastered = guard, mastered
         self.guard_report: dict[str, float] = {}  # mastered-set figures of the last fit
         self._guard: ForgettingGuard | None = None
         self._guard_resume: dict[str, Any] | None = None  # the guard's place, from a checkpoint
         self._mastered_cycle: list[dict] = []
-        self._init_policy(model, tokenizer, dtype, trust_remote_code, gradient_checkpointing)
-        self.distill_weight, self.distill_temperature = distill_weight, distill_temperature
+        self.loop_steps = 0  # optimiser steps when a loop other than the Trainer's runs the fit
+        self._init_policy(model, tokenizer, load)
+        self.distill = distill
         # not a submodule: no optimiser state, not in checkpoints, not wrapped or sharded
-        self.teacher = Teacher(teacher, dtype, trust_remote_code) if teacher is not None else None
+        self.teacher = Teacher(distill.teacher, load) if distill is not None else None
+
+    @property
+    def lr(self) -> float:
+        """The optimiser's learning rate (what the Rollout N theory reads)."""
+        return self.optimizer.lr
 
     @override
     def forward(self, **batch: torch.Tensor) -> Any:
@@ -174,13 +168,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         if self.teacher is None:
             loss, n_tokens = solution_loss(self.policy, enc, self.padding_free)
             return loss, n_tokens, {}
+        d = self.distill
         return distill_loss(
-            self.policy,
-            self.teacher,
-            enc,
-            self.distill_weight,
-            self.distill_temperature,
-            self.padding_free,
+            self.policy, self.teacher, enc, d.weight, d.temperature, self.padding_free
         )
 
     def encode(self, batch: list[dict]) -> dict[str, torch.Tensor]:
@@ -193,17 +183,15 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     @override
     def configure_optimizers(self) -> Any:
-        return adamw_with_warmup(
-            self.policy, self.lr, self.betas, self.weight_decay, self.warmup_steps
-        )
+        return adamw_with_warmup(self.policy, self.optimizer)
 
     # ---------------------------------------------------------- forgetting guard
     @override
     def on_train_start(self) -> None:
         self._guard, self.guard_report = None, {}
-        if self.forgetting_guard == "none":
+        if not self.guard.on:
             return
-        _check_strategy(self.trainer.strategy, self.forgetting_guard)
+        check_guard_strategy(self.trainer.strategy, self.guard.mode)
         items = list(self.mastered) if self.mastered is not None else self._datamodule_mastered()
         if not items:
             rank_zero_warn(
@@ -213,7 +201,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
             return
         random.Random(0).shuffle(items)  # the same cycle on every rank and every run
         self._mastered_cycle, self._cursor, self._masked = items, 0, [0.0, 0]
-        self._guard = ForgettingGuard(self.policy, self.forgetting_guard)
+        self._guard = ForgettingGuard(self.policy, self.guard.mode)
         if (saved := self._guard_resume) is not None:  # a resumed fit goes on where it was
             self._cursor, self._masked = saved["cursor"], list(saved["masked"])
             self.guard_report, self._guard.reference = dict(saved["report"]), saved["reference"]
@@ -226,7 +214,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         if self._guard is None:
             return
         # the reference only when it outlives a step (the same on every rank: all-reduced)
-        kept = self._guard.reference if self.guard_refresh_every > 1 else None
+        kept = self._guard.reference if self.guard.refresh_every > 1 else None
         checkpoint["forgetting_guard"] = {
             "cursor": self._cursor,
             "masked": list(self._masked),
@@ -242,10 +230,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         if self._guard is None:
             return
-        if (
-            self._guard.reference is None
-            or self.trainer.global_step % self.guard_refresh_every == 0
-        ):
+        if self._guard.reference is None or self.steps_done % self.guard.refresh_every == 0:
             rows = self._next_mastered()
             grads, _ = reference_gradient(
                 guarded_parameters(self.policy), [rows] if rows else [], self._loss_sum
@@ -259,8 +244,18 @@ class SFTModule(PolicyMixin, L.LightningModule):
     @override
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
+        self.after_optimizer_step()
+
+    def after_optimizer_step(self) -> None:
+        """The frozen coordinates back to their pre-step values (a no-op without the guard)."""
         if self._guard is not None:
-            self._guard.restore()  # the frozen coordinates back to their pre-step values
+            self._guard.restore()
+
+    @property
+    def steps_done(self) -> int:
+        """Optimiser steps of the running fit: the Trainer's ``global_step``, or the count of the
+        in-fit loop (:mod:`coscale.callbacks.sft_in_fit`) that runs this module on Fabric."""
+        return self._trainer.global_step if self._trainer is not None else self.loop_steps
 
     @override
     def on_train_end(self) -> None:
@@ -278,9 +273,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         source = self._mastered_cycle if items is None else items
         if not source:
             raise ValueError("mastered_loss: items is empty and this fit has no mastered set")
-        rank, world = self._rank_world()
+        rank, world = rank_world()
         mine = list(source)[rank::world]
-        size = self.guard_batch_size
+        size = self.guard.batch_size
         batches = [mine[i : i + size] for i in range(0, len(mine), size)]
         return mean_loss(batches, self._loss_sum, self.device)
 
@@ -290,10 +285,10 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     def _next_mastered(self) -> list[dict]:
         """This rank's share of the next ``guard_batch_size`` pairs of the mastered cycle."""
-        cycle, n = self._mastered_cycle, min(self.guard_batch_size, len(self._mastered_cycle))
+        cycle, n = self._mastered_cycle, min(self.guard.batch_size, len(self._mastered_cycle))
         rows = [cycle[(self._cursor + i) % len(cycle)] for i in range(n)]
         self._cursor = (self._cursor + n) % len(cycle)
-        rank, world = self._rank_world()
+        rank, world = rank_world()
         return rows[rank::world]
 
     def _datamodule_mastered(self) -> list[dict]:
@@ -308,13 +303,10 @@ class SFTModule(PolicyMixin, L.LightningModule):
             for logger in self.trainer.loggers:
                 logger.log_metrics({f"train/{k}": v for k, v in values.items()}, self.global_step)
 
-    def _rank_world(self) -> tuple[int, int]:
-        trainer = self._trainer  # None outside a fit: one process
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
-
-def _check_strategy(strategy: Any, guard: str) -> None:
-    """The guard needs whole, unsharded parameters and gradients: single device or DDP."""
+def check_guard_strategy(strategy: Any, guard: str) -> None:
+    """The guard needs whole, unsharded parameters and gradients: single device or DDP (a
+    Lightning or a Fabric strategy)."""
     name = type(strategy).__name__
     if any(sharded in name for sharded in ("FSDP", "DeepSpeed", "ModelParallel")):
         raise ValueError(
@@ -323,37 +315,22 @@ def _check_strategy(strategy: Any, guard: str) -> None:
         )
 
 
-def settings_errors(
-    lr=1e-5,
-    max_length=1024,
-    val_samples=8,
-    forgetting_guard="none",
-    guard_refresh_every=1,
-    guard_batch_size=16,
-    distill_weight=0.5,
-    distill_temperature=1.0,
-    **_: Any,
-) -> list[str]:
-    """Every out-of-range setting, named (checked by the pipeline before any work, too)."""
-    errors = []
-    if lr <= 0 or max_length < 2 or val_samples < 1:
-        errors.append(
-            f"lr must be > 0 (got {lr}), max_length >= 2 (got {max_length}), "
-            f"val_samples >= 1 (got {val_samples})"
-        )
-    errors += distill_errors(distill_weight, distill_temperature)
-    return errors + _guard_errors(forgetting_guard, guard_refresh_every, guard_batch_size)
+GROUPS = {
+    "load": PolicyLoad,
+    "optimizer": AdamW,
+    "validation": Validation,
+    "forgetting_guard": GuardSettings,
+    "distill": Distillation,
+}
+"""The settings groups of :class:`SFTModule`, by argument name."""
 
 
-def _guard_errors(guard: Any, refresh_every: Any, batch_size: Any) -> list[str]:
-    """Messages for bad forgetting-guard settings (empty when they are fine)."""
-    errors = []
-    if guard not in ("none", "parameter", "neuron"):
-        errors.append(f"forgetting_guard must be one of none, parameter, neuron; got {guard!r}")
-    for name, value in (("guard_refresh_every", refresh_every), ("guard_batch_size", batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            errors.append(f"{name} must be an int >= 1, got {value!r}")
-    return errors
+def settings_errors(**args: Any) -> list[str]:
+    """Every out-of-range setting among ``args`` (groups as objects or mappings), named; the
+    pipeline checks ``pipeline.sft`` with it before any work."""
+    errors = at_least(2, max_length=args["max_length"]) if "max_length" in args else []
+    groups = {k: as_group(GROUPS[k], v) for k, v in args.items() if k in GROUPS}
+    return errors + group_errors(**groups)
 
 
 def _default_reward() -> Any:

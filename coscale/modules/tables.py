@@ -1,6 +1,6 @@
 """A sampled completions table per step, logged under its own key so tables never overwrite.
 
-Only a handful of rows are logged (PEERS.md: full tables slowed peers' training), and only to a
+Only a handful of rows are logged (full tables of every rollout slow training down), and only to a
 logger that can take a table (W&B); others get nothing.
 """
 

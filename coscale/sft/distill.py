@@ -17,6 +17,7 @@ not wrapped by DDP, not sharded by FSDP2: every rank holds a whole copy).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,25 +27,40 @@ from coscale.loop.budget import spend
 from coscale.sft.batch import solution_logits
 
 
+@dataclass(frozen=True)
+class Distillation:
+    """Distil from a teacher as well as learning the solution tokens.
+
+    Attributes:
+        teacher: A model (folder or hub name, same tokenizer as the student) to distil from.
+        weight: Weight of the KL term (the cross-entropy gets 1 - it).
+        temperature: Temperature both distributions are softened with in the KL term.
+    """
+
+    teacher: str
+    weight: float = 0.5
+    temperature: float = 1.0
+
+    def errors(self) -> list[str]:
+        return distill_errors(self.weight, self.temperature)
+
+
 class Teacher:
     """A frozen causal LM whose logits a student is distilled towards.
 
     Args:
         model: Folder or hub name of the teacher (same tokenizer as the student), or a built model.
-        dtype: Weights' dtype name.
-        trust_remote_code: Allow code shipped with the model.
+        load: The student's :class:`~coscale.modules.settings.PolicyLoad` (dtype, remote code);
+            None: float32, no remote code.
     """
 
-    def __init__(
-        self,
-        model: str | os.PathLike | Any,
-        dtype: str = "float32",
-        trust_remote_code: bool = False,
-    ) -> None:
+    def __init__(self, model: str | os.PathLike | Any, load: Any = None) -> None:
         if isinstance(model, (str, os.PathLike)):
             from coscale.models.policy import load_policy
 
-            model, _ = load_policy(model, dtype=dtype, trust_remote_code=trust_remote_code)
+            dtype = getattr(load, "dtype", "float32")
+            remote = getattr(load, "trust_remote_code", False)
+            model, _ = load_policy(model, dtype=dtype, trust_remote_code=remote)
         self.model = model.eval().requires_grad_(False)
 
     @torch.no_grad()
@@ -98,7 +114,7 @@ def distill_errors(weight: Any, temperature: Any) -> list[str]:
     """Messages for bad distillation settings (empty when they are fine)."""
     errors = []
     if not isinstance(weight, (int, float)) or not 0.0 <= weight <= 1.0:
-        errors.append(f"distill_weight must be in [0, 1], got {weight!r}")
+        errors.append(f"weight must be in [0, 1], got {weight!r}")
     if not isinstance(temperature, (int, float)) or temperature <= 0:
-        errors.append(f"distill_temperature must be > 0, got {temperature!r}")
+        errors.append(f"temperature must be > 0, got {temperature!r}")
     return errors

@@ -1,4 +1,4 @@
-"""Gradient-similarity masking against forgetting (METHOD.md, last section; arXiv 2601.21577).
+"""Gradient-similarity masking against forgetting (arXiv 2601.21577; docs/forgetting-guard.md).
 
 While fine-tuning on new data, the gradient of the loss on already-mastered data (``g_old``) is
 compared with the gradient on the new data (``g_new``, what the optimiser is about to use).
@@ -23,15 +23,48 @@ mastered set does not reach (no ``g_old``) is kept. Core file: plain PyTorch, no
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
+from coscale.checks import one_of
 from coscale.loop.pools import Pool
 
 GRANULARITIES = ("parameter", "neuron")
-"""Mask granularities; ``forgetting_guard`` in config also accepts ``"none"`` (off)."""
+"""Mask granularities; :class:`GuardSettings` also takes ``"none"`` (off)."""
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """The forgetting guard of an SFT (off by default).
+
+    Attributes:
+        mode: ``none`` (off), or freeze the coordinates whose gradient opposes the mastered
+            set's per ``parameter`` or per ``neuron`` (output row). Logs ``train/masked_frac``
+            and the mastered-set loss (``train/mastered_loss_start`` / ``_end``).
+        refresh_every: Optimiser steps between recomputations of the mastered gradient.
+        batch_size: Mastered pairs per recomputation, all ranks together (the set is cycled
+            through in a fixed shuffled order); also the batch of the loss measurement.
+    """
+
+    mode: Literal["none", "parameter", "neuron"] = "none"
+    refresh_every: int = 1
+    batch_size: int = 16
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "none"
+
+    def errors(self) -> list[str]:
+        errors = one_of(("none", *GRANULARITIES), mode=self.mode)
+        for name in ("refresh_every", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                errors.append(f"{name} must be an int >= 1, got {value!r}")
+        return errors
+
 
 LossSum = Callable[[Any], tuple[torch.Tensor, int]]
 """``batch -> (loss summed over its target tokens, number of target tokens)``."""

@@ -18,9 +18,18 @@ import shutil
 from coscale.loop.commit import commit_point
 from coscale.models.full_state import barrier, is_writer
 from coscale.stages.context import StageContext
-from coscale.stages.evaluation import judge, judged_problems
+from coscale.stages.evaluation import judge
+from coscale.stages.measure import judged_problems
 
 KEEP = ("retrained", "better", "best")
+"""Values of ``final_keep`` (and of :class:`~coscale.callbacks.FinalRetrain`'s ``keep``, which
+has no earlier iterations' models and so takes the first two)."""
+
+
+def keeps_retrained(keep: str, before: float, after: float) -> bool:
+    """Whether the retrain replaces the model before it: always with ``retrained``, else when
+    its pass@1 ``after`` is not lower than ``before``."""
+    return keep == "retrained" or after >= before
 
 
 def final_stage(
@@ -38,13 +47,14 @@ def final_stage(
             retrain had nothing to train on.
         earlier: ``(iteration, folder)`` of each earlier iteration's model, for ``best``.
     """
-    problems, k, keep = judged_problems(ctx), min(8, ctx.cfg.eval_k), ctx.cfg.final_keep
+    problems = judged_problems(ctx.data.val_problems, ctx.curriculum)
+    k, keep = min(8, ctx.cfg.eval_k), ctx.cfg.final_keep
     results = judge(ctx, current, problems, "before", k)
     kept, score = current, results["val/final_before_pass@1"]
     if candidate is not None:
         results |= judge(ctx, candidate, problems, "after", k)
         after = results["val/final_after_pass@1"]
-        take = keep == "retrained" or after >= score
+        take = keeps_retrained(keep, score, after)
         results["val/final_kept_retrained"] = float(take)
         if take:
             kept, score = candidate, after

@@ -77,6 +77,22 @@ def sample_counts(
     return [c for j in range(len(chunks)) for c in done[j]]
 
 
+def judged_problems(held_out: list[Any], curriculum: Curriculum) -> list[dict]:
+    """What models are judged on: the ``held_out`` problems, else the training problems (never
+    point it at the sets you report)."""
+    return [p.to_dict() for p in (held_out or list(curriculum.problems.values()))]
+
+
+def judge(module: Any, problems: list[dict], tag: str, k: int, seed: int) -> dict[str, float]:
+    """``val/final_<tag>_pass@1`` and ``@k`` of ``module`` on ``problems``: every model judged
+    gets the same seeded samples, so two models are compared on equal terms."""
+    if not problems:
+        return {}
+    sampling = replace(getattr(module, "val_sampling", None) or SamplingParams(), seed=seed)
+    counts = sample_counts(module, problems, k, sampling, 16)
+    return {f"val/final_{tag}_{key}": v for key, v in pass_rates(k, counts).items()}
+
+
 def pass_rates(n: int, counts: list[int]) -> dict[str, float]:
     """``{"pass@1", "pass@<n>"}`` over problems with ``n`` samples and ``counts`` correct."""
     metric = PassAtK(k=sorted({1, n}), sync_on_compute=False)  # counts are gathered already

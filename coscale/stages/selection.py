@@ -15,16 +15,47 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from dataclasses import replace
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from coscale.checks import at_least
 from coscale.loop.commit import commit_point
 from coscale.models.full_state import barrier, is_writer
 from coscale.rollout.base import SamplingParams
 from coscale.stages.measure import sample_counts
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Checkpoint selection of an SFT from the initial model (:class:`SelectOnProblems`).
+
+    Attributes:
+        problems: Score pass@1 on this many of the training problems (a seeded slice); 0: off,
+            the SFT keeps its last weights.
+        every: Optimiser steps between two scorings (and one at the end).
+        k: Samples per problem of each scoring.
+    """
+
+    problems: int = 0
+    every: int = 100
+    k: int = 4
+
+    def errors(self) -> list[str]:
+        """Every out-of-range setting, named."""
+        return at_least(0, problems=self.problems) + at_least(1, every=self.every, k=self.k)
+
+    def build(
+        self, problems: Iterable[Any], folder: str, seed: int, label: str = ""
+    ) -> SelectOnProblems | None:
+        """The selection callback on ``problems`` (None when it is off)."""
+        if not self.problems:
+            return None
+        chosen = selection_slice(list(problems), self.problems, seed)
+        return SelectOnProblems(chosen, self.k, self.every, folder, seed, label=label)
 
 
 def selection_slice(problems: list, count: int, seed: int) -> list[dict]:

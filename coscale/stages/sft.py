@@ -10,8 +10,9 @@ import shutil
 
 from coscale.models.full_state import barrier, is_writer
 from coscale.modules import SFTModule
+from coscale.sft.distill import Distillation
 from coscale.stages.context import StageContext
-from coscale.stages.selection import SelectOnProblems, selection_slice
+from coscale.stages.selection import Selection, SelectOnProblems
 
 
 def sft_stage(
@@ -35,7 +36,7 @@ def sft_stage(
         return None
     distill = {}
     if teacher is not None and ctx.cfg.distill_weight > 0:
-        distill = {"teacher": teacher, "distill_weight": ctx.cfg.distill_weight}
+        distill = {"distill": Distillation(teacher, weight=ctx.cfg.distill_weight)}
         print(f"[coscale] {name}: distilling from {teacher} (weight {ctx.cfg.distill_weight})")
     module = SFTModule(model=start or ctx.cfg.model, **ctx.sft_args, **distill)
     select = selection(ctx, name) if start is None else None
@@ -53,12 +54,8 @@ def sft_stage(
 def selection(ctx: StageContext, name: str) -> SelectOnProblems | None:
     """The stage's checkpoint selection on its own problems (None when it is off)."""
     cfg = ctx.cfg
-    if not cfg.sft_select_problems:
-        return None
-    problems = selection_slice(ctx.curriculum.problems.values(), cfg.sft_select_problems, cfg.seed)
-    folder = ctx.path(name, "select")
-    k, every = cfg.sft_select_k, cfg.sft_select_every
-    return SelectOnProblems(problems, k, every, folder, cfg.seed, label=name)
+    chosen = Selection(cfg.sft_select_problems, cfg.sft_select_every, cfg.sft_select_k)
+    return chosen.build(ctx.curriculum.problems.values(), ctx.path(name, "select"), cfg.seed, name)
 
 
 def copy_model(src: str, dst: str) -> str:

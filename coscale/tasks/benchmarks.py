@@ -6,7 +6,7 @@ hold question, answer, id and worked solution. Rows with the same (whitespace-no
 question become one problem with all their solutions: OpenMathReasoning has one row per
 generated solution, and many solutions per problem are what CoScale-RL's data scaling uses.
 
-`SOURCES` holds the sets named in METHOD.md with their columns as published when this was
+`SOURCES` holds the paper's sets (docs/method.md) with their columns as published when this was
 written (override any field if a data set changes). Specs are strings, as in YAML:
 ``math500``, ``amc?limit=40``, ``openmathreasoning?max_rows=200000&limit=2000``, or a custom
 ``mine?path=data/test.jsonl&question=q&answer=a&where=level:4|5`` (any `BenchmarkSource`

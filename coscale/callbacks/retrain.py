@@ -1,0 +1,120 @@
+"""What ReDistillation and FinalRetrain share: their settings, the initial weights, and one
+retrain from them into the running policy (:mod:`coscale.callbacks.sft_in_fit`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+
+from coscale.callbacks.sft_in_fit import SFTLoop, copy_weights, fabric_for, loop_from, sft_in_fit
+from coscale.loop.curriculum import Curriculum
+from coscale.modules.sft import SFTModule, check_guard_strategy
+from coscale.stages.selection import Selection
+
+_SHARED = ("prompt", "tokenizer", "reward", "load")  # the SFT takes these from the policy module
+
+
+class RetrainSettings:
+    """The checked ``sft`` / ``trainer`` / ``selection`` settings of a retrain callback.
+
+    Args:
+        sft: :class:`~coscale.modules.SFTModule` arguments plus ``batch_size`` (pairs per step,
+            default 16); the policy's prompt, tokenizer, reward and dtype are used unless set.
+        trainer: The loop's length (:data:`~coscale.callbacks.sft_in_fit.LOOP_KEYS`); strategy
+            and precision are the running Trainer's.
+        selection: Keep the best-scoring weights of the retrain instead of its last ones.
+    """
+
+    def __init__(self, owner: str, sft: Any, trainer: Any, selection: Selection | None) -> None:
+        pairs = (("sft", sft), ("trainer", trainer))
+        errors = [f"{k} must be a dict or None, got {v!r}" for k, v in pairs if not _dict(v)]
+        if not errors:
+            self.sft = dict(sft or {})
+            if "model" in self.sft:
+                errors.append("sft must not set 'model' (set initial_model instead)")
+            self.loop, more = loop_from(trainer or {}, self.sft.pop("batch_size", 16))
+            errors += more + (selection.errors() if selection is not None else [])
+        if errors:
+            raise ValueError(f"{owner}: " + "; ".join(errors))
+        self.selection = selection
+
+    def check_trainer(self, trainer: Any) -> None:
+        """Refuses, before training, what the running strategy cannot do (the forgetting guard
+        under a sharded strategy)."""
+        guard = self.sft.get("forgetting_guard", "none")
+        if guard != "none" and (strategy := getattr(trainer, "strategy", None)) is not None:
+            check_guard_strategy(strategy, guard)
+
+
+def _dict(value: Any) -> bool:
+    return value is None or isinstance(value, dict)
+
+
+def initial_weights(owner: Any, pl_module: Any) -> str | os.PathLike:
+    """``owner.initial_model``, else the path the module was built from; raises if neither."""
+    if (initial := owner.initial_model or getattr(pl_module, "model_source", None)) is None:
+        raise ValueError(
+            f"{type(owner).__name__}: set initial_model (the module was built from an "
+            "in-memory model, so its initial weights are unknown)"
+        )
+    return initial
+
+
+def retrain_from_initial(
+    owner: Any, trainer: Any, pl_module: Any, items: list[dict], curriculum: Curriculum
+) -> dict[str, float]:
+    """SFT from ``owner``'s initial weights on ``items``, on the running fit's strategy and
+    precision, then into ``pl_module``'s policy in place (rank 0's weights on every rank).
+
+    The SFT takes the policy module's prompt, tokenizer, reward and ``load`` (dtype, remote code,
+    gradient checkpointing) unless ``owner.settings.sft`` sets them; the forgetting guard's
+    mastered set is the curriculum's (its solved problems), as in a pipeline SFT stage.
+
+    Returns:
+        The guard's figures (``mastered_loss_start``, ``masked_frac_mean``, ...; empty when off).
+    """
+    settings: RetrainSettings = owner.settings
+    kwargs = _shared_args(pl_module) | settings.sft
+    if kwargs.get("forgetting_guard", "none") != "none" and "mastered" not in kwargs:
+        kwargs["mastered"] = curriculum.mastered()
+    seed = curriculum.settings.seed
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        module = SFTModule(model=initial_weights(owner, pl_module), **kwargs)
+        select = _selection(owner, trainer, curriculum)
+        sft_in_fit(fabric_for(trainer), module, items, settings.loop, seed, select)
+    copy_weights(module, pl_module)
+    return dict(module.guard_report)
+
+
+def _shared_args(pl_module: Any) -> dict[str, Any]:
+    return {k: getattr(pl_module, k) for k in _SHARED if hasattr(pl_module, k)}
+
+
+def _selection(owner: Any, trainer: Any, curriculum: Curriculum):
+    selection = owner.settings.selection
+    if selection is None:
+        return None
+    root = getattr(trainer, "default_root_dir", None) or "."
+    folder = os.path.join(owner.export_dir or root, "select")
+    label = type(owner).__name__
+    return selection.build(curriculum.problems.values(), folder, curriculum.settings.seed, label)
+
+
+def datamodule_or_warn(trainer: Any, owner: Any, datamodule: Any = None) -> Any | None:
+    """``datamodule`` (default: the trainer's, set by ``fit``) when it serves a curriculum, or
+    None with one warning."""
+    dm = datamodule if datamodule is not None else getattr(trainer, "datamodule", None)
+    if isinstance(getattr(dm, "curriculum", None), Curriculum):
+        return dm
+    if not getattr(owner, "_warned_no_datamodule", False):
+        owner._warned_no_datamodule = True
+        rank_zero_warn(f"{type(owner).__name__}: the trainer has no ProblemDataModule; skipping")
+    return None
+
+
+__all__ = ["RetrainSettings", "SFTLoop", "datamodule_or_warn", "retrain_from_initial"]

@@ -1,0 +1,94 @@
+"""Settings groups both LightningModules take: how the policy loads, its optimiser, validation.
+
+Each group is a frozen dataclass documented once (``coscale fit --help`` and ``coscale run
+--help`` show these docstrings) and checks its own ranges (:meth:`errors`, each message naming the
+field); a module prefixes them with the argument's name, so an error reads
+``optimizer.lr must be > 0``. In YAML a group is a mapping: ``optimizer: {lr: 1e-4}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from coscale.checks import at_least
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class PolicyLoad:
+    """How the policy (and any model loaded beside it) is loaded.
+
+    Attributes:
+        dtype: Weights' dtype name: ``float32``, ``bfloat16`` or ``float16``.
+        gradient_checkpointing: Recompute activations in the backward pass to save memory.
+        trust_remote_code: Allow custom model code shipped with the model (off unless asked).
+    """
+
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+
+    def errors(self) -> list[str]:
+        if self.dtype not in DTYPES:
+            return [f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}"]
+        return []
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """AdamW with a linear learning-rate warm-up (:func:`coscale.modules.optim.adamw_with_warmup`).
+
+    Attributes:
+        lr: Learning rate.
+        betas: AdamW betas (the CoScale-RL authors' verl runs used beta1 = 0.5 in RL).
+        weight_decay: Decoupled weight decay.
+        warmup_steps: Optimiser steps over which the learning rate ramps up linearly.
+    """
+
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+
+    def errors(self) -> list[str]:
+        errors = at_least(0, float, strict=True, lr=self.lr)
+        errors += at_least(0, float, weight_decay=self.weight_decay)
+        errors += at_least(0, warmup_steps=self.warmup_steps)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            errors.append(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        return errors
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Validation on held-out problems: pass@k with ``samples`` samples per problem.
+
+    Attributes:
+        samples: Samples per held-out problem (pass@k up to this k).
+        temperature: Sampling temperature.
+        max_new_tokens: Token limit of a sample (None: the module's rollout limit, else 256).
+    """
+
+    samples: int = 8
+    temperature: float = 1.0
+    max_new_tokens: int | None = None
+
+    def errors(self) -> list[str]:
+        errors = at_least(1, samples=self.samples)
+        errors += at_least(0, float, temperature=self.temperature)
+        return errors + at_least(1, optional=True, max_new_tokens=self.max_new_tokens)
+
+
+def as_group(cls: type, value: Any) -> Any:
+    """``value`` as a ``cls`` group: a mapping (hyper-parameters read back from a checkpoint,
+    a plain dict in Python) becomes one; a group or None is returned as it is."""
+    if isinstance(value, dict):
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+    return value
+
+
+def group_errors(**groups: Any) -> list[str]:
+    """Every group's :meth:`errors`, prefixed with its argument name (None: skipped)."""
+    return [f"{name}.{e}" for name, g in groups.items() if g is not None for e in g.errors()]

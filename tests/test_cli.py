@@ -1,0 +1,120 @@
+"""The ``coscale`` command as a newcomer meets it: the top-level help lists every command, an
+unknown command is told the list, each command's help names it, no launch prints LightningCLI's
+"args ... intended to run from within Python" warning, and ``main`` returns the exit status."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coscale.app.cli import _lightning_args, main
+
+ROOT = Path(__file__).resolve().parents[1]
+# what a user can run; a command dropped from the help (or never added to it) fails here
+EXPECTED = ("run", "demo", "eval", "fit", "validate")
+WARNING = "intended to run from within Python"
+
+
+def command_lines(text: str) -> dict[str, str]:
+    """{command: its one line} from the 'commands:' block of the top-level help."""
+    block = text.split("commands:\n", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split(maxsplit=1) for line in block.splitlines()]
+    return {row[0]: row[1] for row in rows}
+
+
+def launch(*args: str) -> subprocess.CompletedProcess:
+    """``python -m coscale ARGS`` as a shell runs it: the arguments are on ``sys.argv``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "coscale", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=240,
+    )
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_top_level_help_lists_every_command_once_with_what_it_does(flag, capsys):
+    assert main([flag]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: coscale <command>")
+    assert "Lightning Trainer command line tool" not in out
+    lines = command_lines(out)
+    assert list(lines) == list(EXPECTED)
+    assert all(len(what) > 20 for what in lines.values())  # a description, not a bare name
+
+
+def test_no_arguments_prints_the_help_and_exits_2(capsys):
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert list(command_lines(captured.err)) == list(EXPECTED)
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["trian", "--config", "x.yaml"], "unknown command 'trian'"), (["-c", "x"], "before '-c'")],
+)
+def test_an_unknown_command_gets_one_line_naming_it_and_the_commands(argv, named, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("coscale: error: ")
+    assert named in err
+    assert err.rstrip().endswith("the commands are: " + ", ".join(EXPECTED))
+
+
+@pytest.mark.parametrize(
+    ("command", "usage", "said"),
+    [
+        ("run", "usage: coscale run ", "The whole CoScale-RL pipeline"),
+        ("demo", "usage: coscale demo ", "built-in task"),
+        ("eval", "usage: coscale eval ", "pass@1 / pass@k"),
+        ("fit", "usage: coscale [options] fit ", "one Lightning fit of one module"),
+        ("validate", "usage: coscale [options] validate ", "one validation pass"),
+    ],
+)
+def test_each_listed_command_answers_help_with_its_name_and_what_it_does(
+    command, usage, said, capsys, monkeypatch
+):
+    monkeypatch.setattr(sys, "argv", ["coscale", command, "--help"])  # as a shell launches it
+    assert main() == 0  # the parser's SystemExit(0) becomes the status
+    out = capsys.readouterr().out
+    assert out.startswith(usage)
+    assert said in " ".join(out.split())  # the description, rewrapped to the terminal
+
+
+def test_demo_help_shows_quick(capsys):
+    assert main(["demo", "--help"]) == 0
+    assert "--quick" in capsys.readouterr().out
+
+
+def test_a_refused_setting_exits_2(capsys):
+    assert main(["run", "--pipeline.no_such_key", "1"]) == 2
+    assert "no_such_key" in capsys.readouterr().err
+
+
+def test_lightning_cli_reads_sys_argv_itself_when_argv_is_the_command_line(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["coscale", "fit", "--help"])
+    assert _lightning_args(["fit", "--help"]) is None
+    assert _lightning_args(["fit", "--config", "x.yaml"]) == ["fit", "--config", "x.yaml"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["fit", "--help"], "usage: coscale [options] fit"),
+        (["run", "--help"], "usage: coscale run"),
+    ],
+)
+def test_a_launch_prints_no_lightning_cli_args_warning(argv, usage):
+    done = launch(*argv)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert WARNING not in done.stdout + done.stderr
+    assert done.stdout.startswith(usage)
