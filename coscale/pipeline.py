@@ -36,7 +36,7 @@ from coscale.loop import budget
 from coscale.loop.checkpoint_store import remove_all
 from coscale.loop.commit import commit_point, write_json
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
-from coscale.loop.schedule import NSchedule
+from coscale.loop.schedule import NSchedule, schedule_errors
 from coscale.models.full_state import barrier, is_writer
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
@@ -45,6 +45,7 @@ from coscale.modules.sft import settings_errors as sft_settings_errors
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import measure_stage
 from coscale.stages.final import KEEP, final_stage
+from coscale.stages.plan import Stage, plan
 from coscale.stages.rl import rl_stage
 from coscale.stages.sft import sft_stage
 
@@ -118,7 +119,9 @@ class PipelineConfig:
             (:mod:`coscale.stages.precision`).
         sft: ``SFTModule`` arguments (the model is the pipeline's).
         grpo: ``GRPOModule`` arguments (the model is the previous stage's).
-        schedule: ``NSchedule`` arguments (Rollout N per difficulty group).
+        schedule: ``NSchedule`` arguments (Rollout N per difficulty group): the run's one
+            schedule, built once and started afresh by every RL stage. Its only place in
+            ``coscale run``: a ``data.schedule`` is refused.
     """
 
     model: str
@@ -178,7 +181,7 @@ class PipelineConfig:
             errors.append(f"final_keep must be one of {', '.join(KEEP)}; got {self.final_keep!r}")
         errors += _typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
         errors += _typed_errors("grpo", GRPOModule, self.grpo, grpo_settings_errors)
-        errors += _typed_errors("schedule", NSchedule, self.schedule, _schedule_errors)
+        errors += _typed_errors("schedule", NSchedule, self.schedule, schedule_errors)
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
 
@@ -199,14 +202,6 @@ def _typed_errors(name: str, cls: type, args: dict[str, Any], ranges) -> list[st
     return [f"{name}.{e}" for e in ranges(**args)]
 
 
-def _schedule_errors(**args: Any) -> list[str]:
-    try:
-        NSchedule(**args)
-    except ValueError as err:
-        return [str(err).removeprefix("schedule: ")]
-    return []
-
-
 def instantiate(value: Any) -> Any:
     """``{"class_path": ..., "init_args": {...}}`` dicts (from YAML) become objects, recursively."""
     if isinstance(value, dict) and "class_path" in value:
@@ -218,13 +213,26 @@ def instantiate(value: Any) -> Any:
     return value
 
 
+def _one_schedule(config: PipelineConfig, data: ProblemDataModule) -> NSchedule:
+    """The run's one N schedule, built from ``pipeline.schedule`` (its only place: every RL
+    stage starts it afresh from those settings); a ``data.schedule`` is refused, not replaced."""
+    if data.curriculum.schedule is not None:
+        raise ValueError(
+            "data.schedule is set, but coscale run takes the Rollout N schedule from "
+            "pipeline.schedule only: move its arguments there (pipeline.schedule = "
+            f"{config.schedule or '{} (the defaults)'}) and remove data.schedule"
+        )
+    return NSchedule(**config.schedule)
+
+
 class Pipeline:
     """Runs (or resumes) the stages of :class:`PipelineConfig` on the data of one DataModule."""
 
     def __init__(self, config: PipelineConfig, data: ProblemDataModule) -> None:
         self.cfg, self.data = config, data
         self.curriculum = data.curriculum
-        self.curriculum.schedule = NSchedule(**config.schedule)
+        self.curriculum.schedule = _one_schedule(config, data)
+        self.plan = plan(config)  # every stage's name, kind and iteration, in order
         self.state_path = os.path.join(config.run_dir, "pipeline_state.json")
         self.done: list[str] = []
         self.current = config.model  # folder of the latest stage's model
@@ -245,24 +253,8 @@ class Pipeline:
         L.seed_everything(self.cfg.seed, workers=True)
         self.data.load()
         self._restore()
-        self.stage("warmup", self.warmup)
-        for it in range(1, self.cfg.iterations + 1):
-            self.stage(f"it{it}/scale", self.scale)
-            self.stage(f"it{it}/sft", self.sft)
-            self.stage(f"it{it}/eval", self.measure)
-            self.stage(f"it{it}/rl", self.rl)
-            # the last iteration's re-distillation is the final retrain when there is one
-            last = it == self.cfg.iterations
-            if (self.cfg.redistill_each_iteration or last) and not (
-                last and self.cfg.final_retrain
-            ):
-                self.stage(f"it{it}/redistill", self.sft)
-        if self.cfg.final_retrain:
-            self.stage("final/retrain", self.sft)
-            if self.cfg.final_rl:  # the retrain gets its own RL, as every iteration's SFT does
-                self.stage("final/eval", self.measure)
-                self.stage("final/rl", self.rl)
-            self.stage("final", self.final)
+        for stage in self.plan.values():
+            self.stage(stage.name, self._runner(stage))
         if close_logger:
             self.close_logger()
         return self.results
@@ -279,7 +271,7 @@ class Pipeline:
         self.results[name] = {"solutions_added": added, "bank_total": self.curriculum.bank.total()}
 
     def sft(self, name: str) -> None:
-        final = name == "final/retrain"
+        final = self.plan[name].kind == "retrain"
         epochs = self.cfg.final_sft_epochs if final else None  # None: sft_epochs
         source = self.cfg.final_sft_source if final else "all"
         self._took(
@@ -303,23 +295,35 @@ class Pipeline:
             self.ctx, name, self._before_final(), candidate, earlier
         )
 
+    def _runner(self, stage: Stage):
+        """The method that runs a stage of ``stage``'s kind (looked up now: tests stub them)."""
+        if stage.kind in ("sft", "redistill", "retrain"):
+            return self.sft
+        other = {"warmup": self.warmup, "scale": self.scale, "eval": self.measure, "rl": self.rl}
+        return {**other, "final": self.final}[stage.kind]
+
     def _before_final(self) -> str:
         """The model the last iteration ended with (what the final retrain must beat)."""
-        before = [m for stage, m in self.models.items() if not stage.startswith("final")]
+        before = [m for s in self.plan.values() if s.iteration is not None and (m := self._of(s))]
         return before[-1] if before else self.cfg.model
+
+    def _of(self, stage: Stage) -> str | None:
+        """``stage``'s exported model (None: not run yet, or it exported none)."""
+        return self.models.get(stage.name)
 
     def _took(self, name: str, model: str | None) -> None:
         if model is not None:
             self.current = self.models[name] = model
 
     def _latest_rl(self) -> str | None:
-        """The last RL stage's model (None before any RL): what a later SFT distils from."""
-        done = [it for it in range(1, self.cfg.iterations + 1) if f"it{it}/rl" in self.models]
-        return self.models[f"it{max(done)}/rl"] if done else None
+        """The last iteration's RL model (None before any RL): what a later SFT distils from."""
+        rl = [self._of(s) for s in self.plan.values() if s.kind == "rl" and s.iteration]
+        return ([m for m in rl if m] or [None])[-1]
 
     def _model_of(self, it: int) -> str | None:
         """Iteration ``it``'s model: its re-distilled model, else its RL model."""
-        return self.models.get(f"it{it}/redistill") or self.models.get(f"it{it}/rl")
+        models = {s.kind: self._of(s) for s in self.plan.values() if s.iteration == it}
+        return models.get("redistill") or models.get("rl")
 
     # --------------------------------------------------------------- plumbing
     def stage(self, name: str, fn) -> None:
@@ -329,16 +333,14 @@ class Pipeline:
         counts = " ".join(f"{k}={v}" for k, v in self.curriculum.pools.counts().items())
         bank = self.curriculum.bank.total()
         print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {bank} ==", flush=True)
-        before, self.ctx.carried = budget.snapshot(), type(self.ctx.carried)()
+        before = budget.snapshot()
         start = time.perf_counter()
         fn(name)
         # wall time of this process's part (a resumed stage counts only what it redid)
         self.seconds[name] = round(time.perf_counter() - start, 1)
         print(f"[coscale] {name} took {self.seconds[name]:.1f} s", flush=True)
-        spent = budget.since(before)  # this process's part, plus what the fits restored
-        self.results.setdefault("spend", {})[name] = {
-            k: v + self.ctx.carried.get(k, 0) for k, v in spent.items()
-        }
+        # a resumed fit puts its checkpoint's count back (RunState): as an uninterrupted run's
+        self.results.setdefault("spend", {})[name] = budget.since(before)
         self.done.append(name)
         self.results["pools"] = self.curriculum.pools.counts()  # as of the last finished stage
         commit_point(f"{name} end, before the state file")

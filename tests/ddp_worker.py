@@ -71,10 +71,13 @@ def main(model_dir: str, out: str) -> None:
         update={"micro_batch_size": 3},
     )
     schedule = RolloutNSchedule(num_groups=2, n_init=2, factor=2.0, n_max=8, patience=1)
+    closes, close = [], cur.close_epoch
+    cur.close_epoch = lambda **kw: closes.append(kw) or close(**kw)  # counts the module's closes
     _trainer(max_epochs=3, callbacks=[schedule]).fit(grpo, datamodule=dm)
     rank = int(os.environ.get("LOCAL_RANK", 0))
     state = {
         "data": cur.state_dict(),
+        "closes": len(closes),
         "sft_sum": float(sum(p.double().sum() for p in sft.policy.parameters())),
         "grpo_sum": float(sum(p.double().sum() for p in grpo.policy.parameters())),
     }

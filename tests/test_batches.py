@@ -9,7 +9,13 @@ from __future__ import annotations
 import pytest
 
 from coscale.datamodules import batches
-from coscale.datamodules.batches import EpochBatches, ResumableLoader, epoch_loader, shard_batches
+from coscale.datamodules.batches import (
+    EpochBatches,
+    FitCursor,
+    ResumableLoader,
+    epoch_loader,
+    shard_batches,
+)
 
 ITEMS = [{"i": k} for k in range(7)]  # 7 items, batch 2 -> 4 batches of sizes 2, 2, 2, 1
 
@@ -105,14 +111,23 @@ def test_epoch_loader_serves_this_ranks_share(monkeypatch):
     assert list(epoch_loader(lambda: ITEMS, 2, seed=2, epoch=0)) == [b[1], b[3]]
 
 
-def test_resumable_loader_state_is_empty_and_loading_it_changes_nothing(monkeypatch):
+def test_resumable_loader_state_is_the_fit_cursor_and_resumes_its_epoch(monkeypatch):
     _world(monkeypatch, 0, 1)
-    loader = epoch_loader(lambda: ITEMS, 3, seed=0, epoch=0)
+    loader = epoch_loader(lambda: ITEMS, 3, seed=0, epoch=2)
     before = list(loader)
-    assert loader.state_dict() == {}
-    assert loader.load_state_dict({"consumed": 2}) is None
-    assert list(loader) == before
     assert [len(x) for x in before] == [3, 3, 1]
+    assert loader.state_dict() == {"epoch": 2, "consumed": 0}
+    loader.cursor.consumed += 2  # what the DataModule counts as batches go to the model
+    state = loader.state_dict()
+    assert state == {"epoch": 2, "consumed": 2}
+    # Lightning gives a resumed fit's loader of the same epoch its state: the rest of the epoch
+    again = epoch_loader(lambda: ITEMS, 3, seed=0, epoch=2)
+    again.load_state_dict(state)
+    assert again.cursor == FitCursor(2, 2) and list(again) == before[2:]
+    # a loader of another epoch starts from its first batch
+    later = epoch_loader(lambda: ITEMS, 3, seed=0, epoch=3)
+    later.load_state_dict(state)
+    assert later.cursor == FitCursor(3, 0) and len(list(later)) == 3
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -116,18 +116,19 @@ class _Kept(PassRateEvaluation):
 
 def _measured(restored: bool = False):
     """Four problems measured with k=4 at the end of RL epoch 0 (step 7): counts 0, 2, 4, 1;
-    b had 1 of 4 rollouts correct in that epoch. ``restored``: that end-of-epoch work done at
-    the start of a fit restored from a checkpoint taken after the epoch's last batch."""
+    b had 1 of 4 rollouts correct in that epoch, which the module closed in its last step.
+    ``restored``: that measurement taken at the start of a fit restored from the checkpoint of
+    that step (Lightning resumes in epoch 1 without epoch 0's end hooks)."""
     dm = _dm(["a", "b", "c", "d"])
     cur = dm.curriculum
-    cur.start_epoch(0, batches=1)
-    cur.consume()  # the epoch's one batch: b's rollouts
     cur.record_rollouts(_outcomes("b", 4, 1), step=6)
+    cur.close_epoch(lr=1e-3)  # GRPOModule, in the step that trains the epoch's last batch
     policy = StubPolicy({"a": 0, "b": 2, "c": 4, "d": 1})
-    trainer = _trainer(dm, policy, epoch=0, step=7)
     cb = _Kept(k=4, batch_size=3, temperature=0.5, max_new_tokens=7)
+    trainer = _trainer(dm, policy, epoch=int(restored), step=7)
+    cb.setup(trainer, policy, "fit")
     if restored:
-        assert cur.pending_epoch() == 0
+        cb.load_state_dict({"measured": -1})  # saved before epoch 0's end
         cb.on_train_start(trainer, policy)
     else:
         cb.on_train_epoch_end(trainer, policy)
@@ -136,16 +137,16 @@ def _measured(restored: bool = False):
 
 @pytest.mark.parametrize("restored", [False, True])
 def test_pass_rate_records_fresh_counts_and_moves_problems_between_pools(restored):
-    dm, policy, trainer, cb = _measured(restored)
+    dm, policy, _, cb = _measured(restored)
     cur = dm.curriculum
     pools = {pid: r["pool"] for pid, r in cb.results.items()}
     assert pools == {"a": "unsolvable", "b": "solvable", "c": "solved", "d": "solvable"}
     assert [(r["n"], r["c"]) for r in cb.results.values()] == [(4, 0), (4, 2), (4, 4), (4, 1)]
-    assert cur.pools.history("b") == [0.25, 0.5] and cur.tally == {}  # RL tally first, then this
-    # the epoch is closed once: the module's own close of epoch 0 after the callback's is a no-op,
-    # and so is a second end of epoch 0 (a resumed fit may end an epoch twice): no new measurement
-    assert cur.close_epoch(0, lr=policy.lr) is None and cur.pools.history("b") == [0.25, 0.5]
-    cb.on_train_epoch_end(trainer, policy)
+    assert cur.pools.history("b") == [0.25, 0.5]  # the module's close of the epoch, then this
+    assert cb.state_dict() == {"measured": 0}
+    # each epoch is measured once: a second end of epoch 0, or a fit restored after it, is a no-op
+    cb.on_train_epoch_end(_trainer(dm, policy, epoch=0), policy)
+    cb.on_train_start(_trainer(dm, policy, epoch=1), policy)
     assert cur.measurements == 1 and len(policy.calls) == 2
     # chunks of <= 3 problems, sampled with the overrides, chunk j with seed base + j
     assert [(ids, n) for ids, n, _ in policy.calls] == [(["a", "b", "c"], 4), (["d"], 4)]
@@ -156,6 +157,21 @@ def test_pass_rate_records_fresh_counts_and_moves_problems_between_pools(restore
     again = PassRateEvaluation(k=4, pools=("solvable",)).evaluate(_trainer(dm, policy), policy)
     assert {k: v["pool"] for k, v in again.items()} == {"b": "solved", "d": "unsolvable"}
     assert cur.pools.members(Pool.SOLVED) == ["b", "c"]
+
+
+def test_pass_rate_closes_no_epoch_and_a_fresh_fit_measures_its_epochs_again():
+    dm = _dm(["a", "b"])
+    cur = dm.curriculum
+    policy = StubPolicy({"a": 1, "b": 0})
+    cur.record_rollouts(_outcomes("b", 4, 1), step=0)  # an open tally: the module's to close
+    cb = PassRateEvaluation(k=2)
+    trainer = _trainer(dm, policy, epoch=0)
+    cb.setup(trainer, policy, "fit")
+    cb.on_train_epoch_end(trainer, policy)
+    assert cur.tally == {"b": [4, 1]} and cur.pools.history("b") == [0.0]  # measured only
+    cb.setup(trainer, policy, "fit")  # the same callback in a new fit: epoch 0 is new again
+    cb.on_train_epoch_end(trainer, policy)
+    assert cur.measurements == 2 and cur.tally == {"b": [4, 1]}
 
 
 @pytest.mark.parametrize("restored", [False, True])
@@ -298,7 +314,7 @@ def _epoch(cur, policy, epoch, tally):
     schedule's step); returns the ``sched/`` metrics the module logs."""
     for pid, (n, c) in tally.items():
         cur.record_rollouts(_outcomes(pid, n, c), step=epoch)
-    return cur.close_epoch(epoch, lr=policy.lr)
+    return cur.close_epoch(lr=policy.lr)
 
 
 def test_schedule_groups_by_difficulty_and_raises_n_of_a_stalled_group_only():
@@ -322,7 +338,6 @@ def test_schedule_groups_by_difficulty_and_raises_n_of_a_stalled_group_only():
     assert sched.n[0] == 20  # 32 capped at n_max
     metrics = _epoch(cur, policy, 3, {"a": (8, 1), "b": (8, 1)})
     assert sched.n == [20, 8, 8] and cur.n_per_problem["a"] == 20
-    assert cur.close_epoch(3, lr=policy.lr) is None and sched.n == [20, 8, 8]  # once per epoch
     # N_eff(0.125, 20) = 20 * (1 - 0.125**20 - 0.875**20)
     n_eff = 20 * (1 - 0.125**20 - 0.875**20)
     assert metrics["sched/n_group0"] == 20.0 and metrics["sched/reward_group0"] == 0.125
@@ -585,16 +600,15 @@ def test_one_fit_with_all_four_callbacks(tiny_model_dir):
     # only h1, h2 went to RL: grouped (0.5 -> group 1 of 2), trained with N = n_init
     assert cur.group_of == {"h1": 1, "h2": 1} and cur.n_per_problem == {"h1": 4, "h2": 4}
     assert [len(cur.pools.history(pid)) for pid in ids] == [2, 2, 3, 3, 2]  # + RL + epoch end
-    assert cur.cursor["closed"] == 0 and cur.measurements == 2  # epoch 0 closed once
+    assert cur.measurements == 2 and cur.tally == {}  # epoch 0 closed once, then measured
     assert callbacks[2].state_dict() == {"runs": 1, "last_size": 2}  # latest correct of h1, h2
     final = callbacks[3].results
     assert set(final) == {f"val/final_{w}_pass@{k}" for w in ("before", "after") for k in (1, 2)}
     assert all(logger.last(key) == value for key, value in final.items())
     logged = {k for _, metrics in logger.metrics for k in metrics}
     assert {"pool/pass@4", "pool/solvable", "sched/n_group1", "pool/redistill_examples"} <= logged
-    # the schedule's step at epoch 0's close (h1, h2: mean RL accuracy of group 1) is logged too.
-    # Needs the fix reported with this migration: PassRateEvaluation closes the epoch first and
-    # drops the sched/ metrics close_epoch returns; the module's close then gets None.
+    # the schedule's step at epoch 0's close (h1, h2: mean RL accuracy of group 1) is logged by
+    # the module, which closes the epoch; the measurement after it logs the pools' last word
     assert "sched/reward_group1" in logged
     assert {"pool/problems_fit_start", "pool/problems_epoch_0"} <= set(logger.tables)
 

@@ -1,5 +1,5 @@
 """Tests for the Curriculum's rules without Lightning: data scaling, SFT pairs, RL items, the RL
-tally and its epoch close, the Rollout N schedule, measurements, the fit cursor and the state.
+tally and its epoch close, the Rollout N schedule, measurements and the state.
 
 The arithmetic problems are small enough that every solution ``ArithmeticTeacher`` writes is
 worked out below by hand: it combines the signed terms in every order that starts with a
@@ -325,46 +325,6 @@ def test_close_epoch_spends_the_rl_budget():
     assert cur.pools.pool_of("e") is Pool.SOLVABLE  # not trained: no round spent
 
 
-def test_close_epoch_runs_once_per_epoch_of_a_fit():
-    cur = _rl_cur()
-    cur.record_rollouts(_outcomes("a", 4, 4), step=0)
-    cur.close_epoch(0)
-    assert cur.pools.history("a") == [0.5, 1.0] and cur.cursor["closed"] == 0
-    cur.record_rollouts(_outcomes("e", 4, 1), step=1)
-    assert cur.close_epoch(0) is None  # epoch 0 is closed: a no-op, the tally stays open
-    assert cur.tally == {"e": [4, 1]} and cur.pools.history("e") == [0.25]
-    cur.close_epoch(1)
-    assert cur.pools.history("e") == [0.25, 0.25] and cur.tally == {}
-    assert cur.close_epoch(0) is None and cur.cursor["closed"] == 1  # an earlier epoch: no-op
-    # a new fit starts at epoch 0 again
-    cur.begin_fit()
-    cur.record_rollouts(_outcomes("e", 4, 2), step=2)
-    cur.close_epoch(0)
-    assert cur.pools.history("e") == [0.25, 0.25, 0.5] and cur.pools.rl_rounds("e") == 2
-
-
-def test_cursor_pending_epoch_after_all_batches_are_consumed():
-    cur = _rl_cur()
-    assert cur.cursor == {"epoch": -1, "consumed": 0, "batches": 0, "closed": -1}
-    assert cur.pending_epoch() is None  # nothing started
-    assert cur.start_epoch(0, 2) == 0
-    cur.consume()
-    assert cur.pending_epoch() is None  # one batch left
-    cur.consume()
-    assert cur.cursor == {"epoch": 0, "consumed": 2, "batches": 2, "closed": -1}
-    assert cur.pending_epoch() == 0  # all consumed, epoch-end work not done
-    cur.close_epoch(0)
-    assert cur.pending_epoch() is None
-    # the next epoch starts from its first batch; a restart of it skips what was consumed
-    assert cur.start_epoch(1, 3) == 0
-    cur.consume()
-    assert cur.start_epoch(1, 3) == 1
-    assert cur.cursor == {"epoch": 1, "consumed": 1, "batches": 3, "closed": 0}
-    assert cur.start_epoch(2, 3) == 0
-    cur.begin_fit()
-    assert cur.cursor == {"epoch": -1, "consumed": 0, "batches": 0, "closed": -1}
-
-
 # ----------------------------------------------------------------------------- N schedule
 def _scheduled_cur(schedule: NSchedule) -> Curriculum:
     rows = [{"id": i, "question": f"q {i}", "answer": "x"} for i in "abcde"]
@@ -377,7 +337,7 @@ def _scheduled_cur(schedule: NSchedule) -> Curriculum:
 def _epoch(cur, epoch, tally, lr=1e-3):
     for pid, (n, c) in tally.items():
         cur.record_rollouts(_outcomes(pid, n, c, f"e{epoch}"), step=epoch)
-    return cur.close_epoch(epoch, lr=lr)
+    return cur.close_epoch(lr=lr)
 
 
 def test_schedule_groups_by_difficulty_and_raises_n_of_a_stalled_group_only():
@@ -511,10 +471,7 @@ def _busy_cur() -> Curriculum:
     cur.pools.record("a", 8, 3)
     cur.group_of.update({"a": 2, "b": 0})
     cur.record_rollouts(_outcomes("a", 12, 5, "x"), step=7)
-    cur.close_epoch(2)  # a: 5/12 -> group 2's best; N from the schedule: a 12, b 3
-    cur.start_epoch(3, 5)
-    cur.consume()
-    cur.consume()
+    cur.close_epoch()  # a: 5/12 -> group 2's best; N from the schedule: a 12, b 3
     cur.record_rollouts(_outcomes("a", 12, 7, "y"), step=8)
     cur.measurements = 2
     return cur
@@ -526,7 +483,7 @@ def test_state_dict_round_trips_through_json():
     assert state["n_per_problem"] == {"a": 12, "b": 3}
     assert state["group_of"] == {"a": 2, "b": 0}
     assert state["tally"] == {"a": [12, 7]}
-    assert state["cursor"] == {"epoch": 3, "consumed": 2, "batches": 5, "closed": 2}
+    assert "cursor" not in state  # where a fit is belongs to its loader (datamodules.batches)
     assert state["last_epoch_acc"] == {"a": 5 / 12}
     assert state["schedule"] == {"n": [3, 8, 12], "best": [None, None, 5 / 12], "bad": [0, 0, 0]}
     assert state["measurements"] == 2
@@ -542,13 +499,14 @@ def test_state_dict_round_trips_through_json():
         == cur.rl_items([2])
         == [{"id": "a", "question": "5-3+2", "answer": "4", "n": 12}]
     )
-    # the restored fit goes on where it was: epoch 3 from its third batch, then closes it
-    assert fresh.start_epoch(3, 5) == 2 and fresh.pending_epoch() is None
-    for _ in range(3):
-        fresh.consume()
-    assert fresh.pending_epoch() == 3
-    fresh.close_epoch(3)
-    assert fresh.pools.history("a") == [3 / 8, 5 / 12, 7 / 12] and fresh.pending_epoch() is None
+    # the restored curriculum closes the open epoch as the original does
+    assert fresh.close_epoch(lr=1e-3) == cur.close_epoch(lr=1e-3)
+    assert fresh.pools.history("a") == [3 / 8, 5 / 12, 7 / 12] and fresh.tally == {}
+    assert fresh.state_dict() == cur.state_dict()
+    # a state saved before the cursor moved out (it held one) still loads
+    old = _cur(teacher=ArithmeticTeacher(), max_solutions=5, schedule=NSchedule(num_groups=3))
+    old.load_state_dict({**state, "cursor": {"epoch": 3, "consumed": 2, "batches": 5}})
+    assert old.pools.history("a") == [3 / 8, 5 / 12]
     # a curriculum without a schedule keeps its own (none) and restores the rest
     bare = _cur(teacher=ArithmeticTeacher(), max_solutions=5)
     bare.load_state_dict(state)

@@ -19,6 +19,7 @@ import torch
 from coscale.callbacks import PassRateEvaluation, RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
 from coscale.datamodules import batches as batches_module
+from coscale.datamodules.batches import FitCursor
 from coscale.datamodules.serving import CurriculumDataModule
 from coscale.loop.curriculum import Curriculum
 from coscale.loop.pools import Pool
@@ -272,7 +273,7 @@ def _solvable_dm(seed: int, n: int = 8) -> ProblemDataModule:
 def test_rl_loader_without_trainer_yields_shuffled_item_lists():
     dm = _solvable_dm(seed=3)
     batches = list(dm.train_dataloader())
-    assert dm.curriculum.cursor == {"epoch": 0, "consumed": 0, "batches": 3, "closed": -1}
+    assert dm.cursor == FitCursor(epoch=0, consumed=0)
     assert [len(b) for b in batches] == [3, 3, 2]
     assert all(isinstance(b, list) for b in batches)
     ids = [item["id"] for b in batches for item in b]
@@ -283,7 +284,7 @@ def test_rl_loader_without_trainer_yields_shuffled_item_lists():
     # Same seed and epoch: same order; the next epoch reshuffles.
     assert _order(_solvable_dm(seed=3).train_dataloader()) == ids
     nxt = _order(dm.train_dataloader())
-    assert dm.curriculum.cursor["epoch"] == 1 and dm.curriculum.cursor["consumed"] == 0
+    assert dm.cursor == FitCursor(epoch=1, consumed=0)
     assert sorted(nxt) == sorted(ids) and nxt != ids
     assert _order(_solvable_dm(seed=4).train_dataloader()) != ids
 
@@ -363,12 +364,12 @@ def test_val_problems_are_scored_once_across_ranks(monkeypatch):
 # --------------------------------------------------------------------------------- resume
 def test_setup_reloads_every_epoch_and_starts_a_new_fit():
     dm = _solvable_dm(seed=0)
-    dm.curriculum.cursor.update(epoch=4, consumed=2, batches=3, closed=3)
+    dm.cursor = FitCursor(epoch=4, consumed=2)
     trainer = _trainer("rl", reload=0)
     dm.trainer = trainer
     dm.setup("fit")
     assert trainer.reload_dataloaders_every_n_epochs == 1  # the pools change between epochs
-    assert dm.curriculum.cursor == {"epoch": -1, "consumed": 0, "batches": 0, "closed": -1}
+    assert dm.cursor == FitCursor()
 
 
 def test_restored_state_resumes_mid_epoch():
@@ -379,23 +380,30 @@ def test_restored_state_resumes_mid_epoch():
     trainer = _trainer("rl", epoch=1)
     dm.trainer = trainer
     dm.setup("fit")
-    full = list(dm.train_dataloader())  # epoch 1: 5 problems in batches of 2
+    loader = dm.train_dataloader()
+    full = list(loader)  # epoch 1: 5 problems in batches of 2
     assert [len(b) for b in full] == [2, 2, 1]
     dm.on_before_batch_transfer(full[0], 0)
     trainer.training = False
     dm.on_before_batch_transfer(full[1], 0)  # not training (e.g. validation): not counted
     trainer.training = True
-    assert dm.curriculum.cursor == {"epoch": 1, "consumed": 1, "batches": 3, "closed": -1}
+    assert dm.cursor is loader.cursor and loader.state_dict() == {"epoch": 1, "consumed": 1}
+    # the position is the loader's state (Lightning saves it with the fit loop); the
+    # DataModule's own state is the curriculum
+    loader_state = json.loads(json.dumps(loader.state_dict()))
     state = json.loads(json.dumps(dm.state_dict()))
     assert set(state) == {"curriculum"}
     fresh = ProblemDataModule(train=rows, batch_size=2, curriculum={"rollout_n": 4})
     fresh.trainer = trainer
-    fresh.setup("fit")  # Lightning's order: setup, then the checkpoint's state
+    fresh.setup("fit")  # Lightning's order: setup, the DataModule's state, the loader, its state
     fresh.load_state_dict(state)
     assert fresh.state_dict() == dm.state_dict()
-    assert list(fresh.train_dataloader()) == full[1:]
+    resumed = fresh.train_dataloader()
+    resumed.load_state_dict(loader_state)
+    assert list(resumed) == full[1:] and fresh.cursor == FitCursor(epoch=1, consumed=1)
     trainer.current_epoch = 2
     assert len(list(fresh.train_dataloader())) == 3  # a new epoch starts from its beginning
+    assert fresh.cursor == FitCursor(epoch=2, consumed=0)
 
 
 def test_a_curriculum_datamodule_serves_a_shared_curriculum():
@@ -479,7 +487,7 @@ def test_plug_in_sft_then_grpo_in_a_plain_trainer(tiny_model_dir, tmp_path):
     assert all(len(cur.pools.history(pid)) >= history[pid] + 2 for pid in dm.problems)
     assert cur.measurements >= measurements + 1
     assert cur.last_epoch_acc and set(cur.last_epoch_acc) <= set(dm.problems)
-    assert cur.tally == {} and cur.cursor["closed"] >= 0
+    assert cur.tally == {}  # the last epoch closed
     assert cur.group_of and set(cur.group_of) <= set(dm.problems)
     assert set(cur.n_per_problem) == set(cur.group_of)
     assert all(n in (2, 4) for n in cur.n_per_problem.values())

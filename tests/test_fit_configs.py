@@ -33,4 +33,4 @@ def test_grpo_tiny_trains_two_epochs_of_four_batches(tmp_path, monkeypatch):
     assert all(len(cur.pools.history(i)) == 2 for i in cur.problems)  # each epoch, every problem
     # every batch with signal takes a step: at least one of the 8 (a random-free count would
     # pin float rounding, which changes with the thread count)
-    assert 1 <= cli.trainer.global_step <= 8 and cur.cursor["consumed"] == 4
+    assert 1 <= cli.trainer.global_step <= 8 and cli.datamodule.cursor.consumed == 4

@@ -36,6 +36,16 @@ def _trainer(steps: int) -> L.Trainer:
     )
 
 
+_QUIET = dict(
+    accelerator="cpu",
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    limit_val_batches=0,
+)
+
+
 def _rows(n=8, seed=0):
     return [
         p.to_dict() | {"solutions": arithmetic.solutions_of(p, 3)}
@@ -112,6 +122,58 @@ def test_grpo_two_steps_with_different_n_per_problem(tiny_model_dir):
     solvable = pools.members(Pool.SOLVABLE)
     served = [item["id"] for batch in dm.train_dataloader() for item in batch]
     assert sorted(served) == sorted(solvable)
+
+
+class _EpochProbe(L.Callback):
+    """What a callback sees of the open RL tally after each step and at the epoch's end."""
+
+    def __init__(self, dm) -> None:
+        self.cur, self.seen = dm.curriculum, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.seen.append((trainer.current_epoch, batch_idx, bool(self.cur.tally)))
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.seen.append((trainer.current_epoch, "end", bool(self.cur.tally)))
+
+
+class HalfReward:
+    """Every other rollout right: each problem's pair scores 1/2 and stays solvable."""
+
+    def __call__(self, completions, answers, **_):
+        return [float(i % 2 == 0) for i in range(len(completions))]
+
+
+def test_grpo_closes_each_epoch_once_in_its_last_step(tiny_model_dir):
+    # the module is the one owner of the close: it closes in the step that trains the epoch's
+    # last batch, so every callback's epoch-end hook (a measurement) comes after it
+    dm = _rl_dm([2, 2, 2, 2, 2, 2], batch_size=3)  # two batches an epoch
+    module = GRPOModule(
+        model=str(tiny_model_dir),
+        reward=HalfReward(),
+        optimizer={"lr": 0.01},
+        sampling={"max_new_tokens": 4},
+    )
+    calls = []
+    close = dm.curriculum.close_epoch
+    dm.curriculum.close_epoch = lambda **kw: calls.append(kw) or close(**kw)
+    probe = _EpochProbe(dm)
+    trainer = L.Trainer(max_epochs=2, callbacks=[probe], **_QUIET)
+    trainer.fit(module, datamodule=dm)
+    assert probe.seen == [
+        (0, 0, True),  # the first batch's outcomes in the open tally
+        (0, 1, False),  # the last step closed the epoch
+        (0, "end", False),
+        (1, 0, True),
+        (1, 1, False),
+        (1, "end", False),
+    ]
+    assert calls == [{"lr": 1e-2}] * 2  # once per epoch
+    assert trainer.callback_metrics["pool/solvable"] == 6  # logged by the close
+    # a fit that max_steps stops mid-epoch leaves that epoch open
+    calls.clear()
+    _trainer(1).fit(module, datamodule=dm)
+    assert calls == [] and dm.curriculum.tally
 
 
 def test_grpo_batch_without_signal_is_skipped_not_crashed(tiny_model_dir):

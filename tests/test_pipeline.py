@@ -155,7 +155,7 @@ def test_final_sft_source_shapes_only_the_final_retrain(tmp_path, monkeypatch):
 
 
 def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
-    pipe = _pipeline(tmp_path, distill_weight=0.4, iterations=2)
+    pipe = _pipeline(tmp_path, distill_weight=0.4, iterations=3)  # it2/redistill in the plan
     _capture_sft_stage(pipe, monkeypatch)
     pipe.data.load()
     pipe.curriculum.bank.record_rollout("a", "2", True, 0)  # something to train on
@@ -210,6 +210,28 @@ def test_redistillation_each_iteration_or_only_through_the_next_sft(tmp_path):
     assert plan[-4:] == ["final/retrain", "final/eval", "final/rl", "final"]
 
 
+def test_stages_carry_their_kind_and_iteration_as_data(tmp_path):
+    from coscale.stages.plan import Stage
+
+    pipe = _pipeline(tmp_path, iterations=2, final_rl=True)
+    assert list(pipe.plan.values())[:2] == [
+        Stage("warmup", "warmup", 0),
+        Stage("it1/scale", "scale", 1),
+    ]
+    assert pipe.plan["it1/redistill"] == Stage("it1/redistill", "redistill", 1)
+    assert [pipe.plan[n] for n in ("final/retrain", "final/eval", "final/rl", "final")] == [
+        Stage("final/retrain", "retrain", None),
+        Stage("final/eval", "eval", None),
+        Stage("final/rl", "rl", None),
+        Stage("final", "final", None),
+    ]
+    # what the models are to later stages follows the records: the final RL model is not an
+    # iteration's (a later SFT distils from it2/rl), the last iteration's model comes before it
+    pipe.models = {"it1/rl": "r1", "it1/redistill": "d1", "it2/rl": "r2", "final/rl": "f1"}
+    assert pipe._latest_rl() == "r2" and pipe._before_final() == "r2"
+    assert pipe._model_of(1) == "d1" and pipe._model_of(2) == "r2"
+
+
 def test_final_judges_the_retrain_after_its_rl_against_the_last_iterations_model(
     tmp_path, monkeypatch
 ):
@@ -255,6 +277,39 @@ def test_settings_are_checked_before_any_work():
         PipelineConfig(model="m", sft={"distill": {"teacher": "other"}})
     ok = {"loss": {"class_path": "coscale.rl.losses.DAPOLoss", "init_args": {"epsilon": 0.2}}}
     PipelineConfig(model="m", grpo={**ok, "prompt": {"template": "Q:{question}"}})
+
+
+class _StubGRPO:
+    """Stands in for GRPOModule in the RL stage: no model, no backend."""
+
+    lr, _backend = 1e-3, None
+
+    def __init__(self, model, **kwargs):
+        pass
+
+    def export(self, path):
+        return str(path)
+
+
+def test_the_schedule_is_built_once_and_each_rl_stage_starts_it_afresh(tmp_path, monkeypatch):
+    from coscale.loop.schedule import NSchedule
+    from coscale.stages.rl import rl_stage
+
+    pipe = _pipeline(tmp_path, schedule={"num_groups": 2, "n_init": 3})
+    sched = pipe.curriculum.schedule
+    assert isinstance(sched, NSchedule) and sched.n == [3, 3]
+    pipe.data.load()
+    pipe.curriculum.record_measurement({"a": (4, 1)})  # something solvable
+    sched.n, sched.best, sched.bad = [9, 6], [0.5, None], [1, 0]  # as the last RL stage left it
+    monkeypatch.setattr("coscale.stages.rl.GRPOModule", _StubGRPO)
+    pipe.ctx.fit = lambda *args, **kwargs: None
+    rl_stage(pipe.ctx, "it2/rl", "m")
+    assert pipe.curriculum.schedule is sched  # the same object, not a new one from the dict
+    assert (sched.n, sched.best, sched.bad) == ([3, 3], [None, None], [0, 0])
+    assert pipe.curriculum.n_per_problem == {"a": 3}
+    # the data section's schedule is refused, naming both settings, never silently replaced
+    with pytest.raises(ValueError, match=r"data\.schedule is set.*from pipeline\.schedule only"):
+        _pipeline(tmp_path / "both", data={"schedule": NSchedule(n_init=5)})
 
 
 def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):

@@ -2,7 +2,7 @@
 
 The restart is a fresh module and DataModule in the same process, loading only what the
 checkpoint holds: weights, optimiser, the curriculum (pools, bank, replay buffer, N per problem,
-open RL tally, fit cursor) and the run's RNG state.
+open RL tally), the loader's position (the fit cursor), the run's RNG state and its spend.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from coscale.callbacks import PassRateEvaluation
 from coscale.datamodules import ProblemDataModule
+from coscale.loop import budget
 from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.modules import GRPOModule
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
@@ -54,8 +56,10 @@ def _fit(module, dm, ckpt_dir, ckpt_path=None, callbacks=None, **limits):
         default_root_dir=ckpt_dir,
         **limits,
     )
+    before = budget.snapshot()
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-    return callbacks[0].spent()  # RunState: rollouts of the whole fit, before a restart included
+    # the one count: RunState put back the part before the restart in place of what was redone
+    return budget.since(before)
 
 
 def _assert_same_run(resumed_module, resumed_dm, full_module, full_dm, model_dir):
@@ -77,9 +81,9 @@ def _assert_same_run(resumed_module, resumed_dm, full_module, full_dm, model_dir
 def test_interrupted_and_resumed_equals_uninterrupted(tiny_model_dir, tmp_path, split):
     # 6 problems, batch 2 -> 3 batches per epoch, one optimiser step each with this seed: step 1
     # ends mid-epoch, step 3 on the epoch's last batch (its end-of-epoch work done and saved).
-    # split=1 needs the fix reported with this migration: a fit that max_steps stops mid-epoch
-    # must not close that epoch (GRPOModule / PassRateEvaluation.on_train_epoch_end), else
-    # CommitCheckpoint's epoch-end save holds a half epoch closed and the rest is served anew.
+    # split=1: a fit that max_steps stops mid-epoch must not close that epoch (GRPOModule closes
+    # only in the step that trains an epoch's last batch), else CommitCheckpoint's epoch-end save
+    # holds a half epoch closed and the rest is served anew.
     full_module, full_dm = _setup(tiny_model_dir)
     full_spent = _fit(full_module, full_dm, tmp_path / "full", max_steps=5)
 
@@ -93,26 +97,31 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_model_dir, tmp_path, 
     _assert_same_run(resumed_module, resumed_dm, full_module, full_dm, tiny_model_dir)
 
 
-def test_checkpoint_before_the_epoch_end_work_closes_that_epoch_first(tiny_model_dir, tmp_path):
+def test_checkpoint_after_an_epochs_last_step_resumes_closed_and_measures_it_once(
+    tiny_model_dir, tmp_path
+):
     # Lightning's ModelCheckpoint saves last.ckpt after the epoch's last step and then skips its
-    # epoch-end save (same step): the checkpoint holds epoch 0's open RL tally, not its close.
-    # A fit resumed from it must close epoch 0 before it trains epoch 1. Needs the fix reported
-    # with this migration: GRPOModule.on_train_start does that work through end_epoch, which calls
-    # self.log_dict, refused there (log to the loggers instead). on_train_start, not
-    # on_fit_start: FSDP2 (ModelParallelStrategy) restores the checkpoint after on_fit_start.
+    # epoch-end save (same step). GRPOModule closes the epoch in that step, so the checkpoint
+    # holds epoch 0 closed; PassRateEvaluation's measurement of epoch 0 comes after it, in the
+    # epoch-end hooks, so the checkpoint lacks it. A fit resumed from it must not close epoch 0
+    # again and must measure it, once, before epoch 1's first batch (in on_train_start: FSDP2
+    # restores the checkpoint after on_fit_start).
     full_module, full_dm = _setup(tiny_model_dir)
     full_probe = _EpochStart(full_dm, epoch=1)
-    callbacks = [RunState(), CommitCheckpoint(str(tmp_path / "full")), full_probe]
+    callbacks = [RunState(), CommitCheckpoint(str(tmp_path / "full")), _measure(), full_probe]
     full_spent = _fit(full_module, full_dm, tmp_path / "full", callbacks=callbacks, max_epochs=2)
 
     first_module, first_dm = _setup(tiny_model_dir)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "part", every_n_train_steps=1, save_last=True)
-    _fit(first_module, first_dm, tmp_path / "part", callbacks=[RunState(), ckpt], max_epochs=1)
+    callbacks = [RunState(), ckpt, _measure()]
+    _fit(first_module, first_dm, tmp_path / "part", callbacks=callbacks, max_epochs=1)
     saved = torch.load(tmp_path / "part" / "last.ckpt", weights_only=False)
     state = saved["ProblemDataModule"]["curriculum"]
-    trained = sorted(state["tally"])
-    assert trained and state["cursor"]["closed"] == -1  # saved before epoch 0 was closed
+    assert state["tally"] == {} and state["last_epoch_acc"]  # epoch 0 closed in its last step
+    assert state["measurements"] == 0  # its measurement not taken yet
     before = _lengths(state["pools"])
+    (position,) = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert position == {"epoch": 0, "consumed": 3}  # the fit's cursor: the loader's state
 
     resumed_module, resumed_dm = _setup(tiny_model_dir)
     probe = _EpochStart(resumed_dm, epoch=1)
@@ -122,26 +131,32 @@ def test_checkpoint_before_the_epoch_end_work_closes_that_epoch_first(tiny_model
         resumed_dm,
         tmp_path / "resumed",
         ckpt_path=last,
-        callbacks=[RunState(), probe],
+        callbacks=[RunState(), _measure(), probe],
         max_epochs=2,
     )
     assert spent == full_spent
-    # epoch 0 closed once, before epoch 1's first batch: one more entry per problem it trained,
-    # the pools then as the uninterrupted run's at that point
-    assert _lengths(probe.pools) == {pid: before[pid] + (pid in trained) for pid in before}
+    # before epoch 1's first batch: one measurement (one more entry for every problem), no
+    # second close (it would add another to each problem epoch 0 trained), as uninterrupted
+    assert probe.measurements == full_probe.measurements == 1
+    assert _lengths(probe.pools) == {pid: n + 1 for pid, n in before.items()}
     assert probe.pools == full_probe.pools
     _assert_same_run(resumed_module, resumed_dm, full_module, full_dm, tiny_model_dir)
+
+
+def _measure() -> PassRateEvaluation:
+    return PassRateEvaluation(k=2, log_table=False)
 
 
 class _EpochStart(L.Callback):
     """Keeps the pools' state when the first batch of ``epoch`` starts."""
 
     def __init__(self, dm, epoch: int) -> None:
-        self.dm, self.epoch, self.pools = dm, epoch, None
+        self.dm, self.epoch, self.pools, self.measurements = dm, epoch, None, None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.current_epoch == self.epoch and self.pools is None:
             self.pools = self.dm.curriculum.pools.state_dict()
+            self.measurements = self.dm.curriculum.measurements
 
 
 def _lengths(pools):

@@ -1,9 +1,11 @@
 """PassRateEvaluation: re-measures problems' accuracy with K samples at chosen epochs.
 
 A thin adapter for a user's own ``Trainer``: the sampling and the rule live in
-:func:`coscale.stages.measure.measure` and the curriculum. At the end of a chosen epoch it
-closes the epoch's RL tally first (once, shared with the module), then measures, so the
-measurement is the last word on each problem's pool.
+:func:`coscale.stages.measure.measure` and the curriculum. It closes nothing: the RL module closes
+each epoch in the step that trains its last batch, before any epoch-end hook, so a measurement at
+the end of a chosen epoch always comes after that epoch's close and is the last word on each
+problem's pool. Each chosen epoch is measured once, a resumed fit included: the last epoch
+measured is saved with the checkpoint.
 """
 
 from __future__ import annotations
@@ -71,38 +73,53 @@ class PassRateEvaluation(Callback):
         self.temperature, self.batch_size, self.seed = temperature, batch_size, seed
         self.at_fit_start, self.log_table = on_fit_start, log_table
         self.last_metrics: dict[str, float] = {}
+        self.measured = -1  # the last epoch measured in the running fit
+
+    @override
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.measured = -1  # a new fit (a resumed one then loads its own from the checkpoint)
 
     @override
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         fresh = trainer.global_step == 0 and not getattr(trainer, "ckpt_path", None)
-        cur = curriculum_of(pl_module) if self.at_fit_start and fresh else None
-        if cur is not None and cur.pending_epoch() is None:
+        if self.at_fit_start and fresh:
             self.evaluate(trainer, pl_module, tag="fit_start")
 
     @override
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        # after the checkpoint is restored under every strategy (FSDP2 restores it after
-        # on_fit_start); a fit resumed finished never gets here, and has nothing left to do
-        cur = curriculum_of(pl_module)
-        if cur is not None and (epoch := cur.pending_epoch()) is not None:
-            self._epoch_end(trainer, pl_module, epoch, log=True)  # restored before its end work
+        # restored from a checkpoint taken after an epoch's last step but before its end (a step
+        # checkpoint): Lightning resumes in the next epoch without that epoch's end hooks, so its
+        # measurement is taken now, before the next epoch's loader is built. on_train_start:
+        # FSDP2 (ModelParallelStrategy) restores the checkpoint after on_fit_start.
+        self._measure(trainer, pl_module, trainer.current_epoch - 1, in_loop=False)
 
     @override
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        if epoch_finished(trainer):
-            self._epoch_end(trainer, pl_module, trainer.current_epoch, log=False)
+        if epoch_finished(trainer):  # a fit stopped mid-epoch has not ended it
+            self._measure(trainer, pl_module, trainer.current_epoch, in_loop=True)
 
-    def _epoch_end(self, trainer: Any, pl_module: Any, epoch: int, log: bool) -> None:
-        if (cur := curriculum_of(pl_module)) is None or (epoch + 1) % self.every_n_epochs:
+    def _measure(self, trainer: Any, pl_module: Any, epoch: int, in_loop: bool) -> None:
+        """Measures at the end of ``epoch`` when it is a chosen epoch not measured yet."""
+        chosen = epoch >= 0 and (epoch + 1) % self.every_n_epochs == 0
+        if not chosen or epoch <= self.measured or curriculum_of(pl_module) is None:
             return
-        closed = cur.close_epoch(epoch, lr=getattr(pl_module, "lr", None))
-        if closed is None:
-            return  # closed and measured already (a resumed fit may end an epoch twice)
-        self.evaluate(trainer, pl_module, tag=f"epoch_{epoch}", log=log)
-        if not log:  # -> callback_metrics; with the close's sched/ metrics the module won't get
-            pl_module.log_dict(closed | self.last_metrics, rank_zero_only=True)
-        else:
-            log_to_loggers(trainer, closed)
+        self.evaluate(trainer, pl_module, tag=f"epoch_{epoch}", log=not in_loop)
+        self.measured = epoch
+        if in_loop:  # -> callback_metrics and the loggers, at the epoch's step
+            pl_module.log_dict(self.last_metrics, rank_zero_only=True)
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(k=self.k, every_n_epochs=self.every_n_epochs)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"measured": self.measured}
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.measured = int(state["measured"])
 
     def evaluate(self, trainer: Any, pl_module: Any, tag: str = "", log: bool = True) -> dict:
         """Measures the chosen problems now and records them in the fit's curriculum.

@@ -3,13 +3,15 @@
 The solvable set changes between epochs, so the RL loader cannot be a fixed list: each epoch
 takes a fresh snapshot, shuffles it with ``seed + epoch`` (reproducible, resumable), shards it
 across ranks with equal batch counts (DDP needs every rank to step together) and can skip the
-batches already consumed before a crash.
+batches already consumed before a crash. Where the fit is (:class:`FitCursor`) is the loader's
+state: Lightning saves it in every checkpoint and gives it back to the loader it resumes with.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -69,6 +71,16 @@ class EpochBatches(IterableDataset):
         yield from self.batches[start:]
 
 
+@dataclass
+class FitCursor:
+    """Where a fit is: the epoch being served and how many of its batches went to the model
+    (counted as each batch is handed over, not as the loader yields it: Lightning fetches one
+    batch ahead)."""
+
+    epoch: int = -1
+    consumed: int = 0
+
+
 def epoch_loader(
     build: Callable[[], list[Item]],
     batch_size: int,
@@ -76,21 +88,31 @@ def epoch_loader(
     epoch: int,
     skip: int = 0,
     pad: bool = True,
-) -> DataLoader:
+) -> ResumableLoader:
     """A ``DataLoader`` over :class:`EpochBatches`; ``num_workers=0`` so it reads live pools."""
     dataset = EpochBatches(build(), batch_size, seed, epoch, skip, pad)
-    return ResumableLoader(dataset, batch_size=None, num_workers=0, collate_fn=_identity)
+    cursor = FitCursor(epoch, skip)
+    return ResumableLoader(dataset, cursor, batch_size=None, num_workers=0, collate_fn=_identity)
 
 
 class ResumableLoader(DataLoader):
-    """Tells Lightning the loader resumes mid-epoch: the position itself lives in the
-    DataModule's state (batches consumed), which is saved with every checkpoint."""
+    """A loader that resumes mid-epoch: its state is its :class:`FitCursor`.
+
+    Lightning saves ``state_dict()`` with the fit loop in every checkpoint and, on resume, hands
+    it to the loader of the epoch it restarts in; a loader of that epoch then skips the batches
+    consumed before, one of another epoch starts from its first batch.
+    """
+
+    def __init__(self, dataset: EpochBatches, cursor: FitCursor, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.cursor = cursor
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return asdict(self.cursor)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state  # the DataModule restores the position
+        if int(state["epoch"]) == self.cursor.epoch:
+            self.cursor.consumed = self.dataset.skip = int(state["consumed"])
 
 
 def _identity(batch: list[Item]) -> list[Item]:

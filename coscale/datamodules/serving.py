@@ -3,8 +3,9 @@
 What a fit gets depends on the module, not on a flag flipped from outside: a module whose
 ``data_kind`` is ``"sft"`` gets (question, solution) pairs of ``sft_source``; one whose
 ``data_kind`` is ``"rl"`` gets the solvable problems, each with its own Rollout N. The loader is
-rebuilt every epoch (the pools change) and resumes mid-epoch from the curriculum's cursor, which
-is saved with the rest of the curriculum in every Lightning checkpoint.
+rebuilt every epoch (the pools change); the curriculum is saved in every Lightning checkpoint,
+and the fit's position (:class:`~coscale.datamodules.batches.FitCursor`, counted here) with the
+loader, which resumes mid-epoch from it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from coscale.checks import at_least, one_of
-from coscale.datamodules.batches import epoch_loader
+from coscale.datamodules.batches import FitCursor, epoch_loader
 from coscale.loop.curriculum import SFT_SOURCES, Curriculum, SFTSource
 from coscale.tasks import Problem
 
@@ -70,10 +71,12 @@ class CurriculumDataModule(L.LightningDataModule):
         self.curriculum, self.sft_source, self.rl_groups = curriculum, sft_source, rl_groups
         self.batch_size, self.sft_batch_size = batch_size, sft_batch_size
         self.val_batch_size, self.val_problems = val_batch_size, list(val_problems)
+        self.cursor = FitCursor()  # where the running fit is: its train loader's state
 
     def setup(self, stage: str | None = None) -> None:
         if stage == "fit":
-            self.curriculum.begin_fit()  # a resumed fit restores its cursor after this
+            self.cursor = FitCursor()  # a new fit starts at epoch 0; a resumed one's loader
+            # gets its position back from the checkpoint
         trainer = self.trainer
         if trainer is not None and trainer.reload_dataloaders_every_n_epochs != 1:
             rank_zero_info(f"{type(self).__name__}: reloading the train loader every epoch")
@@ -90,13 +93,10 @@ class CurriculumDataModule(L.LightningDataModule):
     def train_dataloader(self):
         trainer = self.trainer
         kind = data_kind(trainer.lightning_module) if trainer is not None else "rl"
-        epoch = (
-            trainer.current_epoch if trainer is not None else self.curriculum.cursor["epoch"] + 1
-        )
+        epoch = trainer.current_epoch if trainer is not None else self.cursor.epoch + 1
         size = self.batch_size if kind == "rl" else self.sft_batch_size
         loader = epoch_loader(lambda: self.items(kind), size, self.curriculum.settings.seed, epoch)
-        # batches done before a restart are skipped; the cursor learns this epoch's length
-        loader.dataset.skip = self.curriculum.start_epoch(epoch, len(loader.dataset))
+        self.cursor = loader.cursor  # counted below, saved and restored with the loader
         return loader
 
     def val_dataloader(self):
@@ -108,11 +108,12 @@ class CurriculumDataModule(L.LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = self.trainer
         if trainer is not None and trainer.training:
-            self.curriculum.consume()
+            self.cursor.consumed += 1  # one more batch of this epoch goes to the model
         return batch
 
     # -------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
+        """The curriculum (the fit's position is its train loader's state)."""
         return {"curriculum": self.curriculum.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -1,8 +1,11 @@
-"""A process-wide count of the compute a run spends: SFT examples trained on and rollouts sampled.
+"""The one count of the compute a run spends: SFT examples trained on and rollouts sampled.
 
 Every SFT example passes through :func:`coscale.sft.batch.tokenize_pairs` and every rollout
-through a module's ``sample``; both add to :data:`BUDGET`, so a benchmark can compare methods
-at equal budget by reading the counter before and after each one.
+through a module's ``sample``; both add to :data:`BUDGET` and nothing else counts. It is
+process-wide because those places sit below any fit or stage. Everything else reads it: a stage's
+spend is :func:`since` its start, a benchmark compares methods at equal budget the same way, and
+a fit's checkpoint holds the fit's part (``RunState``), which :func:`restore` puts back on resume
+so that a resumed run reports the spend of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections import Counter
 
 BUDGET: Counter[str] = Counter()
 """Running totals: ``sft_examples`` and ``rollouts`` (generated completions, any purpose)."""
+
+REPORTED = ("sft_examples", "rollouts")
 
 
 def spend(kind: str, amount: int) -> None:
@@ -23,7 +28,14 @@ def snapshot() -> dict[str, int]:
     return dict(BUDGET)
 
 
-def since(before: dict[str, int]) -> dict[str, int]:
-    """What was spent after ``before`` (a :func:`snapshot`): SFT examples and rollouts."""
-    now = snapshot()
-    return {k: now.get(k, 0) - before.get(k, 0) for k in ("sft_examples", "rollouts")}
+def since(before: dict[str, int], kinds: tuple[str, ...] | None = REPORTED) -> dict[str, int]:
+    """What was spent after ``before`` (a :func:`snapshot`): of ``kinds`` (None: every kind)."""
+    kinds = tuple(set(BUDGET) | set(before)) if kinds is None else kinds
+    return {k: BUDGET.get(k, 0) - before.get(k, 0) for k in kinds}
+
+
+def restore(before: dict[str, int], spent: dict[str, int]) -> None:
+    """Makes the work begun at ``before`` count ``spent``, whatever this process has counted
+    since: a resumed fit takes its checkpoint's count in place of the part it redid."""
+    for kind in set(BUDGET) | set(before) | set(spent):
+        BUDGET[kind] = before.get(kind, 0) + int(spent.get(kind, 0))

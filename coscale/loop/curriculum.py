@@ -106,7 +106,6 @@ class Curriculum:
         self.tally: dict[str, list[int]] = {}  # id -> [samples, correct] of the open RL epoch
         self.last_epoch_acc: dict[str, float] = {}  # RL accuracy of the last closed epoch
         self.measurements = 0  # measurements recorded (seeds the next one)
-        self.cursor = _fresh_cursor()  # where the running fit is: epoch, batches, closed epoch
 
     # ---------------------------------------------------------------- problems
     def add_problems(self, problems: Iterable[Problem]) -> None:
@@ -210,20 +209,10 @@ class Curriculum:
             if correct:
                 self.bank.record_rollout(pid, text, True, step)
 
-    def close_epoch(
-        self, epoch: int | None = None, lr: float | None = None
-    ) -> dict[str, float] | None:
+    def close_epoch(self, lr: float | None = None) -> dict[str, float]:
         """End of an RL epoch: the tally becomes one accuracy per trained problem (an RL round
-        spent), the schedule takes a step on the groups' means, N is set; returns metrics.
-
-        With ``epoch`` it runs once per epoch of the running fit: a second call returns None and
-        does nothing, so every party that needs the epoch closed may ask for it, and the one
-        that gets metrics back is the one that closed it.
-        """
-        if epoch is not None:
-            if epoch <= self.cursor["closed"]:
-                return None
-            self.cursor["closed"] = epoch
+        spent), the schedule takes a step on the groups' means, N is set; returns the ``sched/``
+        metrics. Each call closes one epoch: the RL module calls it once per epoch."""
         accs = {}
         for pid, (n, c) in self.tally.items():
             self.pools.record(pid, n, c)
@@ -274,30 +263,6 @@ class Curriculum:
             out.setdefault(group, self.n_of(pid))
         return out
 
-    # ------------------------------------------------------------ fit cursor
-    def begin_fit(self) -> None:
-        """A new fit starts at epoch 0 (a resumed one then restores its cursor)."""
-        self.cursor = _fresh_cursor()
-
-    def start_epoch(self, epoch: int, batches: int) -> int:
-        """Notes the loader of ``epoch`` with ``batches`` batches; returns how many of them a
-        resumed fit has consumed already (0 for a fresh epoch)."""
-        cur = self.cursor
-        skip = cur["consumed"] if cur["epoch"] == epoch else 0
-        cur.update(epoch=epoch, consumed=skip, batches=batches)
-        return skip
-
-    def consume(self) -> None:
-        """One more training batch of the current epoch handed out."""
-        self.cursor["consumed"] += 1
-
-    def pending_epoch(self) -> int | None:
-        """An epoch whose batches were all consumed but which is not closed (a fit restored
-        from a checkpoint taken between its last step and its end-of-epoch work)."""
-        cur = self.cursor
-        done = cur["epoch"] >= 0 and cur["consumed"] >= cur["batches"]
-        return cur["epoch"] if done and cur["closed"] < cur["epoch"] else None
-
     # ------------------------------------------------------------- measurement
     def measure_ids(
         self, pools: Sequence[str] = ("unsolvable", "solvable", "solved"), max_problems=None
@@ -330,7 +295,6 @@ class Curriculum:
             "tally": {k: list(v) for k, v in self.tally.items()},
             "last_epoch_acc": dict(self.last_epoch_acc),
             "measurements": self.measurements,
-            "cursor": dict(self.cursor),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -343,11 +307,6 @@ class Curriculum:
         self.tally = {k: list(v) for k, v in state["tally"].items()}
         self.last_epoch_acc = dict(state["last_epoch_acc"])
         self.measurements = int(state["measurements"])
-        self.cursor = {k: int(v) for k, v in state["cursor"].items()}
-
-
-def _fresh_cursor() -> dict[str, int]:
-    return {"epoch": -1, "consumed": 0, "batches": 0, "closed": -1}
 
 
 def _sched_metrics(n, rewards, p, lr) -> dict[str, float]:

@@ -14,6 +14,7 @@ every group; the :class:`~coscale.loop.curriculum.Curriculum` owns one and saves
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -54,21 +55,19 @@ class NSchedule:
         target_lr_over_n_eff: float | None = None,
         n_min: int = 2,
     ) -> None:
-        errors = at_least(1, num_groups=num_groups, n_init=n_init, patience=patience, n_min=n_min)
-        errors += at_least(1 if errors else max(n_min, n_init), n_max=n_max)
-        errors += at_least(1, float, factor=factor) + at_least(0, float, min_delta=min_delta)
-        if mode not in MODES:
-            errors.append(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-        if target_lr_over_n_eff is not None or mode == "lr_ratio":  # required by lr_ratio
-            errors += at_least(0, float, strict=True, target_lr_over_n_eff=target_lr_over_n_eff)
-        if errors:
+        args = (num_groups, n_init, factor, n_max, patience, min_delta, mode, target_lr_over_n_eff)
+        if errors := _errors(*args, n_min):
             raise ValueError("schedule: " + "; ".join(errors))
         self.num_groups, self.factor, self.n_max, self.n_min = num_groups, factor, n_max, n_min
         self.patience, self.min_delta, self.mode = patience, min_delta, mode
-        self.target = target_lr_over_n_eff
-        self.n = [n_init] * num_groups  # N of each group
-        self.best: list[float | None] = [None] * num_groups  # best mean accuracy so far
-        self.bad = [0] * num_groups  # epochs since the last improvement
+        self.target, self.n_init = target_lr_over_n_eff, n_init
+        self.reset()
+
+    def reset(self) -> None:
+        """Every group back to ``n_init`` with no history: what a new RL stage starts from."""
+        self.n = [self.n_init] * self.num_groups  # N of each group
+        self.best: list[float | None] = [None] * self.num_groups  # best mean accuracy so far
+        self.bad = [0] * self.num_groups  # epochs since the last improvement
 
     def group_for(self, acc: float, low: float, high: float) -> int:
         """Equal-width bin of ``acc`` over ``[low, high)``; 0 is the hardest, ends clamped."""
@@ -110,3 +109,24 @@ class NSchedule:
         if any(len(state[key]) != self.num_groups for key in ("n", "best", "bad")):
             raise ValueError(f"schedule: saved state is not for num_groups={self.num_groups}")
         self.n, self.best, self.bad = (list(state[k]) for k in ("n", "best", "bad"))
+
+
+def schedule_errors(*args: Any, **kwargs: Any) -> list[str]:
+    """Every bad :class:`NSchedule` setting among ``args`` / ``kwargs`` (its defaults for the
+    rest), named, without building one."""
+    bound = inspect.signature(NSchedule).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return _errors(**bound.arguments)
+
+
+def _errors(
+    num_groups, n_init, factor, n_max, patience, min_delta, mode, target_lr_over_n_eff, n_min
+) -> list[str]:
+    errors = at_least(1, num_groups=num_groups, n_init=n_init, patience=patience, n_min=n_min)
+    errors += at_least(1 if errors else max(n_min, n_init), n_max=n_max)
+    errors += at_least(1, float, factor=factor) + at_least(0, float, min_delta=min_delta)
+    if mode not in MODES:
+        errors.append(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    if target_lr_over_n_eff is not None or mode == "lr_ratio":  # required by lr_ratio
+        errors += at_least(0, float, strict=True, target_lr_over_n_eff=target_lr_over_n_eff)
+    return errors

@@ -20,7 +20,8 @@ def curriculum_of(module: Any) -> Curriculum | None:
 
 
 def epoch_finished(trainer: Any) -> bool:
-    """False when the running fit stopped before its epoch's last batch (``max_steps``,
-    ``should_stop``): such an epoch is not over, so it must not be closed."""
+    """Whether the running epoch's last batch has been handed out: True from the step that
+    trains it on. False when the fit stopped before it (``max_steps``, ``should_stop``): such
+    an epoch is not over, so it must not be closed or measured."""
     loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
     return loop is None or loop._num_ready_batches_reached()

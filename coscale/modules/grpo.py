@@ -23,13 +23,11 @@ import torch
 from typing_extensions import override
 
 from coscale.checks import as_group, group_errors
-from coscale.loop.curriculum import Curriculum
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.distributed import all_gather_objects, global_max, global_sum
 from coscale.modules.feed import curriculum_of, epoch_finished
 from coscale.modules.generation import PolicyMixin
 from coscale.modules.grpo_settings import Sampling, Update
-from coscale.modules.loggers import log_to_loggers
 from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.rl.advantages import group_advantages
@@ -46,7 +44,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     On a :class:`~coscale.datamodules.ProblemDataModule` it is served the solvable problems,
     each with its N (``data_kind = "rl"``), reports every rollout to the curriculum and closes
-    each epoch there (tally -> pools, N schedule).
+    each epoch there (tally -> pools, N schedule) in the step that trains its last batch.
 
     Args:
         model: HF hub name or local folder of the policy (or a built model, in Python).
@@ -151,6 +149,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         gen_s = time.perf_counter() - start
         stats = self.update(rollouts, adv.advantages.to(self.device), keep.to(self.device))
         self.log_step(batch, rollouts, rewards, adv, stats, gen_s, time.perf_counter() - start)
+        self.close_epoch_if_done()
 
     def update(
         self, rollouts: Rollouts, advantages: torch.Tensor, keep: torch.Tensor
@@ -281,11 +280,6 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     @override
     def on_train_start(self) -> None:
-        # restored between an epoch's last step and its end-of-epoch work: do that work first.
-        # Not in on_fit_start: FSDP2 (ModelParallelStrategy) restores the checkpoint after it
-        curriculum = curriculum_of(self)
-        if curriculum is not None and (epoch := curriculum.pending_epoch()) is not None:
-            self.end_epoch(curriculum, epoch, in_loop=False)  # self.log is refused here
         self.backend.update_weights(self.policy)  # a resumed policy reaches the engine
 
     @override
@@ -294,20 +288,26 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         # the next use. Lightning skips this hook when the fit raises: rl_stage closes too.
         close_backend(self._backend)
 
-    @override
-    def on_train_epoch_end(self) -> None:
-        if (curriculum := curriculum_of(self)) is not None and epoch_finished(self.trainer):
-            self.end_epoch(curriculum, self.current_epoch)
+    def close_epoch_if_done(self) -> None:
+        """After the step that trains an epoch's last batch: closes that epoch in the curriculum
+        (tally -> pools, the N schedule's step) and logs the pools and the schedule's decisions.
 
-    def end_epoch(self, curriculum: Curriculum, epoch: int, in_loop: bool = True) -> None:
-        """Closes ``epoch`` in the curriculum (once: a callback may have done it already) and
-        logs the pools and the schedule's decisions."""
-        metrics = curriculum.close_epoch(epoch, lr=self.lr) or {}
+        This module is the one owner of the close, and it closes in that step rather than in
+        ``on_train_epoch_end``: Lightning runs the callbacks' ``on_train_epoch_end`` before the
+        module's, so an epoch-end close would come after a callback that measures the epoch
+        (:class:`~coscale.callbacks.PassRateEvaluation`), and it saves step checkpoints between
+        the last step and the epoch-end hooks, so a fit resumed from one would have to replay the
+        close. In the step, the close comes before every epoch-end hook, and each checkpoint
+        holds either the whole step with its close or neither: every epoch is closed exactly
+        once, a resumed fit included. A fit stopped before the last batch (``max_steps``,
+        ``should_stop``) leaves its epoch open.
+        """
+        if (curriculum := curriculum_of(self)) is None or not epoch_finished(self.trainer):
+            return
+        metrics = curriculum.close_epoch(lr=self.lr)
         metrics |= {f"pool/{k}": float(v) for k, v in curriculum.pools.counts().items()}
-        if in_loop and self._trainer is not None and self.trainer.training:
-            self.log_dict(metrics, rank_zero_only=True)
-        else:
-            log_to_loggers(self._trainer, metrics)
+        # epoch-level: logged at the epoch's end whatever log_every_n_steps is
+        self.log_dict(metrics, on_step=False, on_epoch=True, rank_zero_only=True, batch_size=1)
 
     @override
     def configure_optimizers(self) -> Any:

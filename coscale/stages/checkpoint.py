@@ -5,8 +5,8 @@ after each epoch's end-of-epoch work (it is a ``Checkpoint``, so Lightning runs 
 after the module's and the other callbacks'). Lightning's ``ModelCheckpoint`` skips a save at
 a step it has saved already, which is how an epoch's end work used to be lost.
 :class:`RunState` puts in the same checkpoint what Lightning leaves out: the RNG states and the
-compute the fit has spent (``coscale.loop.budget``), so a resumed fit counts and samples as an
-uninterrupted one.
+fit's part of the run's spend (counted in ``coscale.loop.budget``), so a resumed fit counts and
+samples as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -98,35 +98,31 @@ class CommitCheckpoint(Checkpoint):
 
 
 class RunState(Callback):
-    """RNG states and the fit's spend, saved and restored with the checkpoint.
+    """RNG states and the fit's part of the run's spend, saved and restored with the checkpoint.
 
-    Put it first among a fit's callbacks: its ``on_fit_start`` marks where this process's
-    counting starts, before any other callback samples.
+    The spend is counted once, in :mod:`coscale.loop.budget`; this callback only saves the fit's
+    part of that count and, on resume, puts it back in place of what the resumed process redid.
     """
 
     def __init__(self) -> None:
-        self.restored: dict[str, int] = {}
         self._mark = budget.snapshot()
 
     @override
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # before the checkpoint is restored (FSDP2 restores it after on_fit_start) and before
+        # any hook that samples: where this fit's part of the count starts
         self._mark = budget.snapshot()
-
-    def spent(self) -> dict[str, int]:
-        """SFT examples and rollouts of the whole fit, the part before a restart included."""
-        now = budget.since(self._mark)
-        return {k: now.get(k, 0) + self.restored.get(k, 0) for k in now}
 
     @override
     def state_dict(self) -> dict[str, Any]:
         return {
-            "spent": self.spent(),
+            "spent": budget.since(self._mark, kinds=None),
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
         }
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.restored = dict(state["spent"])
+        budget.restore(self._mark, state["spent"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import os
-from collections import Counter
 
 import lightning as L
 import torch
@@ -44,7 +43,6 @@ class StageContext:
         self._strategy = copy.deepcopy(self.trainer_args.pop("strategy", "auto"))
         if why:
             print(f"[coscale] {why}", flush=True)
-        self.carried: Counter[str] = Counter()  # spend restored from checkpoints this stage
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.cfg.run_dir, *parts)
@@ -71,11 +69,9 @@ class StageContext:
     ) -> None:
         """One fit of stage ``name``, resumed from its last checkpoint when there is one."""
         ckpt_dir = self.path(name, "ckpt")
-        state = RunState()
         commit = CommitCheckpoint(ckpt_dir, self.cfg.checkpoint_every_n_steps, label=name)
-        trainer = self.trainer(name, [state, *callbacks, commit], epochs, max_steps)
+        trainer = self.trainer(name, [RunState(), *callbacks, commit], epochs, max_steps)
         trainer.fit(module, datamodule=data, ckpt_path=commit.last())
-        self.carried.update(state.restored)
 
     def trainer(self, name: str, callbacks: list, epochs: int, max_steps: int | None) -> L.Trainer:
         args = {

@@ -2,7 +2,7 @@
 
 Each epoch serves the solvable set anew; the module reports every rollout to the curriculum and
 closes the epoch there (tally -> pools, the N schedule's step); with ``rl_eval_every`` a
-measurement follows on chosen epochs. The stage's schedule starts afresh (N = ``n_init``) unless
+measurement follows on chosen epochs. The run's one schedule starts afresh (N = ``n_init``) unless
 the stage resumes from its checkpoint, which holds the schedule with the rest of the curriculum.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from coscale.callbacks.pass_rate import PassRateEvaluation
 from coscale.loop.pools import Pool
-from coscale.loop.schedule import NSchedule
 from coscale.modules import GRPOModule
 from coscale.rollout.factory import close_backend
 from coscale.stages.context import StageContext
@@ -24,8 +23,8 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
         print(f"[coscale] {name}: no solvable problems, RL skipped", flush=True)
         return None
     module = GRPOModule(model=model, **ctx.grpo_args)
-    if not resuming:
-        cur.schedule = NSchedule(**cfg.schedule)
+    if not resuming and cur.schedule is not None:  # the run's one schedule, afresh
+        cur.schedule.reset()
         ctx.log(cur.assign_groups(module.lr))
     callbacks = []
     if cfg.rl_eval_every:

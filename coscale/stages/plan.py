@@ -1,0 +1,46 @@
+"""The stages of one run, planned once from its settings: each a :class:`Stage` record.
+
+The pipeline runs the plan in order and takes what a stage is (its kind, its iteration) from its
+record, never from its name: the name is only its folder and its key in the state file.
+
+    warmup
+    for each iteration k:  it<k>/scale, it<k>/sft, it<k>/eval, it<k>/rl[, it<k>/redistill]
+    final/retrain[, final/eval, final/rl], final        (with ``final_retrain``)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["warmup", "scale", "sft", "eval", "rl", "redistill", "retrain", "final"]
+LOOP_KINDS: tuple[Kind, ...] = ("scale", "sft", "eval", "rl")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the run."""
+
+    name: str
+    """Its folder under ``run_dir`` and its key in ``pipeline_state.json`` (``it1/rl``)."""
+    kind: Kind
+    """What it runs."""
+    iteration: int | None
+    """Its outer iteration, 1 to ``iterations``; 0 for the warm-up; None after the loop."""
+
+
+def plan(cfg: Any) -> dict[str, Stage]:
+    """The stages ``cfg`` (a ``PipelineConfig``) runs, in order, by name."""
+    stages = [Stage("warmup", "warmup", 0)]
+    for it in range(1, cfg.iterations + 1):
+        stages += [Stage(f"it{it}/{kind}", kind, it) for kind in LOOP_KINDS]
+        # the last iteration's re-distillation is the final retrain when there is one
+        last = it == cfg.iterations
+        if (cfg.redistill_each_iteration or last) and not (last and cfg.final_retrain):
+            stages.append(Stage(f"it{it}/redistill", "redistill", it))
+    if cfg.final_retrain:
+        stages.append(Stage("final/retrain", "retrain", None))
+        if cfg.final_rl:  # the retrain gets its own RL, as every iteration's SFT does
+            stages += [Stage("final/eval", "eval", None), Stage("final/rl", "rl", None)]
+        stages.append(Stage("final", "final", None))
+    return {stage.name: stage for stage in stages}
