@@ -74,7 +74,7 @@ def coscale_run(size: str, data: list[dict], args, padding_free: bool = True):
     """A function running one fit of `args.steps` steps -> median step seconds."""
     model, tok = build(size)
     module = SFTModule(
-        model=model, tokenizer=tok, lr=1e-5, max_length=1024, reward=_NoReward(),
+        model=model, tokenizer=tok, optimizer={"lr": 1e-5}, max_length=1024, reward=_NoReward(),
         padding_free=padding_free,
     )  # fmt: skip
 

@@ -213,7 +213,8 @@ def test_a_model_bypassing_the_attention_interface_is_refused_and_restored():
 
 def _fit(model, tokenizer, padding_free: bool) -> torch.Tensor:
     module = SFTModule(
-        model=copy.deepcopy(model), tokenizer=tokenizer, lr=1e-3, padding_free=padding_free,
+        model=copy.deepcopy(model), tokenizer=tokenizer, optimizer={"lr": 1e-3},
+        padding_free=padding_free,
         reward=lambda completions, answers, **_: [0.0] * len(completions),
     )  # fmt: skip
     rows = [{"question": q, "solution": s} for q, s in zip(PROMPTS, SOLUTIONS)] * 2
