@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lightning as L
 import torch
+from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
 from coscale.loop.pools import Pool
@@ -23,27 +24,8 @@ class ZeroReward:
         return [0.0] * len(completions)
 
 
-def _trainer(steps: int) -> L.Trainer:
-    return L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
-
-
-_QUIET = dict(
-    accelerator="cpu",
-    logger=False,
-    enable_checkpointing=False,
-    enable_progress_bar=False,
-    enable_model_summary=False,
-    limit_val_batches=0,
-)
+def _trainer(steps: int, **kw) -> L.Trainer:
+    return quiet_trainer(steps, devices=1, limit_val_batches=0, **kw)
 
 
 def _rows(n=8, seed=0):
@@ -158,7 +140,7 @@ def test_grpo_closes_each_epoch_once_in_its_last_step(tiny_model_dir):
     close = dm.curriculum.close_epoch
     dm.curriculum.close_epoch = lambda **kw: calls.append(kw) or close(**kw)
     probe = _EpochProbe(dm)
-    trainer = L.Trainer(max_epochs=2, callbacks=[probe], **_QUIET)
+    trainer = _trainer(-1, max_epochs=2, callbacks=[probe])
     trainer.fit(module, datamodule=dm)
     assert probe.seen == [
         (0, 0, True),  # the first batch's outcomes in the open tally
