@@ -82,7 +82,7 @@ def build_module(name: str, args) -> KeptEngineGRPO:
     rollout = {"backend": name}
     if name.startswith("vllm"):
         options = engine_options(args.dtype, args.max_model_len, args.kv_cache_gib, args.eager)
-        options |= {"honor_seed": name == "vllm", "parity_every": args.parity_every}
+        options |= {"honor_seed": name == "vllm", "parity": {"every": args.parity_every}}
         rollout = {"backend": "vllm", "options": options}
     module = KeptEngineGRPO(
         model=SMOLLM2, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2),

@@ -8,8 +8,8 @@ second of wall time. The matmul-bound rate is this machine's fp32 matmul peak (t
 the 1024^3 matmuls timed before each batch row, same threads) divided by the model's FLOPs
 per new token (2 x the non-embedding weights incl. the LM head, plus attention over the
 average context). "Matmuls alone" times only the weight matmuls of one decode step at the batch's row count: the
-ceiling of any decode loop on this machine. Then each speed path is switched off in turn (and bf16 autocast switched
-on) at one batch, to show what each one buys.
+ceiling of any decode loop on this machine. Then each speed path is switched off in turn at
+one batch, to show what each one buys.
 Peak memory: see `paired.py` (live tensor bytes above the weights, one untimed run per side).
 
 Run: `.venv/bin/python benchmarks/bench_rollout.py [--size 30M] [--batches 1,8,64,256]
@@ -163,7 +163,6 @@ def ablation_table(args) -> None:
         "all three off (plain loop)": dict.fromkeys(
             ("share_prefix", "drop_finished", "static_cache"), False
         ),
-        "bf16 autocast ON (changes numerics)": {"autocast": "bfloat16"},
     }
     mem_a = memory(fast, prompts, n, sampling)
     for label, options in variants.items():

@@ -104,7 +104,9 @@ def _worker(model_dir: str, out: str, accelerator: str, dtype: str, steps: str) 
     policy, tok = load_policy(model_dir, None, "float32")
     policy.to(device).train()
     initial = copy.deepcopy(policy).eval()
-    backend = VLLMBackend(model_dir, tok, policy, dtype=dtype, max_model_len=256, kv_cache_gib=1.0)
+    backend = VLLMBackend(
+        model_dir, tok, policy, engine={"dtype": dtype, "max_model_len": 256, "kv_cache_gib": 1.0}
+    )
     start = time.perf_counter()
     backend.engine  # noqa: B018 (builds it)
     result = {"build_s": time.perf_counter() - start, "device": _device_name(device),

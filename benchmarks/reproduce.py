@@ -193,7 +193,7 @@ def grpo_arm(start: str, problems: list, rollouts: int, cfg, data, out: str) -> 
         start,
         problems,
         rollouts,
-        data.curriculum.settings.rollout_n,
+        data.curriculum.start_n,
         instantiate(cfg.grpo),
         data.batch_size,
         out,

@@ -4,7 +4,7 @@ Takes a finished demo run (``coscale demo`` / ``./run.sh demo``: its ``pipeline_
 holds the curriculum the final retrain trained on: bank, replay buffer of correct RL rollouts,
 pools) and retrains the base model from scratch under one changed setting at a time: more steps,
 the set's make-up (bank, latest correct RL rollouts, replay of easy tiers), learning rate. Each
-retrain is measured like the pipeline's ``final_keep`` judge (pass@1 on the training problems,
+retrain is measured like the pipeline's ``final.keep`` judge (pass@1 on the training problems,
 the same seeded samples for every model) and on the easy tier, beside the run's own RL models.
 
 Run: .venv/bin/python benchmarks/retrain_study.py --run runs/demo_auto [--only A,B]
@@ -135,7 +135,7 @@ def write(args, rows) -> None:
         f"Measured {when}: `python benchmarks/retrain_study.py {' '.join(sys.argv[1:])}`; "
         f"{cpu_line()}; float32. Run: `{args.run}`. pass@1 in % with 95% bootstrap intervals, "
         f"{args.k} samples per problem at temperature 1.0: 'train' = the 256 training problems "
-        "(what `final_keep` judges on), T1 = 128 held-out easy-tier problems.",
+        "(what `final.keep` judges on), T1 = 128 held-out easy-tier problems.",
         "",
         "| model | SFT pairs | SFT s | train pass@1 | T1 pass@1 |",
         "|---|---|---|---|---|",

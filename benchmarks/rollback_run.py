@@ -3,11 +3,11 @@
 The copy holds the stages up to ``--after`` (their exported models and results) and the
 curriculum as it was when that stage ended (read from the stage's last checkpoint, which holds
 the data module's state; the run must have kept it: ``--pipeline.keep_checkpoints true``), so that ``coscale run``/``coscale demo`` on the copy resumes after
-that stage and reruns the later ones under changed settings (e.g. ``--pipeline.final_sft_epochs
+that stage and reruns the later ones under changed settings (e.g. ``--pipeline.final.epochs
 14``) without redoing the earlier ones. Only stages that end in a fit have such a checkpoint.
 
 Run: .venv/bin/python benchmarks/rollback_run.py runs/demo_v2 runs/exp --after it2/rl
-then: .venv/bin/coscale demo --pipeline.run_dir runs/exp --pipeline.final_sft_epochs 14
+then: .venv/bin/coscale demo --pipeline.run_dir runs/exp --pipeline.final.epochs 14
 """
 
 from __future__ import annotations

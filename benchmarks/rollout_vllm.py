@@ -76,7 +76,7 @@ def build_sides(args, folder: str, policy, tok, report: Report) -> tuple[list[Si
 
         options = engine_options(args.dtype, args.max_model_len, args.kv_cache_gib, args.eager)
         # parity is checked explicitly after each timed sync, never inside a timed call
-        vllm = VLLMBackend(folder, tok, policy, parity_every=0, **options)
+        vllm = VLLMBackend(folder, tok, policy, parity={"every": 0}, **options)
         seconds = timed(lambda: vllm.engine)
         report(f"# vLLM engine built in {seconds:.1f} s, options {options}; "
                f"torch threads after the build: {torch.get_num_threads()}")  # fmt: skip

@@ -84,12 +84,12 @@ def engine_options(
     dtype: str, max_model_len: int, kv_cache_gib: float | None, eager: bool
 ) -> dict[str, Any]:
     """`VLLMBackend` options of these benchmarks (also GRPOModule's ``rollout.options``)."""
-    options: dict[str, Any] = {"dtype": dtype, "max_model_len": max_model_len}
+    engine: dict[str, Any] = {"dtype": dtype, "max_model_len": max_model_len}
     if kv_cache_gib is not None:
-        options["kv_cache_gib"] = kv_cache_gib
+        engine["kv_cache_gib"] = kv_cache_gib
     if eager:
-        options["engine_kwargs"] = {"enforce_eager": True}
-    return options
+        engine["kwargs"] = {"enforce_eager": True}
+    return {"engine": engine}
 
 
 def optimiser_step(policy: torch.nn.Module, optimiser: torch.optim.Optimizer, tok) -> None:

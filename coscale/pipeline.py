@@ -6,8 +6,8 @@
       it<k>/sft       SFT from pi0 on the bank (+ re-distilled set) -> it<k>/eval: measure
       it<k>/rl        GRPO on the solvable problems, Rollout N per difficulty group
       it<k>/redistill SFT from pi0 on what RL found (when ``redistill_each_iteration``)
-    final/retrain   SFT from pi0 on everything collected (-> final/eval, final/rl with ``final_rl``)
-    final        judge the retrain against the last iteration's model; keep one (``final_keep``)
+    final/retrain   SFT from pi0 on everything collected (-> final/eval, final/rl with ``final.rl``)
+    final        judge the retrain against the last iteration's model; keep one (``final.keep``)
 
 State lives in one :class:`~coscale.loop.curriculum.Curriculum`. Commit points: a stage fit writes
 a whole checkpoint (the curriculum, RNG and spend in it; a file, or a folder of shards under FSDP2)
@@ -25,29 +25,34 @@ import inspect
 import json
 import os
 import time
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 
-from coscale.checks import at_least, one_of
+from coscale.checks import as_group, at_least, group_errors
 from coscale.datamodules import ProblemDataModule
+from coscale.distributed import barrier, is_writer
 from coscale.loop import budget
 from coscale.loop.checkpoint_store import remove_all
 from coscale.loop.commit import commit_point, write_json
-from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.loop.schedule import NSchedule, schedule_errors
-from coscale.models.full_state import barrier, is_writer
+from coscale.measure.selection import Selection
+from coscale.models.adapters import as_peft_config, config_fields
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.modules.sft import settings_errors as sft_settings_errors
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import measure_stage
-from coscale.stages.final import KEEP, final_stage
+from coscale.stages.final import final_stage
+from coscale.stages.final_settings import FinalSettings
 from coscale.stages.plan import Stage, plan
 from coscale.stages.rl import rl_stage
 from coscale.stages.sft import sft_stage
+
+if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves the name
+    from peft import PeftConfig
 
 
 @dataclass
@@ -64,25 +69,13 @@ class PipelineConfig:
         rl_eval_every: Also re-measure the pools with K fresh samples every this many RL epochs;
             0 relies on the RL rollouts themselves (each epoch's tally relabels the pools).
         sft_epochs: Epochs of every SFT stage.
-        final_sft_epochs: Epochs of the final retrain (None: ``sft_epochs``). The final
-            retrain is the one SFT whose model is shipped; the iterations' SFT stages only
-            feed their RL stages, so a short ``sft_epochs`` with a long final retrain moves
-            SFT budget to where it is kept.
-        final_sft_source: What the final retrain trains on (plus the replay share): ``all``
-            (the bank and the latest correct RL rollouts: "everything collected", the paper),
-            ``bank`` (bank solutions only; the RL rollouts stay out) or ``redistill`` (the
-            rollouts only). The RL stage after the retrain (``final_rl``) still brings RL's
-            gain back; ``bank`` makes each pass cheaper, so it buys more passes in the same time.
         sft_max_steps: Cap on the optimiser steps of every SFT stage, the re-distillation and
-            final retrain included (None: ``sft_epochs`` alone decide). SFT sets grow with every
+            final retrain included (None: the epochs alone decide). SFT sets grow with every
             iteration; a cap keeps each stage's cost fixed.
-        sft_select_problems: Score every SFT stage from the initial model (each iteration's
-            SFT, re-distillation, the final retrain) by pass@1 on this many of the training
-            problems (a seeded slice) every ``sft_select_every`` steps and at its end, and keep
-            its best-scoring weights instead of its last (:mod:`coscale.stages.selection`).
-            0: off, every stage keeps its last weights.
-        sft_select_every: Optimiser steps between two scorings of the selection.
-        sft_select_k: Samples per problem of each scoring.
+        selection: Which weights every SFT stage from the initial model ends with (each
+            iteration's SFT, re-distillation, the final retrain): with ``problems`` > 0 the
+            best-scoring by pass@1 on a seeded slice of the training problems, else its last
+            (:mod:`coscale.measure.selection`).
         distill_weight: SFT stages from the initial model that follow an RL stage (the
             re-distillation, the next iteration's SFT, the final retrain) also match the latest
             RL model's next-token distributions on their solution tokens, with this weight on
@@ -90,17 +83,12 @@ class PipelineConfig:
             (:mod:`coscale.sft.distill`; one more forward pass of the RL model per batch).
             0: off, token cross-entropy only (the paper).
         rl_epochs: Epochs of every RL stage (the solvable set is rebuilt each epoch).
-        final_retrain: Retrain from the initial model at the end (stage ``final/retrain``,
-            distilled from the last RL model when ``distill_weight`` > 0).
-        final_rl: After the final retrain, measure it (``final/eval``) and run RL on its
-            solvable problems (``final/rl``), as after every iteration's SFT; the final
-            candidate is then that RL model. Off: the retrain itself (the paper).
-        final_keep: ``retrained`` (the paper), ``better`` or ``best``: see
-            :mod:`coscale.stages.final`. All three judge on held-out (else training) problems.
         redistill_each_iteration: Re-distil into the initial model after every RL stage but
             the last (the final retrain is the last one's). Off, the next iteration's SFT (from
             the initial model, on the bank plus the re-distilled set) is the re-distillation,
             one SFT fit per iteration is saved, and an iteration's model is its RL model.
+        final: The run's end: the retrain from the initial model, its own RL stage, and which
+            model is kept.
         checkpoint_every_n_steps: Save the running stage's checkpoint (``<stage>/ckpt``) every
             this many optimiser steps (and after every epoch's end work). 1 loses no step to a
             crash; a larger value saves the time of writing the model after every step, and a
@@ -117,8 +105,16 @@ class PipelineConfig:
             strategy, precision, ...). ``precision: auto`` takes bf16-mixed where the machine
             computes bf16 natively, else 32-true, and prints which and why
             (:mod:`coscale.stages.precision`).
-        sft: ``SFTModule`` arguments (the model is the pipeline's).
-        grpo: ``GRPOModule`` arguments (the model is the previous stage's).
+        peft: Train a PEFT adapter (a ``peft.PeftConfig`` such as ``peft.LoraConfig``; YAML
+            ``class_path: peft.LoraConfig`` with ``init_args``) in every stage instead of every
+            weight. Each SFT from the initial model trains a new adapter on the untouched base;
+            each RL stage a new one on the previous stage's exported (merged) model, which is
+            also its KL reference. Every stage's ``model`` folder stays a merged Hugging Face
+            folder with its adapter in ``model/adapter`` (``docs/peft.md``). None: full
+            fine-tunes.
+        sft: ``SFTModule`` arguments (the model and ``peft`` are the pipeline's).
+        grpo: ``GRPOModule`` arguments (the model is the previous stage's, ``peft`` the
+            pipeline's).
         schedule: ``NSchedule`` arguments (Rollout N per difficulty group): the run's one
             schedule, built once and started afresh by every RL stage. Its only place in
             ``coscale run``: a ``data.schedule`` is refused.
@@ -132,24 +128,19 @@ class PipelineConfig:
     eval_max_problems: int | None = None
     rl_eval_every: int = 0
     sft_epochs: int = 2
-    final_sft_epochs: int | None = None
-    final_sft_source: SFTSource = "all"
     sft_max_steps: int | None = None
-    sft_select_problems: int = 0
-    sft_select_every: int = 100
-    sft_select_k: int = 4
+    selection: Selection = field(default_factory=Selection)
     distill_weight: float = 0.0
     rl_epochs: int = 2
-    final_retrain: bool = True
-    final_rl: bool = False
     redistill_each_iteration: bool = True
-    final_keep: str = "retrained"
+    final: FinalSettings = field(default_factory=FinalSettings)
     checkpoint_every_n_steps: int = 1
     keep_checkpoints: bool = False
     logger: LoggerKind = "wandb"
     project: str = "coscale"
     seed: int = 0
     trainer: dict[str, Any] = field(default_factory=dict)
+    peft: PeftConfig | None = None
     sft: dict[str, Any] = field(default_factory=dict)
     grpo: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)
@@ -163,12 +154,9 @@ class PipelineConfig:
             0, warmup_problems=self.warmup_problems, rl_eval_every=self.rl_eval_every
         )
         errors += at_least(1, optional=True, sft_max_steps=self.sft_max_steps)
-        errors += at_least(1, optional=True, final_sft_epochs=self.final_sft_epochs)
-        errors += one_of(SFT_SOURCES, final_sft_source=self.final_sft_source)
-        errors += at_least(0, sft_select_problems=self.sft_select_problems)
-        errors += at_least(
-            1, sft_select_every=self.sft_select_every, sft_select_k=self.sft_select_k
-        )
+        self.selection = as_group(Selection, self.selection)
+        self.final = as_group(FinalSettings, self.final)
+        errors += group_errors(selection=self.selection, final=self.final)
         errors += at_least(1, optional=True, eval_max_problems=self.eval_max_problems)
         if not 0.0 <= self.distill_weight <= 1.0:
             errors.append(f"distill_weight must be in [0, 1]; got {self.distill_weight!r}")
@@ -177,8 +165,12 @@ class PipelineConfig:
                 "sft.distill is chosen by the pipeline (the latest RL model); set "
                 "pipeline.distill_weight > 0 to distil from it"
             )
-        if self.final_keep not in KEEP:
-            errors.append(f"final_keep must be one of {', '.join(KEEP)}; got {self.final_keep!r}")
+        for group in ("sft", "grpo"):
+            if "peft" in getattr(self, group):
+                errors.append(
+                    f"{group}.peft is set for every stage by pipeline.peft: move it there"
+                )
+        self.peft = as_peft_config(instantiate(self.peft))  # YAML's class_path, a saved mapping
         errors += _typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
         errors += _typed_errors("grpo", GRPOModule, self.grpo, grpo_settings_errors)
         errors += _typed_errors("schedule", NSchedule, self.schedule, schedule_errors)
@@ -200,6 +192,16 @@ def _typed_errors(name: str, cls: type, args: dict[str, Any], ranges) -> list[st
         params = ", ".join(sorted(set(inspect.signature(cls).parameters) - {"model"}))
         return [f"{name}: {detail} ({cls.__name__} takes: {params})"]
     return [f"{name}.{e}" for e in ranges(**args)]
+
+
+def _plain(cfg: PipelineConfig) -> dict[str, Any]:
+    """``cfg`` for the state file: its groups as mappings, other fields as they are (JSON writes
+    objects such as a strategy by their str). No ``asdict`` of the whole: it would deep-copy a
+    strategy that holds a sharded model, which FSDP2 refuses."""
+    values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+    if cfg.peft is not None:  # a dataclass too, with sets: PEFT's own plain form
+        values["peft"] = config_fields(cfg.peft)
+    return {k: asdict(v) if is_dataclass(v) else v for k, v in values.items()}
 
 
 def instantiate(value: Any) -> Any:
@@ -272,8 +274,8 @@ class Pipeline:
 
     def sft(self, name: str) -> None:
         final = self.plan[name].kind == "retrain"
-        epochs = self.cfg.final_sft_epochs if final else None  # None: sft_epochs
-        source = self.cfg.final_sft_source if final else "all"
+        epochs = self.cfg.final.epochs if final else None  # None: sft_epochs
+        source = self.cfg.final.source if final else "all"
         self._took(
             name, sft_stage(self.ctx, name, source, teacher=self._latest_rl(), epochs=epochs)
         )
@@ -372,9 +374,7 @@ class Pipeline:
             "curriculum": self.curriculum.state_dict(),
             "results": self.results,
             "seconds": self.seconds,
-            # fields as they are (JSON writes objects such as a strategy by their str): asdict
-            # would deep-copy a strategy that holds a sharded model, which FSDP2 refuses
-            "config": {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)},
+            "config": _plain(self.cfg),
         }
         if is_writer():  # every rank holds the same state; rank 0 writes it
             write_json(self.state_path, state)  # atomic: a crash never leaves half a state file

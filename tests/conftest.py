@@ -38,12 +38,23 @@ def tiny_model(char_tokenizer):
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, tiny_model, char_tokenizer):
+def model_folder(tmp_path_factory):
+    """``model_folder(name, model, tokenizer)``: a new folder (named after ``name``) with both
+    saved in HF format."""
+
+    def save(name: str, model, tokenizer) -> Path:
+        path = tmp_path_factory.mktemp(name)
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        return path
+
+    return save
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(model_folder, tiny_model, char_tokenizer):
     """A folder with `tiny_model` and `char_tokenizer` saved in HF format."""
-    path = tmp_path_factory.mktemp("tiny_model")
-    tiny_model.save_pretrained(path)
-    char_tokenizer.save_pretrained(path)
-    return path
+    return model_folder("tiny_model", tiny_model, char_tokenizer)
 
 
 @pytest.fixture(autouse=True, scope="session")

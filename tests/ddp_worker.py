@@ -13,6 +13,7 @@ import sys
 
 import lightning as L
 import torch
+from trainers import quiet_trainer
 
 from coscale.callbacks import RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
@@ -27,19 +28,9 @@ class DigitReward:
         return [float(any(ch.isdigit() for ch in c)) for c in completions]
 
 
-def _trainer(strategy="ddp", devices=2, **kw) -> L.Trainer:
+def _trainer(strategy="ddp", devices=2, max_steps=-1, **kw) -> L.Trainer:
     """2 CPU processes, nothing but the fit (``tests/fsdp_worker.py`` passes FSDP2)."""
-    return L.Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=strategy,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        **kw,
-    )
+    return quiet_trainer(max_steps, devices=devices, strategy=strategy, limit_val_batches=0, **kw)
 
 
 def loaded_data(problems: int) -> ProblemDataModule:
@@ -55,34 +46,50 @@ def loaded_data(problems: int) -> ProblemDataModule:
     return dm
 
 
+def mark_solvable(dm: ProblemDataModule) -> None:
+    """Records every problem with 2-5 of 10 right: all solvable, so GRPO is served them all."""
+    for i, pid in enumerate(dm.problems):
+        dm.curriculum.pools.record(pid, 10, 2 + i % 4)
+
+
+def digit_grpo(model_dir: str, micro_batch_size: int = 3, **kw) -> GRPOModule:
+    """The workers' GRPO module: `DigitReward`, 6 new tokens at temperature 1, lr 0.005."""
+    return GRPOModule(
+        model=model_dir,
+        reward=DigitReward(),
+        optimizer={"lr": 0.005},
+        sampling={"max_new_tokens": 6, "temperature": 1.0},
+        update={"micro_batch_size": micro_batch_size},
+        **kw,
+    )
+
+
+def write_rank(out: str, state: dict) -> None:
+    """``state`` as this rank's ``<out>/rank<r>.json``."""
+    rank = int(os.environ.get("LOCAL_RANK", 0))
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(state, f, default=str)
+
+
 def main(model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     dm = loaded_data(10)
     cur = dm.curriculum
     sft = SFTModule(model=model_dir, optimizer={"lr": 1e-2})
     _trainer(max_steps=2).fit(sft, datamodule=dm)
-    for i, pid in enumerate(dm.problems):
-        cur.pools.record(pid, 10, 2 + i % 4)
-    grpo = GRPOModule(
-        model=model_dir,
-        reward=DigitReward(),
-        optimizer={"lr": 0.005},
-        sampling={"max_new_tokens": 6, "temperature": 1.0},
-        update={"micro_batch_size": 3},
-    )
+    mark_solvable(dm)
+    grpo = digit_grpo(model_dir)
     schedule = RolloutNSchedule(num_groups=2, n_init=2, factor=2.0, n_max=8, patience=1)
     closes, close = [], cur.close_epoch
     cur.close_epoch = lambda **kw: closes.append(kw) or close(**kw)  # counts the module's closes
     _trainer(max_epochs=3, callbacks=[schedule]).fit(grpo, datamodule=dm)
-    rank = int(os.environ.get("LOCAL_RANK", 0))
     state = {
         "data": cur.state_dict(),
         "closes": len(closes),
         "sft_sum": float(sum(p.double().sum() for p in sft.policy.parameters())),
         "grpo_sum": float(sum(p.double().sum() for p in grpo.policy.parameters())),
     }
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(state, f, default=str)
+    write_rank(out, state)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ ReDistillation callback under FSDP2 (Lightning's ``ModelParallelStrategy``, ``fu
 decoder layer), each followed by an export; rank 0 saves the gathered weights
 (``<out>/{sft,grpo}_gathered.pt``) and every rank writes what it saw to ``<out>/rank<r>.json``. Lightning launches rank 1 by running this script again.
 
+``lora <model_dir> <out>``: an SFT fit of a LoRA adapter under FSDP2 and its export (merged
+weights plus ``adapter/``), with the gathered weights of the adapted policy beside it.
+
 ``lockstep <model_dir> <out>``: the cached-decode backend on a ``fully_shard``ed policy, where
 every row of rank 0 ends at its first token and rank 1 decodes to the token limit; rank 1's
 completions must equal those of the unsharded model. Without lockstep rank 0 stops stepping,
@@ -20,12 +23,12 @@ import sys
 
 import lightning as L
 import torch
-from ddp_worker import DigitReward, loaded_data
 from ddp_worker import _trainer as ddp_trainer
+from ddp_worker import digit_grpo, loaded_data, mark_solvable, write_rank
 
 from coscale.callbacks import ReDistillation
 from coscale.models.full_state import full_state_dict
-from coscale.modules import GRPOModule, SFTModule
+from coscale.modules import SFTModule
 
 
 def _trainer(**kw) -> L.Trainer:
@@ -51,15 +54,8 @@ def fits(model_dir: str, out: str) -> None:
     _trainer(max_steps=2).fit(sft, datamodule=dm)
     sft_tensors = _gathered(sft, os.path.join(out, "sft_gathered.pt"))
     sft.export(os.path.join(out, "sft"))
-    for i, pid in enumerate(dm.problems):
-        dm.curriculum.pools.record(pid, 10, 2 + i % 4)
-    grpo = GRPOModule(
-        model=model_dir,
-        reward=DigitReward(),
-        optimizer={"lr": 0.005},
-        sampling={"max_new_tokens": 6, "temperature": 1.0},
-        update={"micro_batch_size": 3},
-    )
+    mark_solvable(dm)
+    grpo = digit_grpo(model_dir)
     redistill = ReDistillation(
         max_per_problem=2,
         sft={"optimizer": {"lr": 1e-2}, "batch_size": 4},
@@ -73,9 +69,21 @@ def fits(model_dir: str, out: str) -> None:
         "redistill_runs": redistill.runs,
         "sharded": type(next(grpo.policy.parameters())).__name__,
     }
-    rank = int(os.environ.get("LOCAL_RANK", 0))
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(state, f)
+    write_rank(out, state)
+
+
+def lora(model_dir: str, out: str) -> None:
+    """An SFT fit of a LoRA adapter under FSDP2, then its export; rank 0 saves the gathered
+    weights of the adapted policy (``lora_gathered.pt``)."""
+    import peft
+
+    torch.set_num_threads(1)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+    sft = SFTModule(model=model_dir, optimizer={"lr": 1e-2}, peft=config)
+    _trainer(max_steps=2).fit(sft, datamodule=loaded_data(8))
+    tensors = _gathered(sft, os.path.join(out, "lora_gathered.pt"))
+    sft.export(os.path.join(out, "lora"))
+    write_rank(out, {"tensors": tensors, "sharded": type(next(sft.policy.parameters())).__name__})
 
 
 def _lockstep_rank(rank: int, model_dir: str, out: str, port: int) -> None:
@@ -119,4 +127,4 @@ def lockstep(model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    {"fits": fits, "lockstep": lockstep}[sys.argv[1]](sys.argv[2], sys.argv[3])
+    {"fits": fits, "lora": lora, "lockstep": lockstep}[sys.argv[1]](sys.argv[2], sys.argv[3])

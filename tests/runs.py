@@ -1,4 +1,5 @@
-"""`coscale run` in a subprocess, for the tests that run whole pipelines (kill tests, 2 ranks).
+"""`coscale run` or a test worker in a subprocess, for the tests that run whole pipelines (kill
+tests, 2 ranks) or 2-rank fits.
 
 :func:`run` starts the command in a session of its own and, once rank 0 (the process it
 started) has exited, SIGKILLs whatever is left of that session, as a job launcher (torchrun,
@@ -10,6 +11,7 @@ The next run then starts on a clean machine, from what the disk holds.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -61,6 +63,15 @@ def run(cmd: list[str], log: Path, timeout: float = 900, **extra: str) -> int:
             return proc.wait(timeout=timeout)
         finally:
             kill_session(proc.pid)
+
+
+def worker_ranks(script: str, model_dir: Path, out: Path, timeout: float) -> list[dict]:
+    """Runs ``tests/<script> <model_dir> <out>``, a worker whose 2 ranks each write
+    ``<out>/rank<r>.json``; returns what ranks 0 and 1 wrote (a failed run: its stderr's end)."""
+    cmd = [sys.executable, str(ROOT / "tests" / script), str(model_dir), str(out)]
+    done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def kill_session(sid: int, wait_s: float = 60.0) -> None:

@@ -1,6 +1,6 @@
 """Tests for coscale.datamodules.batches: per-epoch shuffle, equal sharding across ranks, skip.
 
-A fake world is set by monkeypatching ``_rank_world``; the unsharded batch list (world 1) of
+A fake world is set by monkeypatching ``rank_world``; the unsharded batch list (world 1) of
 the same seed and epoch is the reference every rank's share is worked out from by hand.
 """
 
@@ -21,15 +21,11 @@ ITEMS = [{"i": k} for k in range(7)]  # 7 items, batch 2 -> 4 batches of sizes 2
 
 
 def _world(monkeypatch, rank: int, world: int) -> None:
-    monkeypatch.setattr(batches, "_rank_world", lambda: (rank, world))
+    monkeypatch.setattr(batches, "rank_world", lambda: (rank, world))
 
 
 def _ids(batch_list) -> list[list[int]]:
     return [[item["i"] for item in batch] for batch in batch_list]
-
-
-def test_rank_world_without_process_group_is_single():
-    assert batches._rank_world() == (0, 1)
 
 
 def test_single_rank_shuffles_a_permutation_into_batches(monkeypatch):

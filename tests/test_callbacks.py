@@ -32,9 +32,9 @@ from coscale.datamodules import ProblemDataModule
 from coscale.loop.curriculum import CurriculumSettings
 from coscale.loop.pools import Pool
 from coscale.loop.schedule import NSchedule
+from coscale.measure import pass_rates
 from coscale.modules import GRPOModule, SFTModule
 from coscale.rollout.base import SamplingParams
-from coscale.stages import measure as measure_stage
 
 
 # ----------------------------------------------------------------------------- stand-ins
@@ -211,7 +211,7 @@ def test_pass_rate_runs_at_chosen_epochs_and_at_a_fresh_fit_start():
 def test_measure_without_a_fit_records_in_the_curriculum():
     # what the pipeline's measure stage calls (the callback's `datamodule=` is gone): no trainer
     dm, policy = _dm(["a", "b"]), StubPolicy({"a": 2, "b": 0})
-    results, metrics = measure_stage.measure(policy, dm.curriculum, k=2)
+    results, metrics = pass_rates.measure(policy, dm.curriculum, k=2)
     assert {k: v["pool"] for k, v in results.items()} == {"a": "solved", "b": "unsolvable"}
     assert metrics["pool/pass@1"] == 0.5 and metrics["pool/solved"] == 1.0
     assert dm.curriculum.measurements == 1
@@ -277,13 +277,13 @@ def test_sample_counts_deals_chunks_to_ranks_and_gathers(monkeypatch):
         parts[1] = mine
         raise _Stop
 
-    monkeypatch.setattr(measure_stage, "rank_world", lambda: (1, 2))
-    monkeypatch.setattr(measure_stage, "all_gather_objects", rank1_gather)
+    monkeypatch.setattr(pass_rates, "rank_world", lambda: (1, 2))
+    monkeypatch.setattr(pass_rates, "all_gather_objects", rank1_gather)
     with pytest.raises(_Stop):
-        measure_stage.sample_counts(policy, problems, 3, sampling, 2)
-    monkeypatch.setattr(measure_stage, "rank_world", lambda: (0, 2))
-    monkeypatch.setattr(measure_stage, "all_gather_objects", lambda mine: mine + parts[1])
-    counts = measure_stage.sample_counts(policy, problems, 3, sampling, 2)
+        pass_rates.sample_counts(policy, problems, 3, sampling, 2)
+    monkeypatch.setattr(pass_rates, "rank_world", lambda: (0, 2))
+    monkeypatch.setattr(pass_rates, "all_gather_objects", lambda mine: mine + parts[1])
+    counts = pass_rates.sample_counts(policy, problems, 3, sampling, 2)
     assert counts == [0, 1, 2, 0, 1, 2, 0]
     assert [j for j, _ in parts[1]] == [1, 3]  # rank 1 sampled chunks 1 and 3 only
     assert [(ids, s.seed) for ids, _, s in policy.calls] == [
@@ -565,7 +565,7 @@ def test_final_retrain_source_leaves_the_rollouts_out(tiny_model_dir, monkeypatc
 
 def _fit_with_all_callbacks(model_dir, ids):
     rows = [{"id": i, "question": f"{i}?", "answer": a} for i, a in ids.items()]
-    dm = ProblemDataModule(train=rows, batch_size=2, curriculum={"rollout_n": 4})
+    dm = ProblemDataModule(train=rows, batch_size=2)  # N: the schedule's n_init
     module = GRPOModule(
         model=str(model_dir),
         reward=ToyReward(),

@@ -21,7 +21,7 @@ import torch
 
 from coscale.loop.solution_sources import TeacherSolutions
 from coscale.models.prompting import PromptFormat, end_of_turn_id, generation_prompt
-from coscale.modules.generation import PolicyMixin
+from coscale.modules.policy_mixin import PolicyMixin
 from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, Rollouts, SamplingParams
 from coscale.scoring.rewards import MathReward
 from coscale.sft.batch import IGNORE, tokenize_pairs

@@ -103,7 +103,7 @@ def test_settings_name_every_bad_value_at_once():
     with pytest.raises(ValueError) as err:
         Curriculum(CurriculumSettings(rollout_n=0, replay_fraction=1.0, redistill_max_total=0))
     assert str(err.value) == (
-        "data: rollout_n must be an int >= 1, got 0; "
+        "data: rollout_n must be an int >= 1 or None, got 0; "
         "redistill_max_total must be an int >= 1 or None, got 0; "
         "replay_fraction must be in [0, 1), got 1.0"
     )
@@ -413,15 +413,15 @@ def test_schedule_state_in_the_curriculum_state():
 
 # ----------------------------------------------------------------------------- measurement
 def test_record_measurement_groups_newly_solvable_problems_and_sets_their_n():
-    sched = NSchedule(num_groups=3, n_init=8)
+    sched = NSchedule(num_groups=3, n_init=6)
     rows = [{"id": i, "question": f"q {i}", "answer": "x"} for i in "abcd"]
-    cur = _cur(rows, schedule=sched, rollout_n=4)
+    cur = _cur(rows, schedule=sched)
     pools = cur.record_measurement({"a": (10, 1), "b": (10, 6), "c": (10, 0), "d": (10, 9)})
     assert pools == {"a": "solvable", "b": "solvable", "c": "unsolvable", "d": "solved"}
     assert cur.measurements == 1
     assert cur.group_of == {"a": 0, "b": 2}  # only solvable problems get a group
-    assert cur.n_per_problem == {"a": 8, "b": 8}
-    assert (cur.n_of("c"), cur.n_of("d")) == (4, 4)  # rollout_n until grouped
+    assert cur.n_per_problem == {"a": 6, "b": 6}
+    assert (cur.n_of("c"), cur.n_of("d")) == (6, 6)  # the schedule's n_init until grouped
     # c becomes solvable later: grouped with its group's N of now; a keeps its group
     sched.n = [16, 8, 12]
     assert cur.record_measurement({"a": (10, 6), "c": (10, 4)}) == {
@@ -435,6 +435,17 @@ def test_record_measurement_groups_newly_solvable_problems_and_sets_their_n():
     plain = _cur(rows, rollout_n=4)
     plain.record_measurement({"a": (10, 1)})
     assert plain.group_of == {} and plain.n_per_problem == {} and plain.n_of("a") == 4
+
+
+def test_the_start_n_has_one_knob_rollout_n_or_the_schedules_n_init():
+    rows = [{"id": "a", "question": "q", "answer": "x"}]
+    assert _cur(rows).n_of("a") == 8  # neither set
+    with pytest.raises(ValueError, match=r"data\.curriculum\.rollout_n=4 and a Rollout N sch"):
+        _cur(rows, schedule=NSchedule(n_init=6), rollout_n=4)
+    cur = _cur(rows, rollout_n=4)
+    with pytest.raises(ValueError, match=r"n_init \(6\) is the start N; remove curriculum"):
+        cur.schedule = NSchedule(n_init=6)  # as the pipeline and RolloutNSchedule attach one
+    assert cur.schedule is None and cur.n_of("a") == 4
 
 
 def test_measure_ids_pools_and_a_seeded_subset_that_changes_with_measurements():

@@ -171,7 +171,7 @@ def test_constructor_collects_every_bad_flag_in_one_error():
     text = str(err.value)
     assert text.startswith("ProblemDataModule: ")
     assert "read.on_bad_row must be one of skip, raise; got 'x'" in text
-    assert "curriculum.rollout_n must be an int >= 1, got 0" in text
+    assert "curriculum.rollout_n must be an int >= 1 or None, got 0" in text
     assert "sft_source must be one of bank, redistill, all; got 'x'" in text
     assert "batch_size must be an int >= 1, got 0" in text
     assert "sft_batch_size" not in text and "val_batch_size" not in text
@@ -193,8 +193,9 @@ def test_constructor_names_the_serving_flags_together():
 def test_constructor_names_each_count_flag(flag):
     group, _, key = flag.rpartition(".")
     kwargs = {group: {key: -1}} if group else {key: -1}
+    unset = " or None" if key == "rollout_n" else ""  # None: the schedule's n_init, else 8
     with pytest.raises(
-        ValueError, match=rf"ProblemDataModule: {flag} must be an int >= 1, got -1$"
+        ValueError, match=rf"ProblemDataModule: {flag} must be an int >= 1{unset}, got -1$"
     ):
         ProblemDataModule(**kwargs)
 
@@ -356,7 +357,7 @@ def test_val_problems_are_scored_once_across_ranks(monkeypatch):
     dm.load()
     seen = []
     for rank in range(2):  # 3 batches of 2, 2, 1 over 2 ranks
-        monkeypatch.setattr(batches_module, "_rank_world", lambda rank=rank: (rank, 2))
+        monkeypatch.setattr(batches_module, "rank_world", lambda rank=rank: (rank, 2))
         seen += _order(dm.val_dataloader())
     assert sorted(seen) == [f"v{i}" for i in range(5)]
 

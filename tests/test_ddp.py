@@ -4,29 +4,13 @@ curriculum state is compared."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from runs import worker_ranks
 
 
 @pytest.mark.slow
 def test_ddp_two_cpu_ranks_agree(tiny_model_dir, tmp_path):
-    script = Path(__file__).with_name("ddp_worker.py")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    run = subprocess.run(
-        [sys.executable, str(script), str(tiny_model_dir), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    r0 = json.loads((tmp_path / "rank0.json").read_text())
-    r1 = json.loads((tmp_path / "rank1.json").read_text())
+    r0, r1 = worker_ranks("ddp_worker.py", tiny_model_dir, tmp_path, timeout=240)
     assert r0["data"] == r1["data"]
     assert r0["sft_sum"] == pytest.approx(r1["sft_sum"], abs=1e-9)
     assert r0["grpo_sum"] == pytest.approx(r1["grpo_sum"], abs=1e-9)

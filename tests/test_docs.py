@@ -4,13 +4,12 @@ Checked in README.md and docs/*.md: the README is at most 300 lines; every relat
 to a file that exists (and its ``#anchor`` to a heading there); every repository path they name
 (``configs/...``, ``benchmarks/...``, ...) exists; every ``coscale <command>`` is a command of
 the CLI; every flag given to a ``benchmarks/*.py`` script is one the script parses; every
-``--pipeline.<key>`` is a field of ``PipelineConfig``. The checkers are tested on a broken page
+``--pipeline.*`` / ``--data.*`` flag is one ``coscale run`` takes. The checkers are tested on a broken page
 first, so that a check which can never fail is caught.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -28,7 +27,7 @@ PATH = re.compile(
 CODE = re.compile(r"```.*?```|`[^`]+`", re.S)
 COMMAND = re.compile(r"(?:^|[\s/])coscale\s+([a-z][\w-]*)", re.M)
 SCRIPT = re.compile(r"benchmarks/(\w+)\.py((?:[ \t]+[^\s`|;&]+)*)")
-PIPELINE_KEY = re.compile(r"--pipeline\.(\w+)")
+RUN_FLAG = re.compile(r"--((?:pipeline|data)\.[\w.]*\w)")
 
 
 def slug(heading: str) -> str:
@@ -99,13 +98,14 @@ def command_errors(page: Path, root: Path = ROOT) -> list[str]:
     return errors
 
 
-def pipeline_key_errors(page: Path) -> list[str]:
-    from coscale.pipeline import PipelineConfig
+def run_flag_errors(page: Path) -> list[str]:
+    """Each ``--pipeline.*`` / ``--data.*`` flag in code that ``coscale run`` does not take."""
+    from coscale.app.run_config import pipeline_parser
 
-    fields = {f.name for f in dataclasses.fields(PipelineConfig)}
-    keys = PIPELINE_KEY.findall("\n".join(CODE.findall(page.read_text())))
+    known = set(pipeline_parser()._option_string_actions)  # every --flag it parses
+    flags = RUN_FLAG.findall("\n".join(CODE.findall(page.read_text())))
     return [
-        f"{page.name}: --pipeline.{k} is no PipelineConfig field" for k in keys if k not in fields
+        f"{page.name}: --{f} is not a flag of coscale run" for f in flags if f"--{f}" not in known
     ]
 
 
@@ -121,7 +121,7 @@ def test_the_readme_test_command_is_the_one_ci_runs():
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_links_paths_and_commands_exist(page):
     errors = link_errors(page) + path_errors(page) + command_errors(page)
-    errors += pipeline_key_errors(page)
+    errors += run_flag_errors(page)
     assert not errors, "\n".join(errors)
 
 
@@ -135,6 +135,7 @@ def test_the_checks_fail_on_a_broken_page(tmp_path):
         "[fine](docs/ok.md#a-heading-here) [gone](docs/missing.md) [bad](docs/ok.md#nope)\n"
         "See `configs/missing.yaml` and `benchmarks/bench.py`.\n"
         "```bash\ncoscale frobnicate\npython benchmarks/bench.py --pairs 3 --rounds 2\n```\n"
+        "`--pipeline.final.rl true` `--pipeline.final_rl true` `--data.curriculum.low 0.1`\n"
     )
     assert link_errors(page) == [
         "README.md: link to docs/missing.md: no such file",
@@ -148,3 +149,30 @@ def test_the_checks_fail_on_a_broken_page(tmp_path):
         "README.md: `coscale frobnicate` is not a command",
         "README.md: benchmarks/bench.py has no flag --rounds",
     ]
+    assert run_flag_errors(page) == ["README.md: --pipeline.final_rl is not a flag of coscale run"]
+
+
+def test_the_readme_plug_in_example_runs_as_written(tiny_model_dir, tmp_path, monkeypatch):
+    """The README's plug-in code, run as a user copies it: only the model (a tiny one), the
+    data file and the trainers' quiet CPU settings are put in."""
+    import json
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Plugging into your own Lightning project") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    base = 'base = "Qwen/Qwen2.5-0.5B-Instruct"'
+    assert base in code and code.count("L.Trainer(") == 2
+    code = code.replace(base, f"base = {str(tiny_model_dir)!r}")
+    quiet = "accelerator='cpu', logger=False, enable_checkpointing=False, enable_progress_bar=False"
+    code = code.replace("L.Trainer(", f"L.Trainer({quiet}, ")
+    rows = [
+        {"problem": f"{a}+1", "final": str(a + 1), "sols": [f"\\boxed{{{a + 1}}}"]}
+        for a in range(4)
+    ]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scope: dict = {}
+    exec(compile(code, "README.md (plug-in example)", "exec"), scope)
+    data = scope["data"]
+    assert data.curriculum.schedule is not None  # RolloutNSchedule installed itself
+    assert all(data.curriculum.pools.history(p) for p in data.problems)  # measured at fit start

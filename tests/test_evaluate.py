@@ -16,10 +16,10 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from coscale.app import evaluate as ev
 from coscale.app.benchmark_eval import evaluate, format_table, result_rows
 from coscale.app.cli import main, pipeline_parser
+from coscale.loop.problem import Problem
 from coscale.modules import GRPOModule, SFTModule
 from coscale.rollout import RolloutBackend, Rollouts, SamplingParams
 from coscale.tasks.benchmarks import parse_source
-from coscale.tasks.problem import Problem
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "builtin:tiny?hidden_size=32&num_layers=1&seed=0"
@@ -171,7 +171,7 @@ def test_eval_config_runs_with_model_and_data_mocked(tmp_path, monkeypatch):
         config, logger="none", output=str(tmp_path / "r.json"), reward={"num_workers": 0}
     )
     rows = ev.run_eval(quick)
-    assert built["options"]["gpu_memory_utilization"] == 0.85
+    assert built["options"]["engine"]["gpu_memory_utilization"] == 0.85
     # per benchmark: problem a 16/16, problem b 3/16 -> pass@1 = (1 + 3/16) / 2
     assert (
         rows[0]["pass@1"] == pytest.approx((1 + 3 / 16) / 2) and rows[-1]["benchmark"] == "average"
@@ -255,7 +255,7 @@ def test_grpo_steps_keep_a_colocated_engine_in_sync(tiny_model_dir):
 
     module = GRPOModule(model=str(tiny_model_dir), reward=HasDigitReward(), optimizer={'lr': 0.01}, sampling={'max_new_tokens': 4, 'temperature': 1.0}, update={'micro_batch_size': 64})  # fmt: skip
     initial = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
-    module.backend = _backend(module.policy, module.tokenizer, parity_tokens=4)
+    module.backend = _backend(module.policy, module.tokenizer, parity={"tokens": 4})
     rows = [{"id": f"p{i}", "question": f"{i}+{i}", "answer": str(2 * i)} for i in range(8)]
     data = ProblemDataModule(
         train=rows, batch_size=4, curriculum={"rollout_n": 2, "rl_unmeasured": True}

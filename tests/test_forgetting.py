@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
+from coscale.loop.mastered import mastered_items
 from coscale.loop.pools import ProblemPools
 from coscale.loop.solutions import SolutionBank
 from coscale.modules import SFTModule
@@ -28,7 +29,6 @@ from coscale.sft.forgetting import (
     guarded_parameters,
     keep_mask,
     masked_fraction,
-    mastered_items,
     reference_gradient,
 )
 from coscale.tasks import arithmetic
@@ -327,7 +327,7 @@ import lightning as L, torch
 from torch.utils.data import DataLoader
 from coscale.sft.forgetting import guarded_parameters, reference_gradient
 from coscale.modules import SFTModule
-from coscale.modules.distributed import rank_world
+from coscale.distributed import rank_world
 from tests.test_forgetting import ddp_rows
 
 class Probe(SFTModule):

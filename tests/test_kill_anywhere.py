@@ -11,7 +11,7 @@ equal those of the uninterrupted run of the same strategy, bit for bit. What is 
   file; and once by a timer, at no commit point.
 * tests/configs/every_switch.yaml, one process: every switch the demo and the SmolLM2 configs
   turn on (checkpoint selection, re-distillation each iteration, ``distill_weight``, the
-  forgetting guard, ``final_rl``, ``final_keep: better``, a replay share), killed inside a
+  forgetting guard, ``final.rl``, ``final.keep: better``, a replay share), killed inside a
   selection scoring, inside a distilled and guarded re-distillation, inside the final RL stage,
   between the final judge and its copy, and between the final stage and the state file.
 * tests/configs/two_ranks.yaml under DDP and under FSDP2 (2 CPU processes, gloo; an FSDP2

@@ -176,6 +176,46 @@ def test_grpo_batch_without_signal_is_skipped_not_crashed(tiny_model_dir):
     assert dm.curriculum.pools.members(Pool.UNSOLVABLE) == list(dm.problems)
 
 
+def _fit_with_cut_rollouts(model_dir, mask_truncated: bool, cut: set[int]):
+    """One GRPO step on two problems x 2 rollouts scored 1, 0, 1, 0 (HalfReward: signal in each
+    group), the backend reporting rollouts `cut` as cut at ``max_new_tokens`` ("length").
+    Returns the rows the update kept, the weights it changed and ``train/skipped``."""
+    module = GRPOModule(
+        model=str(model_dir),
+        reward=HalfReward(),
+        optimizer={"lr": 0.01},
+        sampling={"max_new_tokens": 4},
+        update={"mask_truncated": mask_truncated},
+    )
+    sample, update, kept = module.sample, module.update, []
+
+    def cut_sample(batch, n, sampling):
+        rollouts, rewards = sample(batch, n, sampling)
+        assert rollouts.prompt_index.tolist() == [0, 0, 1, 1] and rewards.tolist() == [1, 0, 1, 0]
+        rollouts.finish_reasons = ["length" if i in cut else "stop" for i in range(4)]
+        return rollouts, rewards
+
+    def kept_update(rollouts, advantages, keep):
+        kept.append(keep.tolist())
+        return update(rollouts, advantages, keep)
+
+    module.sample, module.update = cut_sample, kept_update
+    before, trainer = _params(module), _trainer(-1, max_epochs=1)  # one batch: one step
+    trainer.fit(module, datamodule=_rl_dm([2, 2]))
+    return kept, _changed(before, module), float(trainer.callback_metrics["train/skipped"])
+
+
+def test_grpo_mask_truncated_leaves_cut_rollouts_out_of_the_loss(tiny_model_dir):
+    # TRL's mask_truncated_completions: a rollout cut by the token limit gets no loss
+    kept, changed, skipped = _fit_with_cut_rollouts(tiny_model_dir, True, {0, 2})
+    assert kept == [[False, True, False, True]] and changed and skipped == 0
+    kept, changed, skipped = _fit_with_cut_rollouts(tiny_model_dir, True, {0, 1, 2, 3})
+    assert kept == [[False] * 4] and changed == [] and skipped == 1  # nothing left to learn from
+    # off (the default): cut rollouts count like finished ones
+    kept, changed, skipped = _fit_with_cut_rollouts(tiny_model_dir, False, {0, 1, 2, 3})
+    assert kept == [[True] * 4] and changed and skipped == 0
+
+
 def test_modules_with_the_default_prompt_log_their_hparams_to_csv(tiny_model_dir, tmp_path):
     # Lightning's loggers write hparams as YAML and refuse a frozen dataclass (PromptFormat)
     from lightning.pytorch.loggers import CSVLogger

@@ -127,6 +127,34 @@ def test_sft_and_grpo_fits_under_fsdp2_export_the_gathered_weights(tiny_model_di
     assert any(not torch.equal(trained[k], initial[k]) for k in initial)  # the fit trained
 
 
+def test_a_lora_fit_under_fsdp2_exports_merged_weights_and_its_adapter(tiny_model_dir, tmp_path):
+    """The adapter trained on FSDP2 shards is exported from the gathered weights: the adapter
+    folder holds exactly the trained LoRA tensors, and the merged folder gives the logits of the
+    base with that adapter loaded by PEFT."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    _worker("lora", tiny_model_dir, tmp_path)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["sharded"] == "DTensor" for r in ranks)
+    assert ranks[0]["tensors"] > 0 and ranks[1]["tensors"] == 0  # gathered on rank 0
+    gathered = torch.load(tmp_path / "lora_gathered.pt")
+    lora = {k: v for k, v in gathered.items() if "lora_" in k}
+    saved = load_file(tmp_path / "lora" / "adapter" / "adapter_model.safetensors")
+    assert len(saved) == len(lora) > 0
+    by_layer = {k.replace(".default", ""): v for k, v in lora.items()}
+    for name, tensor in saved.items():
+        assert torch.equal(tensor, by_layer[name]), name
+    assert any(torch.count_nonzero(v) for k, v in saved.items() if "lora_B" in k)  # it trained
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora")
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "lora" / "adapter"
+    )
+    ids = torch.tensor([[5, 17, 30, 8, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-5, rtol=0)
+
+
 def test_decoding_on_a_sharded_policy_keeps_every_rank_stepping(tiny_model_dir, tmp_path):
     """Rank 0's rows all end at their first token; rank 1 decodes to the limit and gets the
     unsharded model's completions (a stopped rank 0 would leave it waiting: gloo timeout)."""

@@ -11,6 +11,7 @@ import pytest
 
 from coscale.app.cli import main
 from coscale.sft.distill import Distillation
+from coscale.stages.final_settings import FinalSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -115,7 +116,7 @@ def test_redistillation_uses_the_data_sections_redistill_settings(tmp_path, monk
 
 
 def test_final_sft_epochs_reach_only_the_final_retrain(tmp_path, monkeypatch):
-    pipe = _pipeline(tmp_path, sft_epochs=3, final_sft_epochs=11)
+    pipe = _pipeline(tmp_path, sft_epochs=3, final={"epochs": 11})
     seen = _capture_sft_stage(pipe, monkeypatch)
     pipe.data.load()
     pipe.curriculum.bank.record_rollout("a", "2", True, 0)  # something to train on
@@ -134,12 +135,12 @@ def test_final_sft_epochs_reach_only_the_final_retrain(tmp_path, monkeypatch):
     assert seen[0]["epochs"] == 3
     from coscale.pipeline import PipelineConfig
 
-    with pytest.raises(ValueError, match="final_sft_epochs must be an int >= 1 or None"):
-        PipelineConfig(model="m", final_sft_epochs=0)
+    with pytest.raises(ValueError, match=r"final\.epochs must be an int >= 1 or None"):
+        PipelineConfig(model="m", final={"epochs": 0})
 
 
 def test_final_sft_source_shapes_only_the_final_retrain(tmp_path, monkeypatch):
-    pipe = _pipeline(tmp_path, final_sft_source="bank", data={"bank_solutions": 0})
+    pipe = _pipeline(tmp_path, final={"source": "bank"}, data={"bank_solutions": 0})
     seen = _capture_sft_stage(pipe, monkeypatch)
     pipe.data.load()
     pipe.curriculum.bank.add("a", "a-bank")
@@ -150,8 +151,8 @@ def test_final_sft_source_shapes_only_the_final_retrain(tmp_path, monkeypatch):
     assert texts == [["a-bank", "b-rl"], ["a-bank"]]  # the rollouts stay out of the final set
     from coscale.pipeline import PipelineConfig
 
-    with pytest.raises(ValueError, match="final_sft_source must be one of bank, redistill, all"):
-        PipelineConfig(model="m", final_sft_source="rollouts")
+    with pytest.raises(ValueError, match=r"final\.source must be one of bank, redistill, all"):
+        PipelineConfig(model="m", final={"source": "rollouts"})
 
 
 def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
@@ -203,17 +204,17 @@ def test_redistillation_each_iteration_or_only_through_the_next_sft(tmp_path):
     plan = _stage_plan(tmp_path / "b", iterations=3, redistill_each_iteration=False)
     assert not any(name.endswith("/redistill") for name in plan) and plan[-1] == "final"
     plan = _stage_plan(
-        tmp_path / "c", iterations=2, redistill_each_iteration=False, final_retrain=False
+        tmp_path / "c", iterations=2, redistill_each_iteration=False, final={"retrain": False}
     )
     assert plan[-1] == "it2/redistill" and "it1/redistill" not in plan
-    plan = _stage_plan(tmp_path / "d", iterations=1, final_rl=True)
+    plan = _stage_plan(tmp_path / "d", iterations=1, final={"rl": True})
     assert plan[-4:] == ["final/retrain", "final/eval", "final/rl", "final"]
 
 
 def test_stages_carry_their_kind_and_iteration_as_data(tmp_path):
     from coscale.stages.plan import Stage
 
-    pipe = _pipeline(tmp_path, iterations=2, final_rl=True)
+    pipe = _pipeline(tmp_path, iterations=2, final={"rl": True})
     assert list(pipe.plan.values())[:2] == [
         Stage("warmup", "warmup", 0),
         Stage("it1/scale", "scale", 1),
@@ -237,7 +238,7 @@ def test_final_judges_the_retrain_after_its_rl_against_the_last_iterations_model
 ):
     from coscale import pipeline as pipeline_module
 
-    pipe, calls = _pipeline(tmp_path, iterations=1, final_rl=True), []
+    pipe, calls = _pipeline(tmp_path, iterations=1, final={"rl": True}), []
     pipe.models = {"it1/sft": "s1", "it1/rl": "r1", "final/retrain": "f0", "final/rl": "f1"}
 
     def fake_final(ctx, name, current, candidate, earlier):
@@ -251,13 +252,38 @@ def test_final_judges_the_retrain_after_its_rl_against_the_last_iterations_model
     assert calls == [("r1", "f1"), ("r1", "f0")]
 
 
+def test_eval_max_problems_measures_a_seeded_subset_each_time(tmp_path):
+    """A measurement of a large problem set can take a subset: ``eval_max_problems`` of the
+    unfailed problems get K samples, a new seeded subset at each measurement."""
+    from coscale.datamodules import ProblemDataModule
+    from coscale.pipeline import Pipeline, PipelineConfig
+
+    rows = [{"id": f"p{i}", "question": f"{i}+1", "answer": str(i + 1)} for i in range(6)]
+    model = "builtin:tiny?hidden_size=32&num_layers=1&seed=0"
+    settings = {"run_dir": str(tmp_path), "logger": "none", "eval_k": 1}
+    cfg = PipelineConfig(model=model, eval_max_problems=2, **settings)
+    pipe = Pipeline(cfg, ProblemDataModule(train=rows))
+    pipe.data.load()
+    pools = pipe.curriculum.pools
+    measured = []
+    for _ in range(3):
+        pipe.measure("it1/eval")
+        measured.append({p for p in pipe.curriculum.problems if pools.history(p)})
+    sizes = [len(m) for m in measured]
+    assert sizes[0] == 2 and sizes[0] < sizes[1] <= sizes[2] <= 6  # 2 more problems each time
+    every = Pipeline(PipelineConfig(model=model, **settings), ProblemDataModule(train=rows))
+    every.data.load()
+    every.measure("it1/eval")
+    assert all(every.curriculum.pools.history(p) for p in every.curriculum.problems)
+
+
 def test_settings_are_checked_before_any_work():
     from coscale.pipeline import PipelineConfig
 
     with pytest.raises(ValueError, match="sft_max_steps must be an int >= 1"):
         PipelineConfig(model="m", sft_max_steps=0)
-    with pytest.raises(ValueError, match="final_keep must be one of"):
-        PipelineConfig(model="m", final_keep="newest")
+    with pytest.raises(ValueError, match=r"final\.keep must be one of"):
+        PipelineConfig(model="m", final={"keep": "newest"})
     with pytest.raises(ValueError) as err:
         PipelineConfig(
             model="m", grpo={"lrr": 1e-3}, sft={"optimizer": {"lr": 1e-3}},
@@ -362,7 +388,7 @@ def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path,
 
     monkeypatch.setattr(final_module, "judge", fake_judge)
     monkeypatch.setattr(final_module, "judged_problems", lambda held_out, curriculum: [])
-    pipe = _pipeline(tmp_path / "run", final_keep="best", iterations=3)
+    pipe = _pipeline(tmp_path / "run", final={"keep": "best"}, iterations=3)
     earlier = [(1, folder("it1")), (2, folder("it2"))]
     out, kept = final_module.final_stage(
         pipe.ctx, "final", folder("last"), folder("retrain"), earlier
@@ -383,7 +409,7 @@ def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path,
     )
     assert out["val/final_kept_iteration"] == 2.0 and Path(kept, "who").read_text() == "it2"
     # retrained: the paper's choice, whatever the scores
-    pipe.cfg.final_keep = "retrained"
+    pipe.cfg.final = FinalSettings(keep="retrained")
     out, kept = final_module.final_stage(
         pipe.ctx, "final4", folder("last"), folder("retrain"), earlier
     )

@@ -54,7 +54,10 @@ def _cached(policy, tokenizer, model_dir) -> RolloutBackend:
 def _vllm(policy, tokenizer, model_dir) -> RolloutBackend:
     vllm_backend = pytest.importorskip("coscale.rollout.vllm", reason="no vLLM backend yet")
     return vllm_backend.VLLMBackend(
-        str(model_dir), tokenizer, policy, dtype="float32", gpu_memory_utilization=0.2
+        str(model_dir),
+        tokenizer,
+        policy,
+        engine={"dtype": "float32", "gpu_memory_utilization": 0.2},
     )
 
 
@@ -88,10 +91,8 @@ def policy(case, tiny_model, char_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def backend(case, policy, char_tokenizer, tmp_path_factory):
-    path = tmp_path_factory.mktemp("contract_model")
-    policy.save_pretrained(path)
-    char_tokenizer.save_pretrained(path)
+def backend(case, policy, char_tokenizer, model_folder):
+    path = model_folder("contract_model", policy, char_tokenizer)
     made = case.make(policy, char_tokenizer, path)
     yield made
     close = getattr(made, "close", None)

@@ -1,4 +1,4 @@
-"""SFT checkpoint selection on the stage's own problems (coscale.stages.selection)."""
+"""SFT checkpoint selection on the stage's own problems (coscale.measure.selection)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
+from coscale.measure.selection import SelectOnProblems, selection_slice
 from coscale.modules import SFTModule
-from coscale.stages.selection import SelectOnProblems, selection_slice
 from coscale.tasks import arithmetic
 
 
@@ -97,8 +97,8 @@ def test_selection_slice_is_seeded_and_bounded():
 def test_pipeline_refuses_bad_selection_settings():
     from coscale.pipeline import PipelineConfig
 
-    with pytest.raises(ValueError, match="sft_select_every"):
-        PipelineConfig(model="m", sft_select_problems=8, sft_select_every=0)
+    with pytest.raises(ValueError, match=r"selection\.every"):
+        PipelineConfig(model="m", selection={"problems": 8, "every": 0})
 
 
 @pytest.mark.slow
@@ -112,8 +112,8 @@ def test_pipeline_stages_export_their_selected_weights(tmp_path, capsys):
 
     config = Path(__file__).with_name("configs") / "two_ranks.yaml"
     args = ["--config", str(config), "--pipeline.run_dir", str(tmp_path / "run")]
-    args += ["--pipeline.iterations", "1", "--pipeline.sft_select_problems", "6"]
-    args += ["--pipeline.sft_select_every", "2"]
+    args += ["--pipeline.iterations", "1", "--pipeline.selection.problems", "6"]
+    args += ["--pipeline.selection.every", "2"]
     parser = pipeline_parser()
     init = parser.instantiate(parser.parse_args(args))
     Pipeline(init.pipeline, init.data).run()

@@ -161,16 +161,23 @@ def test_top_k_top_p_filters_keep_the_documented_tokens():
     assert kept(0, 0.01) == [True, False, False, False]  # at least one token
 
 
-def test_bf16_autocast_is_opt_in_and_runs(tiny_model, char_tokenizer):
-    with pytest.raises(ValueError, match="autocast must be None or one of"):
-        CachedDecodeBackend(tiny_model, char_tokenizer, autocast="int8")
-    sampling = SamplingParams(max_new_tokens=8, seed=0)
-    out = CachedDecodeBackend(tiny_model, char_tokenizer, autocast="bfloat16").generate(
-        PROMPTS, COUNTS, sampling
-    )
-    kept = out.completion_mask.bool()
-    assert out.logprobs.dtype == torch.float32 and torch.all(out.logprobs[kept] < 0)
-    assert CachedDecodeBackend(tiny_model, char_tokenizer).autocast is None  # off by default
+def test_rollouts_follow_the_callers_autocast(tiny_model, char_tokenizer):
+    """No precision setting of its own: under the trainer's bf16 autocast (``bf16-mixed``) the
+    decode runs in bf16, its log-probs stay float32 and near the float32 ones."""
+    sampling = SamplingParams(max_new_tokens=8, temperature=0.0, seed=0)  # greedy
+    backend = CachedDecodeBackend(tiny_model, char_tokenizer)
+    plain = backend.generate(PROMPTS, COUNTS, sampling)
+    seen = []
+    hook = tiny_model.lm_head.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = backend.generate(PROMPTS, COUNTS, sampling)
+    finally:
+        hook.remove()
+    assert set(seen) == {torch.bfloat16}
+    kept = bf16.completion_mask.bool()
+    assert bf16.logprobs.dtype == torch.float32 and torch.all(bf16.logprobs[kept] < 0)
+    assert not torch.equal(bf16.logprobs, plain.logprobs)  # computed in bf16, not float32
 
 
 def test_trimmed_padding_gives_the_same_logprobs(tiny_model, sampled_plain):

@@ -37,17 +37,15 @@ def policy32(char_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def model32_dir(tmp_path_factory, policy32, char_tokenizer):
-    path = tmp_path_factory.mktemp("tiny32")
-    policy32.save_pretrained(path)
-    char_tokenizer.save_pretrained(path)
-    return path
+def model32_dir(model_folder, policy32, char_tokenizer):
+    return model_folder("tiny32", policy32, char_tokenizer)
 
 
-def _backend(model_dir, tokenizer, policy, **options):
+def _backend(model_dir, tokenizer, policy, **engine):
+    """A float32 engine on `model_dir`; ``engine`` adds `vllm_settings.Engine` fields."""
     from coscale.rollout.vllm import VLLMBackend
 
-    return VLLMBackend(str(model_dir), tokenizer, policy, dtype="float32", **options)
+    return VLLMBackend(str(model_dir), tokenizer, policy, engine={"dtype": "float32", **engine})
 
 
 def _step(policy: torch.nn.Module, lr: float = 0.05, steps: int = 2) -> None:
@@ -97,7 +95,9 @@ def test_cpu_options_sleep_refused_and_kv_cache_sized_from_the_model(model32_dir
 
     if not on_cpu():
         pytest.skip("vLLM runs on a GPU here: sleep mode exists and the cache follows its memory")
-    with pytest.raises(ValueError, match=r"rollout.options.sleep_level=1: vLLM has no sleep"):
+    with pytest.raises(
+        ValueError, match=r"rollout.options.engine.sleep_level=1: vLLM has no sleep"
+    ):
         _backend(model32_dir, char_tokenizer, None, sleep_level=1)
     default = _backend(model32_dir, char_tokenizer, None, max_model_len=256)
     # 2 layers x 2 KV heads x 32 x 4 bytes x (K, V) = 1 KiB a token; 32 x 256 tokens = 8 MiB,
@@ -179,7 +179,7 @@ def test_a_grpo_fit_with_vllm_rollouts_syncs_and_checks_parity_every_step(model3
         reward=CharCountReward(),
         optimizer={"lr": 0.02},
         sampling={"max_new_tokens": 8, "temperature": 1.0},
-        rollout={"backend": "vllm", "options": {"dtype": "float32"}},
+        rollout={"backend": "vllm", "options": {"engine": {"dtype": "float32"}}},
     )
     before, watch = _params(module), _Watch()
     trainer = _trainer(3)
@@ -197,22 +197,9 @@ def test_a_grpo_fit_with_vllm_rollouts_syncs_and_checks_parity_every_step(model3
 
 
 def test_ddp_on_two_cpu_ranks_with_one_engine_per_rank(model32_dir, tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
+    from runs import worker_ranks
 
-    script = Path(__file__).with_name("vllm_ddp_worker.py")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    run = subprocess.run(
-        [sys.executable, str(script), str(model32_dir), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    r0, r1 = worker_ranks("vllm_ddp_worker.py", model32_dir, tmp_path, timeout=600)
     assert r0["grpo_sum"] == pytest.approx(r1["grpo_sum"], abs=1e-9)  # DDP kept them equal
     for rank in (r0, r1):
         # each fit: a sync at its start and after each of its 2 steps, each checked at the next
@@ -240,7 +227,7 @@ def test_a_grpo_fit_on_smollm2_with_vllm_rollouts(smollm2_dir):
         sampling={"max_new_tokens": 12, "temperature": 1.0},
         rollout={
             "backend": "vllm",
-            "options": {"max_model_len": 256, "engine_kwargs": {"enforce_eager": True}},
+            "options": {"engine": {"max_model_len": 256, "kwargs": {"enforce_eager": True}}},
         },
     )
     watch = _Watch()

@@ -42,6 +42,7 @@ from coscale.rollout.vllm_requests import (
     logprobs_trusted,
     sampled_logprobs,
 )
+from coscale.rollout.vllm_settings import Engine, Parity, Sync, with_dtype
 from coscale.rollout.vllm_sync import (
     ParityError,
     SyncBook,
@@ -64,6 +65,7 @@ from coscale.rollout.weights import (
 )
 
 PROMPTS = ["Compute 2+3.", "What is 7*6?\n", "x"]
+F32 = Engine(dtype="float32")
 EOS = (2,)
 
 
@@ -366,7 +368,7 @@ def test_parity_verdict_mean_max_and_nan():
 
 
 def test_backend_samples_per_prompt_n_with_the_policy_logprobs(policy, char_tokenizer):
-    backend = _backend(policy, char_tokenizer, parity_tokens=4)
+    backend = _backend(policy, char_tokenizer, parity={"tokens": 4})
     sampling = SamplingParams(max_new_tokens=6, seed=0)
     ro = backend.generate(PROMPTS, [3, 1, 2], sampling)
     assert ro.prompt_index.tolist() == [0, 0, 0, 1, 2, 2] and ro.prompt_length == 13
@@ -382,7 +384,7 @@ def test_backend_samples_per_prompt_n_with_the_policy_logprobs(policy, char_toke
 
 
 def test_untrusted_engine_logprobs_are_recomputed_by_the_trainer(policy, char_tokenizer):
-    backend = _backend(policy, char_tokenizer, {"mode": "raw_logprobs"}, parity_tokens=4)
+    backend = _backend(policy, char_tokenizer, {"mode": "raw_logprobs"}, parity={"tokens": 4})
     sampling = SamplingParams(max_new_tokens=6, temperature=0.7, seed=1)
     ro = backend.generate(PROMPTS, 2, sampling)
     assert backend.last_logprob_source == "trainer"
@@ -392,7 +394,7 @@ def test_untrusted_engine_logprobs_are_recomputed_by_the_trainer(policy, char_to
 
 
 def test_greedy_and_unseeded_requests(policy, char_tokenizer):
-    backend = _backend(policy, char_tokenizer, parity_every=0)
+    backend = _backend(policy, char_tokenizer, parity=Parity(every=0))
     greedy = backend.generate(PROMPTS, [2, 3, 1], SamplingParams(max_new_tokens=4, temperature=0))
     for i in range(3):
         rows = greedy.input_ids[greedy.prompt_index == i]
@@ -405,7 +407,7 @@ def test_greedy_and_unseeded_requests(policy, char_tokenizer):
 
 
 def test_sync_loads_the_new_weights_and_parity_passes(policy, char_tokenizer):
-    backend = _backend(policy, char_tokenizer, parity_tokens=4)
+    backend = _backend(policy, char_tokenizer, parity={"tokens": 4})
     fake = backend.fake()  # the engine starts from the policy's current weights
     _perturb(policy)
     holder = nn.Module()
@@ -429,7 +431,7 @@ def test_silent_noop_sync_is_caught_by_the_parity_check(policy, char_tokenizer):
 def test_sync_reporting_nothing_loaded_or_hanging_is_an_error(policy, char_tokenizer):
     with pytest.raises(WeightSyncError, match="loading 0 tensors"):
         _backend(policy, char_tokenizer, {"report": False}).update_weights(policy)
-    slow = _backend(policy, char_tokenizer, {"delay": 2.0}, sync_timeout_s=0.2)
+    slow = _backend(policy, char_tokenizer, {"delay": 2.0}, sync={"timeout_s": 0.2})
     with pytest.raises(WeightSyncTimeout, match="sync #1"):
         slow.update_weights(policy)
 
@@ -449,21 +451,21 @@ def test_an_engine_error_during_a_sync_is_a_weight_sync_error(policy, char_token
 
 
 def test_parity_tolerance_follows_the_engine_dtype(policy, char_tokenizer):
-    atol = {d: _backend(policy, char_tokenizer, dtype=d).parity_atol for d in
+    atol = {d: _backend(policy, char_tokenizer, engine={"dtype": d}).parity_atol for d in
             ("float32", "float16", "bfloat16", "auto")}  # fmt: skip
     assert atol == {"float32": 0.01, "float16": 0.1, "bfloat16": 0.15, "auto": 0.15}
-    assert _backend(policy, char_tokenizer, parity_atol=0.5).parity_atol == 0.5
+    assert _backend(policy, char_tokenizer, parity={"atol": 0.5}).parity_atol == 0.5
     # a stale tied head after one step measured 0.303 (vllm_parity.PARITY_ATOL): above them all
     assert max(atol.values()) < 0.303
 
 
 def test_parity_under_autocast_takes_the_looser_bound_of_the_trainer_dtype(policy, char_tokenizer):
-    backend = _backend(policy, char_tokenizer, dtype="float32", parity_tokens=4)
+    backend = _backend(policy, char_tokenizer, engine=F32, parity={"tokens": 4})
     backend.generate(PROMPTS, 1, SamplingParams(max_new_tokens=2, seed=0))  # parity at start
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the trainer under bf16-mixed
         assert backend.check_parity().atol == 0.15
     assert backend.check_parity().atol == 0.01
-    given = _backend(policy, char_tokenizer, dtype="float32", parity_atol=0.02)
+    given = _backend(policy, char_tokenizer, engine=F32, parity={"atol": 0.02})
     with torch.autocast("cpu", dtype=torch.bfloat16):  # a tolerance set by the user is kept
         assert given.check_parity().atol == 0.02
 
@@ -484,12 +486,12 @@ def test_the_engine_dtype_follows_the_trainer_precision(tiny_model_dir):
 
 def test_stale_policy_is_synced_or_refused(policy, char_tokenizer):
     sampling = SamplingParams(max_new_tokens=4, seed=0)
-    strict = _backend(policy, char_tokenizer, on_stale="error", parity_every=0)
+    strict = _backend(policy, char_tokenizer, sync=Sync(on_stale="error"), parity=Parity(every=0))
     strict.generate(PROMPTS, 1, sampling)
     _perturb(policy, 0.01)  # an optimiser step without update_weights
     with pytest.raises(WeightSyncError, match="changed since the last weight sync"):
         strict.generate(PROMPTS, 1, sampling)
-    auto = _backend(policy, char_tokenizer, parity_every=0)
+    auto = _backend(policy, char_tokenizer, parity=Parity(every=0))
     _perturb(policy, 0.01)
     auto.generate(PROMPTS, 1, sampling)
     assert auto.book.version == 1 and _same_weights(auto.fake().model, policy)
@@ -497,7 +499,7 @@ def test_stale_policy_is_synced_or_refused(policy, char_tokenizer):
 
 def test_sleep_levels_free_and_restore_the_engine(policy, char_tokenizer):
     sampling = SamplingParams(max_new_tokens=4, seed=0)
-    one = _backend(policy, char_tokenizer, sleep_level=1, parity_every=0)
+    one = _backend(policy, char_tokenizer, engine=Engine(sleep_level=1), parity=Parity(every=0))
     one.generate(PROMPTS, 1, sampling)
     one.update_weights(policy)
     one.generate(PROMPTS, 1, sampling)
@@ -506,7 +508,7 @@ def test_sleep_levels_free_and_restore_the_engine(policy, char_tokenizer):
         ("sleep", 1), ("wake", ("weights",)), ("load", n), ("reset",), ("wake", ("kv_cache",)),
         ("sleep", 1),
     ]  # fmt: skip
-    two = _backend(policy, char_tokenizer, sleep_level=2, parity_every=0)
+    two = _backend(policy, char_tokenizer, engine=Engine(sleep_level=2), parity=Parity(every=0))
     two.generate(PROMPTS, 1, sampling)
     assert two.needs_sync and not _same_weights(two.fake().model, policy)
     two.generate(PROMPTS, 1, sampling)  # one process: synced from the policy first
@@ -563,7 +565,9 @@ def _fake_ranks(monkeypatch, rank: int, world: int) -> None:
 
 def test_build_engine_defaults_and_old_vllm_fallback(monkeypatch):
     built = _fake_vllm(monkeypatch, reject_logprobs_mode=True)
-    args = ve.engine_args("m", None, sleep_level=1, extra={"enforce_eager": True, "seed": 3})
+    args = ve.engine_args(
+        "m", None, Engine(sleep_level=1, kwargs={"enforce_eager": True, "seed": 3})
+    )
     assert args == {
         "model": "m", "tokenizer": "m", "dtype": "auto", "gpu_memory_utilization": 0.3,
         "seed": 3, "enable_sleep_mode": True, "generation_config": "vllm",
@@ -575,7 +579,7 @@ def test_build_engine_defaults_and_old_vllm_fallback(monkeypatch):
     assert engine.logprobs_mode is None  # this fake says nothing: log-probs get recomputed
     assert engine.version is None  # nor its version: never trusted
     _fake_ranks(monkeypatch, rank=3, world=4)
-    replica = ve.engine_args("m", seed=5)
+    replica = ve.engine_args("m", engine=Engine(seed=5))
     assert replica["distributed_executor_backend"] == "external_launcher" and replica["seed"] == 8
 
 
@@ -624,12 +628,16 @@ def test_choosing_vllm_without_vllm_says_how_to_install(monkeypatch, char_tokeni
 
 def test_bad_settings_and_choices_are_named(char_tokenizer, tiny_model):
     with pytest.raises(ValueError) as err:
-        VLLMBackend("m", char_tokenizer, gpu_memory_utilization=1.5, logprobs="x", sleep_level=3,
-                    parity_tokens=0, parity_every=-1, parity_atol=float("nan"), sync_timeout_s=0,
-                    on_stale="maybe", engine_factory=object)  # fmt: skip
-    for name in ("gpu_memory_utilization", "logprobs", "sleep_level", "parity_tokens",
-                 "parity_every", "parity_atol", "sync_timeout_s", "on_stale"):  # fmt: skip
-        assert f"{name} must" in str(err.value)
+        VLLMBackend("m", char_tokenizer, logprobs="x", engine_factory=object,
+                    engine={"gpu_memory_utilization": 1.5, "sleep_level": 3},
+                    parity=Parity(tokens=0, every=-1, atol=float("nan")),
+                    sync={"timeout_s": 0, "on_stale": "maybe"})  # fmt: skip
+    for name in ("engine.gpu_memory_utilization", "logprobs", "engine.sleep_level", "parity.tokens",
+                 "parity.every", "parity.atol", "sync.timeout_s", "sync.on_stale"):  # fmt: skip
+        assert f"rollout.options.{name} must" in str(err.value)
+    with pytest.raises(ValueError, match=r"rollout\.options\.parity\.evry is not a parity setting "
+                       r"\(it takes: every, samples, tokens, atol, recompute_batch_size\)"):  # fmt: skip
+        VLLMBackend("m", char_tokenizer, parity={"evry": 2}, engine_factory=object)
     with pytest.raises(
         ValueError, match=r"rollout\.backend must be one of cached, hf, vllm, got 'sglang'"
     ):
@@ -637,6 +645,45 @@ def test_bad_settings_and_choices_are_named(char_tokenizer, tiny_model):
     with pytest.raises(ValueError, match=r"rollout\.backend='vllm' needs model_path"):
         build_backend("vllm", tiny_model, char_tokenizer)
     assert build_backend("hf", tiny_model, char_tokenizer).model is tiny_model
+
+
+def test_grpo_rollout_options_are_checked_by_group_and_flat_ones_refused(tiny_model_dir):
+    from coscale.modules import GRPOModule
+
+    def refused(options):
+        with pytest.raises(ValueError) as err:
+            GRPOModule(model=str(tiny_model_dir), rollout={"backend": "vllm", "options": options})
+        return str(err.value)
+
+    bad = refused({"parity": {"every": -1}, "engine": {"sleep_level": 3}, "logprobs": "x"})
+    assert "rollout.options.parity.every must be an int >= 0, got -1" in bad
+    assert "rollout.options.engine.sleep_level must be 0, 1 or 2, got 3" in bad
+    assert "rollout.options.logprobs must be one of auto, engine, trainer" in bad
+    flat = refused({"max_model_len": 256, "parity_every": 2})  # a setting outside its group
+    assert "options.max_model_len is not an option of the vllm backend" in flat
+    assert "set options.engine.max_model_len" in flat and "set options.parity.every" in flat
+    assert "rollout.options.sync.deadline is not a sync setting" in refused(
+        {"sync": {"deadline": 3}}
+    )
+    ok = {"engine": {"max_model_len": 256}, "sync": Sync(), "parity": {"every": 0}}
+    assert GRPOModule(model=str(tiny_model_dir), rollout={"backend": "vllm", "options": ok})
+
+
+def test_settings_default_once_and_the_engine_dtype_follows_the_policy(policy, char_tokenizer):
+    backend = _backend(policy, char_tokenizer)  # no engine.dtype: the float32 policy's
+    assert backend._args["dtype"] == "float32" and backend.parity_atol == 0.01
+    assert (backend.engine_settings.gpu_memory_utilization, backend.sync_settings, backend.parity_settings) == (
+        0.3, Sync(), Parity()
+    )  # fmt: skip
+    assert VLLMBackend("m", char_tokenizer, engine_factory=object)._args["dtype"] == "auto"
+    # the GRPO module fills in the trainer's compute dtype where the options leave it unset
+    assert with_dtype({"engine": {"max_model_len": 8}}, "bfloat16")["engine"] == {
+        "max_model_len": 8, "dtype": "bfloat16"
+    }  # fmt: skip
+    assert with_dtype({"engine": F32}, "bfloat16")["engine"] is F32
+    assert with_dtype({}, None) == {} and with_dtype({}, "float16")["engine"] == {
+        "dtype": "float16"
+    }
 
 
 def test_importing_coscale_never_imports_vllm():
@@ -700,11 +747,11 @@ def test_old_vllm_logprobs_are_recomputed_by_the_trainer(policy, char_tokenizer)
 
     # vLLM 0.10.1.1 says processed_logprobs but leaves the temperature out
     old = _backend(policy, char_tokenizer, {"temperature_in_processed": False},
-                   version="0.10.1.1", parity_tokens=4)  # fmt: skip
+                   version="0.10.1.1", parity={"tokens": 4})  # fmt: skip
     ro = old.generate(PROMPTS, 2, sampling)
     assert old.last_logprob_source == "trainer" and old.vllm_version == "0.10.1.1"
     torch.testing.assert_close(ro.logprobs, trainer_view(ro), rtol=0, atol=1e-6)
-    new = _backend(policy, char_tokenizer, version="0.10.2", parity_tokens=4)
+    new = _backend(policy, char_tokenizer, version="0.10.2", parity={"tokens": 4})
     ro = new.generate(PROMPTS, 2, sampling)
     assert new.last_logprob_source == "engine"
     torch.testing.assert_close(ro.logprobs, trainer_view(ro), rtol=0, atol=1e-4)
@@ -739,7 +786,7 @@ def test_external_launcher_gets_its_ranks_without_torchrun(monkeypatch):
     built = _fake_vllm(monkeypatch, version="0.33.0", LOCAL_RANK="1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _fake_ranks(monkeypatch, rank=1, world=2)
-    engine = ve.build_engine(**ve.engine_args("m", seed=5))
+    engine = ve.build_engine(**ve.engine_args("m", engine=Engine(seed=5)))
     assert built[0]["distributed_executor_backend"] == "external_launcher"
     assert built[0]["_ranks"] == (1, 1) and built[0]["seed"] == 6
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("1", "2")
@@ -765,13 +812,15 @@ def test_launcher_env_from_torchrun_lightning_and_slurm():
 
 def test_tensor_parallel_engines_are_refused_across_ranks(monkeypatch, char_tokenizer):
     tp2 = {"tensor_parallel_size": 2}
-    assert ve.engine_args("m", extra=tp2)["tensor_parallel_size"] == 2  # one process: vLLM's own
+    assert (
+        ve.engine_args("m", engine=Engine(kwargs=tp2))["tensor_parallel_size"] == 2
+    )  # one process: vLLM's own
     _fake_ranks(monkeypatch, rank=0, world=2)
-    with pytest.raises(ValueError, match=r"rollout\.options\.engine_kwargs\.tensor_parallel_size"):
-        ve.engine_args("m", extra=tp2)
+    with pytest.raises(ValueError, match=r"rollout\.options\.engine\.kwargs\.tensor_parallel_size"):
+        ve.engine_args("m", engine=Engine(kwargs=tp2))
     with pytest.raises(ValueError, match=r"must be 1 under torch\.distributed, got 2"):
-        VLLMBackend("m", char_tokenizer, engine_kwargs=tp2, engine_factory=object)
-    assert ve.engine_args("m", extra={"tensor_parallel_size": 1})["seed"] == 0
+        VLLMBackend("m", char_tokenizer, engine={"kwargs": tp2}, engine_factory=object)
+    assert ve.engine_args("m", engine=Engine(kwargs={"tensor_parallel_size": 1}))["seed"] == 0
 
 
 # --- shutdown at the end of a stage (issue 15, item 7) --------------------------------------
@@ -795,7 +844,7 @@ def test_close_shuts_the_engine_down_and_frees_it(policy, char_tokenizer):
         return ve.VLLMEngine(llm, FakeSamplingParams, "0.33.0")
 
     backend = VLLMBackend("unused/path", char_tokenizer, policy, engine_factory=factory,
-                          parity_every=0)  # fmt: skip
+                          parity=Parity(every=0))  # fmt: skip
     sampling = SamplingParams(max_new_tokens=4, seed=0)
     try:
         backend.generate(PROMPTS, 1, sampling)
@@ -847,7 +896,8 @@ def test_rl_stage_closes_the_backend_even_when_the_fit_fails(monkeypatch):
             if fail:
                 raise RuntimeError("fit failed")
 
-        return SimpleNamespace(curriculum=None, cfg=SimpleNamespace(rl_eval_every=0, rl_epochs=1),
+        cfg = SimpleNamespace(rl_eval_every=0, rl_epochs=1, peft=None)
+        return SimpleNamespace(curriculum=None, cfg=cfg,
                                resumable=lambda name: True, grpo_args={}, view=lambda: None,
                                fit=fit, path=lambda *parts: "/".join(parts))  # fmt: skip
 

@@ -38,7 +38,7 @@ CONFIGS = (ROOT / "configs" / "tiny.yaml", ROOT / "tests" / "configs" / "vllm_ti
 VLLM = (  # eager: on these 2 cores the engine's torch.compile warm-up took 88 s of a 295 s stage
     *(
         "--pipeline.grpo.rollout",
-        '{"backend": "vllm", "options": {"engine_kwargs": {"enforce_eager": true}}}',
+        '{"backend": "vllm", "options": {"engine": {"kwargs": {"enforce_eager": true}}}}',
     ),
 )
 

@@ -9,19 +9,11 @@ Lightning launches rank 1 by running this script again with the same arguments.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import lightning as L
 import torch
-
-from coscale.modules import GRPOModule
-
-
-class DigitReward:
-    def __call__(self, completions, answers, **_):
-        return [float(any(ch.isdigit() for ch in c)) for c in completions]
+from ddp_worker import _trainer, digit_grpo, loaded_data, mark_solvable, write_rank
 
 
 class Record(L.Callback):
@@ -54,33 +46,21 @@ class Record(L.Callback):
 
 
 def main(model_dir: str, out: str) -> None:
-    sys.path.insert(0, os.path.dirname(__file__))
-    from ddp_worker import _trainer, loaded_data
-
     torch.set_num_threads(1)
     dm = loaded_data(8)
-    for i, pid in enumerate(dm.problems):
-        dm.curriculum.pools.record(pid, 10, 2 + i % 4)  # all solvable
-    grpo = GRPOModule(
-        model=model_dir,
-        reward=DigitReward(),
-        optimizer={"lr": 0.005},
-        sampling={"max_new_tokens": 6, "temperature": 1.0},
-        update={"micro_batch_size": 4},
-        rollout={"backend": "vllm", "options": {"dtype": "float32"}},
-    )
+    mark_solvable(dm)
+    vllm = {"backend": "vllm", "options": {"engine": {"dtype": "float32"}}}
+    grpo = digit_grpo(model_dir, micro_batch_size=4, rollout=vllm)
     records = [Record(), Record()]
     for record in records:  # the first fit's teardown shuts its engine down
         _trainer(max_steps=2, callbacks=[record]).fit(grpo, datamodule=dm)
-    rank = int(os.environ.get("LOCAL_RANK", 0))
     state = {
         "parity": [r.parity for r in records],
         "texts": [r.texts for r in records],
         "grpo_sum": float(sum(p.double().sum() for p in grpo.policy.parameters())),
         "syncs": grpo.backend.book.version,
     }
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(state, f)
+    write_rank(out, state)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
+from coscale.loop.problem import Problem
 from coscale.rollout.base import RolloutBackend, SamplingParams
 from coscale.scoring.metrics import pass_at_k
-from coscale.tasks.problem import Problem
 
 
 @dataclass

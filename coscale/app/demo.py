@@ -25,7 +25,7 @@ QUICK = [
     "1",
     "--pipeline.sft_epochs",
     "1",
-    "--pipeline.final_sft_epochs",
+    "--pipeline.final.epochs",
     "1",
     "--pipeline.eval_k",
     "8",

@@ -41,7 +41,8 @@ class EvalConfig:
         top_p: Nucleus sampling.
         batch_size: Problems per backend call.
         backend: ``hf`` or ``vllm``.
-        backend_options: Arguments of the backend class (e.g. ``gpu_memory_utilization``).
+        backend_options: Arguments of the backend class (vLLM: ``engine: {gpu_memory_utilization:
+            0.85}``, ...; see `coscale.rollout.vllm_settings`).
         reward: `MathReward` arguments (``extract``, ``timeout``, ``num_workers``).
         dtype: Weights' dtype of the HF model.
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.

@@ -16,32 +16,43 @@ RUN_DESCRIPTION = (
 )
 
 
-MAPPINGS = ("pipeline.trainer", "pipeline.sft", "pipeline.grpo", "pipeline.schedule")
-"""The dict-typed settings that several ``--config`` files merge rather than replace."""
+MAPPINGS = ("pipeline.trainer",)
+"""The dict-typed settings that several ``--config`` files merge rather than replace (the module
+settings are groups of typed arguments: a later file sets only the keys it names)."""
+
+PIPELINE_SETS = {
+    "sft": {"model", "distill", "peft"},
+    "grpo": {"model", "peft"},
+    "schedule": set(),
+}
+"""Arguments of ``pipeline.sft`` / ``grpo`` / ``schedule``'s class that the pipeline sets itself
+(every stage's model; the SFT's teacher for ``distill_weight``; every stage's adapter from
+``pipeline.peft``): not settings."""
 
 
 def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTION):
     """The parser of ``coscale run`` (and, named and described as such, ``coscale demo``).
     ``data.bank_solutions`` defaults to 0 here: the pipeline hands a problem's own solutions
     out ``solutions_per_round`` at a time."""
-    from jsonargparse import ArgumentParser
-
     from coscale.app.config_files import merging_config_file
+    from coscale.app.run_parser import RunParser
     from coscale.datamodules import ProblemDataModule
+    from coscale.loop.schedule import NSchedule
+    from coscale.modules import GRPOModule, SFTModule
     from coscale.pipeline import PipelineConfig
 
-    parser = ArgumentParser(
-        prog=prog,
-        parser_mode="omegaconf",
-        description=description,
-    )
+    parser = RunParser(prog=prog, parser_mode="omegaconf", description=description)
     config_file = merging_config_file(MAPPINGS)
     parser.add_argument(
         "--config",
         action=config_file,
         help="YAML with pipeline and data sections; a later file's mappings add to an earlier's",
     )
-    parser.add_class_arguments(PipelineConfig, "pipeline")
+    parser.add_class_arguments(PipelineConfig, "pipeline", skip=set(PIPELINE_SETS))
+    groups = {"sft": SFTModule, "grpo": GRPOModule, "schedule": NSchedule}
+    for key, cls in groups.items():
+        skip = PIPELINE_SETS[key]
+        parser.add_class_arguments(cls, f"pipeline.{key}", skip=skip, instantiate=False)
     parser.add_class_arguments(ProblemDataModule, "data")
     parser.set_defaults({"data.bank_solutions": 0})
     return parser

@@ -8,14 +8,16 @@
 They work with :class:`~coscale.datamodules.ProblemDataModule` and warn once (doing nothing)
 when a trainer has none. The two retrains run their SFT inside the fit on its own strategy and
 precision (:mod:`coscale.callbacks.sft_in_fit`); :func:`run_sft` is the same SFT outside any fit.
+:class:`PassRateEvaluation` and :class:`Selection` live in :mod:`coscale.measure`, where the
+pipeline's stages reach them too.
 """
 
 from coscale.callbacks.final_retrain import FinalRetrain
-from coscale.callbacks.pass_rate import PassRateEvaluation
 from coscale.callbacks.redistill import ReDistillation
 from coscale.callbacks.rollout_schedule import RolloutNSchedule
 from coscale.callbacks.sft_in_fit import SFTLoop, copy_weights, run_sft
-from coscale.stages.selection import Selection
+from coscale.measure.pass_rate_evaluation import PassRateEvaluation
+from coscale.measure.selection import Selection
 
 __all__ = [
     "FinalRetrain",

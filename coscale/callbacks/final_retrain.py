@@ -4,7 +4,7 @@ In the final iteration the model is retrained from the initial weights on every 
 collected (bank + latest correct RL rollouts), so that nothing learned early is forgotten. The
 pipeline's ``final/retrain`` and ``final`` stages do the same with a fit of their own; this
 callback does it inside a user's fit (:mod:`coscale.callbacks.sft_in_fit`) and judges the two
-models as the final stage does (:func:`coscale.stages.measure.judge`, the same seeded samples
+models as the final stage does (:func:`coscale.measure.pass_rates.judge`, the same seeded samples
 before and after, on the held-out problems or, without any, the training problems).
 """
 
@@ -25,10 +25,10 @@ from coscale.callbacks.retrain import (
 )
 from coscale.checks import at_least, one_of
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
+from coscale.measure.keep import KEEP, keeps_retrained
+from coscale.measure.pass_rates import judge, judged_problems
+from coscale.measure.selection import Selection
 from coscale.modules.loggers import log_to_loggers
-from coscale.stages.final import KEEP, keeps_retrained
-from coscale.stages.measure import judge, judged_problems
-from coscale.stages.selection import Selection
 
 CALLBACK_KEEP = KEEP[:2]
 """``best`` also weighs every earlier iteration's model, which only the pipeline holds."""

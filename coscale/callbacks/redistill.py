@@ -21,8 +21,8 @@ from coscale.callbacks.retrain import (
     retrain_from_initial,
 )
 from coscale.checks import at_least
+from coscale.measure.selection import Selection
 from coscale.modules.loggers import log_to_loggers
-from coscale.stages.selection import Selection
 
 
 class ReDistillation(Callback):

@@ -12,9 +12,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from coscale.callbacks.sft_in_fit import SFTLoop, copy_weights, fabric_for, loop_from, sft_in_fit
 from coscale.checks import as_group
 from coscale.loop.curriculum import Curriculum
+from coscale.measure.selection import Selection
 from coscale.modules.sft import SFTModule, check_guard_strategy
 from coscale.sft.forgetting import GuardSettings
-from coscale.stages.selection import Selection
 
 _SHARED = ("prompt", "tokenizer", "reward", "load")  # the SFT takes these from the policy module
 

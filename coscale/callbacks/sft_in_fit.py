@@ -28,10 +28,10 @@ import torch
 
 from coscale.checks import at_least
 from coscale.datamodules.batches import shard_batches
+from coscale.measure.selection import SelectOnProblems
 from coscale.models.full_state import full_state_dict, load_full_state_dict
-from coscale.modules.generation import shard_policy
+from coscale.modules.policy_mixin import shard_policy
 from coscale.modules.sft import SFTModule
-from coscale.stages.selection import SelectOnProblems
 
 
 @dataclass(frozen=True)

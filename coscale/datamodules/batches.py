@@ -14,16 +14,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
+from coscale.distributed import rank_world
+
 Item = dict[str, Any]
-
-
-def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def shard_batches(
@@ -38,7 +33,7 @@ def shard_batches(
     order = list(items)
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    rank, world = _rank_world()
+    rank, world = rank_world()
     if not batches:
         return []
     real = len(batches)

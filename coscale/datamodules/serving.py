@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from coscale.checks import at_least, one_of
 from coscale.datamodules.batches import FitCursor, epoch_loader
 from coscale.loop.curriculum import SFT_SOURCES, Curriculum, SFTSource
-from coscale.tasks import Problem
+from coscale.loop.problem import Problem
 
 DATA_KINDS = ("sft", "rl")
 

@@ -1,1 +1,2 @@
-"""The state of the CoScale-RL loop and its rules: curriculum, pools, solution bank, Rollout N schedule, solution sources, spend, commit points."""
+"""The state of the CoScale-RL loop and its rules: the ``Problem`` record, curriculum, pools,
+solution bank, mastered set, Rollout N schedule, solution sources, spend, commit points."""

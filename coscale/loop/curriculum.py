@@ -19,29 +19,30 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from coscale.checks import at_least, one_of
-from coscale.loop.pools import Pool, ProblemPools
+from coscale.loop.mastered import mastered_items
+from coscale.loop.pools import Pool, PoolRules, ProblemPools
+from coscale.loop.problem import Problem
 from coscale.loop.schedule import NSchedule
 from coscale.loop.solution_sources import DatasetSolutions, SolutionSource
 from coscale.loop.solutions import SolutionBank
 from coscale.rl.theory import effective_rollouts
-from coscale.sft.forgetting import mastered_items
-from coscale.tasks import Problem
 
 Item = dict[str, Any]
 SFTSource = Literal["bank", "redistill", "all"]
 SFT_SOURCES = ("bank", "redistill", "all")
+DEFAULT_N = 8
+"""Rollout N of every problem when neither a schedule nor ``rollout_n`` sets one."""
 
 
 @dataclass(frozen=True)
-class CurriculumSettings:
-    """The loop's rules: pool thresholds, budgets, N, set sizes (``data.curriculum:`` in YAML).
+class CurriculumSettings(PoolRules):
+    """The loop's rules: pool thresholds and budgets (:class:`~coscale.loop.pools.PoolRules`),
+    N, set sizes (``data.curriculum:`` in YAML).
 
     Attributes:
-        low: Accuracy at which a problem becomes solvable.
-        high: Accuracy at which a problem counts as solved.
-        max_solutions: Solution budget of a problem before it is marked failed.
-        max_rl_rounds: RL epochs a problem may take before it is marked failed.
-        rollout_n: Rollout N of a problem that no schedule has set.
+        rollout_n: Rollout N of every problem when no schedule is attached (None: 8). With a
+            schedule, its ``n_init`` is the one start N (of every problem it has not grouped
+            yet too), and setting this as well is refused.
         solutions_per_round: Solutions added to each unsolvable problem per data-scaling round.
         redistill_per_problem: Latest correct rollouts taken per problem for re-distillation.
         redistill_max_total: Cap on the re-distillation set (a seeded subset beyond it).
@@ -54,11 +55,7 @@ class CurriculumSettings:
         seed: Seed of the per-epoch shuffle and of the re-distillation subset.
     """
 
-    low: float = 0.05
-    high: float = 0.70
-    max_solutions: int = 64
-    max_rl_rounds: int = 8
-    rollout_n: int = 8
+    rollout_n: int | None = None
     solutions_per_round: int = 4
     redistill_per_problem: int = 1
     redistill_max_total: int | None = None
@@ -69,7 +66,8 @@ class CurriculumSettings:
 
     def errors(self) -> list[str]:
         """Every bad value, named by its field."""
-        errors = at_least(1, rollout_n=self.rollout_n, solutions_per_round=self.solutions_per_round)
+        errors = at_least(1, optional=True, rollout_n=self.rollout_n)
+        errors += at_least(1, solutions_per_round=self.solutions_per_round)
         errors += at_least(1, redistill_per_problem=self.redistill_per_problem)
         errors += at_least(1, optional=True, redistill_max_total=self.redistill_max_total)
         if not 0 <= self.replay_fraction < 1:
@@ -84,6 +82,7 @@ class Curriculum:
         settings: The rules' thresholds, budgets and sizes.
         teacher: Where solutions beyond a problem's own come from (None: its own only).
         schedule: Rollout N per difficulty group (None: every problem gets ``rollout_n``).
+            Attached later by assigning ``curriculum.schedule``, under the same rule.
         replay_pairs: Earlier ``{"question", "solution"}`` pairs mixed into every SFT set.
     """
 
@@ -97,8 +96,9 @@ class Curriculum:
         if errors := settings.errors():
             raise ValueError("data: " + "; ".join(errors))
         s = self.settings = settings
-        self.teacher, self.schedule, self.replay_pairs = teacher, schedule, list(replay_pairs)
-        self.pools = ProblemPools(s.low, s.high, s.max_solutions, s.max_rl_rounds)
+        self.teacher, self.replay_pairs = teacher, list(replay_pairs)
+        self.schedule = schedule
+        self.pools = ProblemPools(s)
         self.bank = SolutionBank()
         self.problems: dict[str, Problem] = {}
         self.group_of: dict[str, int] = {}
@@ -182,9 +182,32 @@ class Curriculum:
         return mastered_items(self.problems, self.pools, self.bank)
 
     # ------------------------------------------------- computation scaling (RL)
+    @property
+    def schedule(self) -> NSchedule | None:
+        """The Rollout N schedule (None: every problem gets ``rollout_n``)."""
+        return self._schedule
+
+    @schedule.setter
+    def schedule(self, schedule: NSchedule | None) -> None:
+        if schedule is not None and self.settings.rollout_n is not None:
+            raise ValueError(
+                f"data.curriculum.rollout_n={self.settings.rollout_n} and a Rollout N schedule are "
+                f"both set: the schedule's n_init ({schedule.n_init}) is the start N; remove "
+                "curriculum.rollout_n"
+            )
+        self._schedule = schedule
+
+    @property
+    def start_n(self) -> int:
+        """Rollout N of a problem no schedule has grouped: the schedule's ``n_init``, else
+        ``rollout_n`` (8 when unset)."""
+        if self.schedule is not None:
+            return self.schedule.n_init
+        return DEFAULT_N if self.settings.rollout_n is None else self.settings.rollout_n
+
     def n_of(self, pid: str) -> int:
         """Rollout N of a problem (its group's N once the schedule has set one)."""
-        return self.n_per_problem.get(pid, self.settings.rollout_n)
+        return self.n_per_problem.get(pid, self.start_n)
 
     def rl_items(self, groups: Sequence[int] | None = None) -> list[Item]:
         """Solvable problems (of ``groups`` when given), each with its own N."""

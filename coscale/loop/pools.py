@@ -15,7 +15,7 @@ a FAILED problem later measured solvable with RL budget left moves back to SOLVA
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -70,28 +70,37 @@ def _config_errors(low: Any, high: Any, max_solutions: Any, max_rl_rounds: Any) 
     return errors
 
 
-class ProblemPools:
-    """Pool membership, accuracy history and spent budgets of every training problem.
+@dataclass(frozen=True)
+class PoolRules:
+    """The pools' thresholds and budgets (part of ``data.curriculum:`` in YAML).
 
-    Args:
+    Attributes:
         low: Accuracy from which a problem counts as solvable (inclusive).
         high: Accuracy from which a problem counts as solved (inclusive).
         max_solutions: SFT solution budget; an unsolvable problem given this many is FAILED.
         max_rl_rounds: RL budget in rounds (epochs); a problem that spent it without being
             solved is FAILED (documented choice: this applies to SOLVABLE problems too).
-
-    Raises:
-        ValueError: Naming every bad parameter at once.
     """
 
-    def __init__(
-        self,
-        low: float = 0.05,
-        high: float = 0.70,
-        max_solutions: int = 64,
-        max_rl_rounds: int = 8,
-    ) -> None:
-        config = dict(low=low, high=high, max_solutions=max_solutions, max_rl_rounds=max_rl_rounds)
+    low: float = 0.05
+    high: float = 0.70
+    max_solutions: int = 64
+    max_rl_rounds: int = 8
+
+
+class ProblemPools:
+    """Pool membership, accuracy history and spent budgets of every training problem.
+
+    Args:
+        rules: The thresholds and budgets (any :class:`PoolRules`, e.g. the curriculum's
+            settings).
+
+    Raises:
+        ValueError: Naming every bad rule at once.
+    """
+
+    def __init__(self, rules: PoolRules = PoolRules()) -> None:
+        config = {f.name: getattr(rules, f.name) for f in fields(PoolRules)}
         self._apply_config(config, "ProblemPools")
         self._records: dict[str, _Record] = {}  # insertion order == registration order
 

@@ -11,9 +11,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from coscale.loop.problem import Problem
 from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import SamplingParams
-from coscale.tasks.problem import Problem
 
 Request = tuple[Problem, int]  # (problem, how many new solutions it needs)
 

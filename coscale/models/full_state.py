@@ -5,7 +5,7 @@ a ``DTensor`` holding this rank's shard: ``state_dict()`` returns shards, ``save
 cannot write them and ``load_state_dict`` cannot copy plain tensors into them. Here the full
 state dict is gathered to CPU on rank 0 (a collective: every rank calls), rank 0 writes, and a
 full state dict is loaded by broadcasting it from rank 0 into each rank's shards. Callers wait
-with :func:`barrier` before another rank reads what rank 0 wrote.
+with :func:`coscale.distributed.barrier` before another rank reads what rank 0 wrote.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from coscale.distributed import barrier, distributed, is_writer
+
 
 def is_sharded(model: nn.Module) -> bool:
     """Whether ``model`` holds FSDP2 / tensor-parallel (DTensor) parameters or FSDP1 units:
@@ -27,29 +29,6 @@ def is_sharded(model: nn.Module) -> bool:
     if any(hasattr(p, "full_tensor") for p in model.parameters()):
         return True
     return any(isinstance(m, FSDP) for m in model.modules())
-
-
-def distributed() -> bool:
-    """Whether a process group with more than one rank is running."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def collective_device() -> torch.device:
-    """Where a collective's tensor lives: nccl needs a CUDA tensor, gloo a CPU one."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def is_writer() -> bool:
-    """Rank 0 (or the only process): the one that writes shared files."""
-    return not distributed() or dist.get_rank() == 0
-
-
-def barrier() -> None:
-    """Waits for every rank (a no-op in one process)."""
-    if distributed():
-        dist.barrier()
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -96,19 +75,29 @@ def save_full(model: Any, tokenizer: Any, path: str | os.PathLike) -> str:
     path = os.fspath(path)
     state = full_state_dict(model) if is_sharded(model) else None
     if is_writer():
-        os.makedirs(path, exist_ok=True)
-        plain = model if state is None else unsharded_copy(model, state)
-        plain.save_pretrained(path, safe_serialization=True)
-        tokenizer.save_pretrained(path)
+        write_plain(model if state is None else unsharded_copy(model, state), tokenizer, path)
     barrier()
     return path
 
 
-def unsharded_copy(model: Any, state: dict[str, torch.Tensor]) -> Any:
-    """A fresh, unsharded model of ``model``'s class and config holding ``state``."""
-    dtype = next(iter(state.values())).dtype
+def write_plain(model: Any, tokenizer: Any, path: str) -> None:
+    """Writes an unsharded ``model`` (safetensors) and ``tokenizer`` to ``path`` (one process)."""
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+
+def fresh_like(model: Any, dtype: torch.dtype) -> Any:
+    """A new, unsharded model of ``model``'s class, config and generation config (weights not
+    loaded)."""
     fresh = type(model)._from_config(copy.deepcopy(model.config), dtype=dtype)
-    fresh.load_state_dict(state)
     if getattr(model, "generation_config", None) is not None:
         fresh.generation_config = copy.deepcopy(model.generation_config)
+    return fresh
+
+
+def unsharded_copy(model: Any, state: dict[str, torch.Tensor]) -> Any:
+    """A fresh, unsharded model of ``model``'s class and config holding ``state``."""
+    fresh = fresh_like(model, next(iter(state.values())).dtype)
+    fresh.load_state_dict(state)
     return fresh

@@ -15,20 +15,22 @@ from __future__ import annotations
 import copy
 import os
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
 from typing_extensions import override
 
 from coscale.checks import as_group, group_errors
+from coscale.distributed import all_gather_objects, max_over_ranks, sum_over_ranks
+from coscale.models.adapters import adapter_disabled, as_peft_config, config_fields
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
-from coscale.modules.distributed import all_gather_objects, global_max, global_sum
 from coscale.modules.feed import curriculum_of, epoch_finished
-from coscale.modules.generation import PolicyMixin
 from coscale.modules.grpo_settings import Sampling, Update
 from coscale.modules.optim import adamw_with_warmup
+from coscale.modules.policy_mixin import PolicyMixin
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.rl.advantages import group_advantages
 from coscale.rl.logprobs import sequence_logprobs
@@ -37,6 +39,9 @@ from coscale.rl.micro_batches import merge_stats, micro_batches
 from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.rollout.factory import Rollout, close_backend
 from coscale.rollout.lockstep import in_lockstep
+
+if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves the name
+    from peft import PeftConfig
 
 
 class GRPOModule(PolicyMixin, L.LightningModule):
@@ -62,6 +67,11 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         rollout: Where rollouts come from: ``cached`` (the default), ``hf`` or ``vllm``, with the
             backend's options. Assigning ``module.backend`` in Python replaces it.
         log_completions_every: Log a table of sampled completions every this many steps (0: never).
+        peft: Train a PEFT adapter on the frozen base instead of every weight (a
+            ``peft.PeftConfig`` such as ``peft.LoraConfig``; :mod:`coscale.models.adapters`).
+            The KL reference (``loss.beta`` > 0) is the base with the adapter off, not a copy;
+            exports are merged, the adapter in ``<folder>/adapter``; rollouts ``cached`` or
+            ``hf``. None: full fine-tune.
 
     The update groups rollouts of similar length into its micro-batches and runs each distinct
     prompt through the policy once per micro-batch (its KV cache feeds the prompt's
@@ -85,8 +95,10 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         validation: Validation = Validation(),
         rollout: Rollout = Rollout(),
         log_completions_every: int = 0,
+        peft: PeftConfig | None = None,
     ) -> None:
         super().__init__()
+        peft = as_peft_config(peft)
         groups = {
             name: as_group(cls, value)
             for name, cls, value in (
@@ -98,7 +110,10 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                 ("rollout", Rollout, rollout),
             )
         }
-        if errors := settings_errors(**groups):
+        errors = settings_errors(**groups)
+        if peft is not None and groups["rollout"].backend == "vllm":  # no adapter sync yet
+            errors.append("rollout.backend must be cached or hf with peft; got 'vllm'")
+        if errors:
             raise ValueError("GRPOModule: " + "; ".join(errors))
         in_memory = not isinstance(model, (str, os.PathLike))
         self.save_hyperparameters(
@@ -106,6 +121,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             | {k: asdict(v) for k, v in groups.items()}
             | {"log_completions_every": log_completions_every}
             | ({} if in_memory else {"model": model})
+            | ({} if peft is None else {"peft": config_fields(peft)})
         )
         self.automatic_optimization = False
         self.prompt = as_prompt_format(prompt)
@@ -122,10 +138,12 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             max_new_tokens=v.max_new_tokens or s.max_new_tokens, temperature=v.temperature
         )
         self.log_completions_every = log_completions_every
-        self._init_policy(model, tokenizer, self.load)
+        self._init_policy(model, tokenizer, self.load, peft)
         # same result, less work (tests/test_speed_paths.py compares them with the plain paths)
         self.sort_micro_batches = self.share_prompt_in_update = True
-        self.ref_policy = _frozen_copy(self.policy) if self.loss_fn.beta > 0 else None
+        kl = self.loss_fn.beta > 0  # its reference: a frozen copy, or the base under the adapter
+        self.ref_policy = _frozen_copy(self.policy) if kl and peft is None else None
+        self.base_is_reference = kl and peft is not None
 
     @property
     def lr(self) -> float:
@@ -160,17 +178,17 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         policy, so they are the sampling policy's): no second forward pass before the update.
         """
         rows = keep.nonzero().squeeze(1)  # [K] indices of rollouts with signal
-        if global_sum(len(rows)) == 0:
+        if sum_over_ranks(len(rows)) == 0:
             return {"skipped": 1.0}
         mask = rollouts.completion_mask.float()  # [R, T]
         # Normalisers are totals over all ranks, so the loss is that of the whole global batch.
-        n_seq = int(global_sum(len(rows)))
-        n_tok = int(global_sum(float(mask[rows].sum())))
+        n_seq = int(sum_over_ranks(len(rows)))
+        n_tok = int(sum_over_ranks(float(mask[rows].sum())))
         ref = self._ref_logprobs(rollouts, rows)
         chunks = micro_batches(
             rows, rollouts.lengths, self.update_settings.micro_batch_size, self.sort_micro_batches
         )
-        n_chunks = global_max(len(chunks))  # every rank runs as many backward passes
+        n_chunks = max_over_ranks(len(chunks))  # every rank runs as many backward passes
         opt = self.optimizers()
         stats: dict[str, float] = {}
         for _ in range(self.update_settings.num_iterations):
@@ -221,12 +239,18 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         under FSDP2 every rank must run as many (each one is a collective)."""
         return self.share_prompt_in_update and not in_lockstep(self.policy)
 
+    def _reference(self) -> AbstractContextManager[torch.nn.Module]:
+        """The KL reference model: the frozen copy, or the policy with its adapter disabled."""
+        if self.base_is_reference:
+            return adapter_disabled(self.policy)
+        return nullcontext(self.ref_policy)
+
     def _ref_logprobs(self, ro: Rollouts, rows: torch.Tensor) -> torch.Tensor | None:
-        if self.ref_policy is None:
+        if self.ref_policy is None and not self.base_is_reference:
             return None
-        with torch.no_grad():
+        with torch.no_grad(), self._reference() as ref:
             return sequence_logprobs(
-                self.ref_policy,
+                ref,
                 ro.input_ids,
                 ro.attention_mask,
                 ro.prompt_length,

@@ -19,7 +19,7 @@ import os
 import random
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -27,11 +27,12 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from coscale.checks import as_group, at_least, group_errors
+from coscale.distributed import rank_world
+from coscale.models.adapters import as_peft_config, config_fields
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
-from coscale.modules.distributed import rank_world
 from coscale.modules.feed import curriculum_of
-from coscale.modules.generation import PolicyMixin
 from coscale.modules.optim import adamw_with_warmup
+from coscale.modules.policy_mixin import PolicyMixin
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.rollout.base import SamplingParams
 from coscale.sft.batch import solution_loss, tokenize_pairs
@@ -43,6 +44,9 @@ from coscale.sft.forgetting import (
     mean_loss,
     reference_gradient,
 )
+
+if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves the name
+    from peft import PeftConfig
 
 
 class SFTModule(PolicyMixin, L.LightningModule):
@@ -74,6 +78,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
             (:mod:`coscale.sft.distill`; logs ``train/ce`` and ``train/kl``). The pipeline sets it
             to the latest RL model in the SFT stages from the initial model that follow RL when
             ``pipeline.distill_weight`` > 0. None: plain SFT.
+        peft: Train a PEFT adapter on the frozen base instead of every weight (a
+            ``peft.PeftConfig`` such as ``peft.LoraConfig``; :mod:`coscale.models.adapters`).
+            Exports are merged, with the adapter in ``<folder>/adapter``. None: full fine-tune.
     """
 
     data_kind = "sft"
@@ -92,8 +99,10 @@ class SFTModule(PolicyMixin, L.LightningModule):
         forgetting_guard: GuardSettings = GuardSettings(),
         mastered: list[dict[str, str]] | None = None,
         distill: Distillation | None = None,
+        peft: PeftConfig | None = None,
     ) -> None:
         super().__init__()
+        peft = as_peft_config(peft)
         load, optimizer = as_group(PolicyLoad, load), as_group(AdamW, optimizer)
         validation = as_group(Validation, validation)
         guard, distill = as_group(GuardSettings, forgetting_guard), as_group(Distillation, distill)
@@ -114,6 +123,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
             | {k: asdict(v) for k, v in groups.items()}
             | {"distill": asdict(distill) if distill is not None else None}
             | ({} if in_memory else {"model": model})
+            | ({} if peft is None else {"peft": config_fields(peft)})
         )
         self.prompt, self.optimizer, self.max_length = (
             as_prompt_format(prompt),
@@ -132,7 +142,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self._guard_resume: dict[str, Any] | None = None  # the guard's place, from a checkpoint
         self._mastered_cycle: list[dict] = []
         self.loop_steps = 0  # optimiser steps when a loop other than the Trainer's runs the fit
-        self._init_policy(model, tokenizer, load)
+        self._init_policy(model, tokenizer, load, peft)
         self.distill = distill
         # not a submodule: no optimiser state, not in checkpoints, not wrapped or sharded
         self.teacher = Teacher(distill.teacher, load) if distill is not None else None

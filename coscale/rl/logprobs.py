@@ -188,8 +188,16 @@ def _checkpointing(model: nn.Module) -> bool:
 
 
 def _takes(model: nn.Module, name: str) -> bool:
-    """Whether `model.forward` has a parameter `name`."""
+    """Whether `model.forward` has a parameter `name` (a PEFT wrapper's base model's: the
+    wrapper hands it every keyword it does not take itself)."""
     try:
-        return name in inspect.signature(model.forward).parameters
+        return name in inspect.signature(unwrapped(model).forward).parameters
     except (TypeError, ValueError):
         return False
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model a PEFT wrapper runs (its ``get_base_model()``, adapter layers included), whose
+    signature and class say which speed paths apply; any other `model` as it is."""
+    base = getattr(model, "get_base_model", None)
+    return base() if callable(base) else model

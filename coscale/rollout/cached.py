@@ -12,13 +12,13 @@ speed path is a switch, on by default, and none changes what is computed:
 - `static_cache`: keys and values go into buffers allocated once per call and written in
   place (`kv_cache.PreallocatedLayer`), instead of HF `DynamicCache`'s `torch.cat`, which
   copies the whole cache on every token.
-- `autocast`: optional bf16 autocast of the forward passes; off by default because it
-  changes the numerics (log-probs move by up to ~1e-2 on the tiny models, greedy tokens can
-  change).
 - `compile`: off by default. Decode steps run as one `torch.compile`d forward over HF's
   `StaticCache` (`coscale.rollout.compiled`); rows stay in the batch until the chunk ends
   (a changing row count would recompile), so `drop_finished` is ignored. The first calls
   compile (seconds to a minute); it pays on long runs of small, overhead-bound models.
+
+Precision is the caller's: inside a Lightning fit the rollouts run under the trainer's
+``precision`` (its autocast with ``bf16-mixed``), as every other forward pass does.
 
 Sampling is batch-invariant: at every step one uniform number is drawn for each row of the
 chunk, finished or not, and the token is picked by inverse CDF. So the same seed yields the
@@ -31,8 +31,6 @@ Shapes: n rows of one chunk, U distinct prompts in it, P prompt tokens, T new to
 """
 
 from __future__ import annotations
-
-from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +48,6 @@ from coscale.rollout.hf import HFGenerateBackend
 from coscale.rollout.kv_cache import new_cache
 from coscale.rollout.lockstep import all_finished, in_lockstep
 
-AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 DROP_FRACTION = 8
 """Compact the decode batch once at least 1/DROP_FRACTION of its rows have finished."""
 
@@ -67,7 +64,6 @@ class CachedDecodeBackend(HFGenerateBackend):
         drop_finished: Remove finished rows from the decode batch.
         static_cache: Write keys/values into preallocated buffers (models whose layers all
             use full attention; others fall back to `DynamicCache`).
-        autocast: None (default, model dtype) or "bfloat16" / "float16" autocast.
         compile: Run decode steps as a `torch.compile`d step over a static cache (full
             attention models only; finished rows stay in the batch).
     """
@@ -80,16 +76,11 @@ class CachedDecodeBackend(HFGenerateBackend):
         share_prefix: bool = True,
         drop_finished: bool = True,
         static_cache: bool = True,
-        autocast: str | None = None,
         compile: bool = False,
     ) -> None:
-        if autocast is not None and autocast not in AUTOCAST_DTYPES:
-            raise ValueError(
-                f"autocast must be None or one of {sorted(AUTOCAST_DTYPES)}, got {autocast!r}"
-            )
         super().__init__(model, tokenizer, batch_size)
         self.share_prefix, self.drop_finished = share_prefix, drop_finished
-        self.static_cache, self.autocast = static_cache, autocast
+        self.static_cache = static_cache
         self._compiled = CompiledDecodeStep(model) if compile else None
         self._kwargs: dict = {}  # forward keywords (with the cache) of the chunk being decoded
 
@@ -104,8 +95,7 @@ class CachedDecodeBackend(HFGenerateBackend):
     ) -> tuple[Tensor, Tensor]:
         """Decodes one chunk -> (completion ids [n, T_c], their log-probs [n, T_c])."""
         try:
-            with self._autocast(ids.device):
-                return self._decode_chunk(ids, mask, sampling, prompt_index)
+            return self._decode_chunk(ids, mask, sampling, prompt_index)
         finally:
             self._kwargs = {}  # drop the cache buffers as soon as the chunk is done
 
@@ -180,11 +170,6 @@ class CachedDecodeBackend(HFGenerateBackend):
         """One forward pass that appends to the chunk's cache -> logits of the last position [m, V]."""
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **self._kwargs)
         return out.logits[:, -1]
-
-    def _autocast(self, device: torch.device):
-        if self.autocast is None:
-            return nullcontext()
-        return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[self.autocast])
 
 
 def pick_tokens(logits: Tensor, sampling: SamplingParams, uniform: Tensor | None) -> Tensor:

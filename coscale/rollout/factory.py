@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import torch
 from torch import nn
 
 from coscale.rollout.base import RolloutBackend
@@ -38,8 +37,9 @@ class Rollout:
             ``coscale[vllm]``, or vLLM's CPU build as ``./run.sh`` installs it).
         options: The backend's own arguments: ``cached``: ``compile`` (each decode step one
             ``torch.compile``d forward; full-attention models), ``batch_size``, ...; ``hf``:
-            ``batch_size``; ``vllm``: ``VLLMBackend``'s (``gpu_memory_utilization``,
-            ``kv_cache_gib``, ``max_model_len``, ``sleep_level``, ``parity_every``, ...).
+            ``batch_size``; ``vllm``: ``VLLMBackend``'s groups and switches (``engine:
+            {gpu_memory_utilization, kv_cache_gib, max_model_len, sleep_level, kwargs, ...}``,
+            ``sync: {timeout_s, ...}``, ``parity: {every, atol, ...}``, ``logprobs``, ...).
     """
 
     backend: Literal["cached", "hf", "vllm"] = "cached"
@@ -49,11 +49,26 @@ class Rollout:
         if self.backend not in BACKENDS:
             return [f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"]
         takes = set(inspect.signature(_backend_class(self.backend)).parameters) - _BUILT_BY_US
-        return [
+        errors = [
             f"options.{key} is not an option of the {self.backend} backend (it takes: "
-            f"{', '.join(sorted(takes))})"
+            f"{', '.join(sorted(takes))}){_grouped_as(self.backend, key)}"
             for key in sorted(set(self.options) - takes)
         ]
+        if self.backend == "vllm":  # its groups' values, without building an engine
+            from coscale.rollout.vllm_settings import settings_errors
+
+            errors += [f"options.{e}" for e in settings_errors(self.options)]
+        return errors
+
+
+def _grouped_as(kind: str, key: str) -> str:
+    """``; set options.engine.max_model_len`` for a vLLM setting given outside its group."""
+    if kind != "vllm":
+        return ""
+    from coscale.rollout.vllm_settings import group_of
+
+    where = group_of(key)
+    return "" if where is None else f"; set options.{where}"
 
 
 def _backend_class(kind: str) -> type:
@@ -82,7 +97,7 @@ def build_backend(
         model_path: Hub name or folder of the policy's current weights (``builtin:`` specs are
             resolved); the vLLM engine starts from it.
         **options: Arguments of the backend's class (`HFGenerateBackend` or `VLLMBackend`);
-            a vLLM engine without ``dtype`` computes in the policy's (`engine_dtype`).
+            a vLLM engine without ``engine.dtype`` computes in the policy's.
 
     Raises:
         ValueError: For an unknown `kind`, or ``vllm`` without `model_path`.
@@ -104,20 +119,8 @@ def build_backend(
         from coscale.rollout.vllm import VLLMBackend
 
         path = resolve_model_path(os.fspath(model_path))
-        if policy is not None and "dtype" not in options:
-            options["dtype"] = engine_dtype(policy)
         return VLLMBackend(path, tokenizer=tokenizer, policy=policy, **options)
     raise ValueError(f"rollout.backend must be one of {', '.join(BACKENDS)}, got {kind!r}")
-
-
-def engine_dtype(policy: nn.Module) -> str:
-    """The policy's parameter dtype as a vLLM ``dtype``: an engine that computes in the trainer's
-    precision samples what the trainer scores (vLLM's ``auto`` may run a float32 checkpoint in
-    16 bits, which on a CPU without native bf16 is also slow)."""
-    dtype = next(policy.parameters()).dtype
-    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(
-        dtype, "auto"
-    )
 
 
 def close_backend(backend: RolloutBackend | None) -> None:

@@ -26,10 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from coscale.distributed import max_over_ranks
 from coscale.models.prompting import end_of_turn_id
 from coscale.rl.logprobs import token_logprobs
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
-from coscale.rollout.lockstep import agreed_max, in_lockstep
+from coscale.rollout.lockstep import in_lockstep
 
 
 class HFGenerateBackend(RolloutBackend):
@@ -82,7 +83,7 @@ class HFGenerateBackend(RolloutBackend):
         step = self.batch_size or len(prompt_index)
         starts = list(range(0, len(prompt_index), step))
         # a sharded policy: as many chunks on every rank (the extra ones are thrown away)
-        extra = agreed_max(len(starts), in_lockstep(self.model)) - len(starts)
+        extra = max_over_ranks(len(starts)) - len(starts) if in_lockstep(self.model) else 0
         with _seeded(sampling.seed, device), _sampling_mode(self.model):
             pieces = [
                 self._sample(

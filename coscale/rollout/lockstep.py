@@ -10,28 +10,19 @@ Unsharded policies (one process, DDP) never pay a collective here.
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
 from torch import nn
 
-from coscale.models.full_state import collective_device, distributed, is_sharded
+from coscale.distributed import distributed, max_over_ranks
+from coscale.models.full_state import is_sharded
 
 
 def in_lockstep(model: nn.Module) -> bool:
-    """Whether ``model``'s forward passes are collectives (sharded, several ranks)."""
+    """Whether ``model``'s forward passes are collectives (sharded, several ranks): then the
+    caller agrees on its counts with :func:`coscale.distributed.max_over_ranks`, asked once per
+    call, not per decode step."""
     return distributed() and is_sharded(model)
 
 
-def agreed_max(value: int, together: bool) -> int:
-    """The largest ``value`` over ranks when ``together`` (see :func:`in_lockstep`, asked once
-    per call, not per decode step), else ``value``."""
-    if not together:
-        return value
-    t = torch.tensor(int(value), dtype=torch.long, device=collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t)
-
-
 def all_finished(done: bool, together: bool) -> bool:
-    """``done`` on every rank when ``together``, else ``done``."""
-    return agreed_max(int(not done), together) == 0 if together else done
+    """``done`` on every rank when ``together`` (see :func:`in_lockstep`), else ``done``."""
+    return max_over_ranks(int(not done)) == 0 if together else done

@@ -2,7 +2,7 @@
 
 - Sleep mode: vLLM's CPU platform has none; an engine built with ``enable_sleep_mode`` fails
   ("Sleep mode is not supported on current platform"). `check_sleep_level` refuses
-  ``sleep_level`` 1 or 2 when the backend is configured, naming the option.
+  ``engine.sleep_level`` 1 or 2 when the backend is configured, naming the option.
 - KV cache: on CPU, vLLM reserves ``gpu_memory_utilization`` x the node's RAM (5.5 GiB for a
   60k-parameter model on a 24 GiB machine). coscale passes ``kv_cache_memory_bytes`` instead:
   ``kv_cache_gib`` when set, else `default_kv_cache_bytes` (room for `KV_SEQUENCES` sequences
@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from coscale.rollout.vllm_settings import Engine
 
 KV_SEQUENCES = 32
 """Full-length sequences the default CPU KV cache holds."""
@@ -46,9 +48,10 @@ def check_sleep_level(sleep_level: int) -> None:
     """Raises ValueError for ``sleep_level`` > 0 where vLLM has no sleep mode."""
     if sleep_level > 0 and not sleep_available():
         raise ValueError(
-            f"rollout.options.sleep_level={sleep_level}: vLLM has no sleep mode on this platform "
-            "(its CPU build); set rollout.options.sleep_level: 0 (the engine stays awake "
-            "between rollouts and its KV cache is sized by rollout.options.kv_cache_gib)"
+            f"rollout.options.engine.sleep_level={sleep_level}: vLLM has no sleep mode on this "
+            "platform (its CPU build); set rollout.options.engine.sleep_level: 0 (the engine "
+            "stays awake between rollouts and its KV cache is sized by "
+            "rollout.options.engine.kv_cache_gib)"
         )
 
 
@@ -116,14 +119,14 @@ def default_kv_cache_bytes(model: str, dtype: str, max_model_len: int | None) ->
     return int(max(one, min(max(want, KV_MIN_GIB * 2**30), KV_MAX_GIB * 2**30)))
 
 
-def kv_cache_bytes(
-    kv_cache_gib: float | None, model: str, dtype: str, max_model_len: int | None
-) -> int | None:
-    """``kv_cache_memory_bytes`` for the engine: from `kv_cache_gib`, else the CPU default
-    (vllm is imported), else None (a GPU engine sizes it by ``gpu_memory_utilization``)."""
-    if kv_cache_gib is not None:
-        return int(kv_cache_gib * 2**30)
-    return default_kv_cache_bytes(model, dtype, max_model_len) if on_cpu() else None
+def kv_cache_bytes(engine: Engine, model: str) -> int | None:
+    """``kv_cache_memory_bytes`` for the engine: from ``engine.kv_cache_gib``, else the CPU
+    default (vllm is imported), else None (a GPU engine sizes it by ``gpu_memory_utilization``)."""
+    if engine.kv_cache_gib is not None:
+        return int(engine.kv_cache_gib * 2**30)
+    if not on_cpu():
+        return None
+    return default_kv_cache_bytes(model, engine.dtype or "auto", engine.max_model_len)
 
 
 def cpu_environment() -> dict[str, str]:

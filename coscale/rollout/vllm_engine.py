@@ -7,7 +7,7 @@ talks only to those (and `start_engine` builds one), so a test can hand it a fak
 API change of vLLM is fixed here (or in `vllm_versions`, for what differs between versions).
 vLLM is imported when an engine is built, never when coscale is imported.
 
-Choices (vLLM's API as of 0.10.2-0.33; every default can be overridden through `engine_kwargs`):
+Choices (vLLM's API as of 0.10.2-0.33; every default can be overridden through ``engine.kwargs``):
 - The engine runs in the training process, one per rank under torch.distributed (vLLM's
   ``external_launcher``); `vllm_launch` prepares the process for it.
 - ``generation_config="vllm"``: the checkpoint's sampling defaults are ignored, as in the HF
@@ -53,6 +53,7 @@ from coscale.rollout.vllm_reload import (
     start_load,
 )
 from coscale.rollout.vllm_requests import Request, logprobs_trusted
+from coscale.rollout.vllm_settings import Engine
 from coscale.rollout.vllm_versions import (
     applies_temperature,
     check_logprobs_source,
@@ -86,31 +87,27 @@ def start_engine(factory: Callable[..., Any], args: Mapping[str, Any], logprobs:
 def engine_args(
     model: str,
     tokenizer: str | None = None,
-    dtype: str = "auto",
-    gpu_memory_utilization: float = 0.3,
-    max_model_len: int | None = None,
-    sleep_level: int = 0,
-    seed: int = 0,
-    extra: dict[str, Any] | None = None,
+    engine: Engine = Engine(),
     kv_cache_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM` for a colocated engine (see the module docstring);
-    `kv_cache_bytes` sizes its KV cache (`vllm_cpu.kv_cache_bytes`)."""
+    """Keyword arguments of `vllm.LLM` for a colocated engine (see the module docstring) with
+    `engine`'s settings (a dtype left None: ``auto``); `kv_cache_bytes` sizes its KV cache
+    (`vllm_cpu.kv_cache_bytes`)."""
     args: dict[str, Any] = {
         "model": model,
         "tokenizer": tokenizer or model,
-        "dtype": dtype,
-        "gpu_memory_utilization": gpu_memory_utilization,
-        "seed": seed,
-        "enable_sleep_mode": sleep_level > 0,
+        "dtype": engine.dtype or "auto",
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "seed": engine.seed,
+        "enable_sleep_mode": engine.sleep_level > 0,
         "generation_config": "vllm",
         "logprobs_mode": "processed_logprobs",
     }
-    if max_model_len is not None:
-        args["max_model_len"] = max_model_len
+    if engine.max_model_len is not None:
+        args["max_model_len"] = engine.max_model_len
     if kv_cache_bytes is not None:
         args["kv_cache_memory_bytes"] = kv_cache_bytes
-    args.update(extra or {})
+    args.update(engine.kwargs)
     return replica_args(args)
 
 

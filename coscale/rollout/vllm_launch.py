@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from coscale.models.full_state import distributed
+from coscale.distributed import distributed
 from coscale.rollout.vllm_versions import check_logprobs_source, installed_version
 
 IMPORT_ENVIRONMENT: dict[str, str] = {}
@@ -122,12 +122,12 @@ def check_tensor_parallel(args: Mapping[str, Any]) -> None:
     """Refuses ``tensor_parallel_size`` != 1 with ``external_launcher`` (module docstring).
 
     Raises:
-        ValueError: Naming ``rollout.options.engine_kwargs.tensor_parallel_size``.
+        ValueError: Naming ``rollout.options.engine.kwargs.tensor_parallel_size``.
     """
     tp = int(args.get("tensor_parallel_size", 1))
     if tp != 1 and args.get("distributed_executor_backend") == EXTERNAL_LAUNCHER:
         raise ValueError(
-            f"rollout.options.engine_kwargs.tensor_parallel_size must be 1 under "
+            f"rollout.options.engine.kwargs.tensor_parallel_size must be 1 under "
             f"torch.distributed, got {tp}: each rank samples its own prompts with its own "
             "seeds, while vLLM's external_launcher needs every rank of a tensor-parallel group "
             "to send the same ones. Use one engine per rank (a model that fits one GPU), or "

@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
+from coscale.distributed import max_over_ranks
 from coscale.rl.logprobs import sequence_logprobs
 from coscale.rollout.base import Rollouts
 from coscale.rollout.vllm_sync import ParityError
@@ -75,10 +75,10 @@ def check_verdict(result: ParityResult, version: int, logprobs_mode: str | None)
         return
     raise ParityError(
         f"vLLM and the trainer disagree after weight sync #{version}: mean "
-        f"|logp_engine - logp_trainer| = {result.mean_abs:.4g} > parity_atol={result.atol} "
+        f"|logp_engine - logp_trainer| = {result.mean_abs:.4g} > parity.atol={result.atol} "
         f"(max {result.max_abs:.4g} over {result.tokens} tokens). The engine is not sampling "
         "from the policy's weights (names, dtype or sharding of the sync) or reports other "
-        f"log-probs (logprobs_mode={logprobs_mode!r}). Raise parity_atol only for dtype noise."
+        f"log-probs (logprobs_mode={logprobs_mode!r}). Raise rollout.options.parity.atol only for dtype noise."
     )
 
 
@@ -93,7 +93,7 @@ def trainer_logprobs(
     device = next(policy.parameters()).device
     r = rollouts.num_rollouts
     chunks = math.ceil(r / batch_size)
-    chunks = global_max(chunks) if is_sharded(policy) else chunks
+    chunks = max_over_ranks(chunks) if is_sharded(policy) else chunks
     pieces = []
     with torch.no_grad():
         for c in range(chunks):
@@ -110,25 +110,6 @@ def trainer_logprobs(
             if not padding:
                 pieces.append(out.float().to(rollouts.logprobs.device))
     return torch.cat(pieces)
-
-
-def world_size() -> int:
-    """Ranks of the default process group (1 without torch.distributed)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
-
-
-def global_max(value: int) -> int:
-    """Maximum of `value` over ranks (the value itself in one process)."""
-    if world_size() == 1:
-        return value
-    device = torch.device("cpu")
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    t = torch.tensor(value, dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t)
 
 
 def fill_logprobs(
@@ -148,7 +129,7 @@ def fill_logprobs(
     kept = rollouts.completion_mask.bool()  # [R, T]
     recompute = int(not trusted or bool((torch.isnan(rollouts.logprobs) & kept).any()))
     if policy is not None and is_sharded(policy):
-        recompute = global_max(recompute)
+        recompute = max_over_ranks(recompute)
     if recompute and policy is not None:
         values, source = trainer_logprobs(policy, rollouts, temperature, batch_size), "trainer"
     else:

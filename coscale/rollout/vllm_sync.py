@@ -69,7 +69,7 @@ def call_with_timeout(fn: Callable[[], Any], timeout_s: float | None, what: str)
     worker.join(timeout_s)
     if worker.is_alive():
         raise WeightSyncTimeout(
-            f"{what} did not finish within {timeout_s:.1f} s (sync_timeout_s); the engine "
+            f"{what} did not finish within {timeout_s:.1f} s (rollout.options.sync.timeout_s); the engine "
             "may hold stale or partial weights, so the run stops here instead of hanging"
         )
     if "error" in box:

@@ -45,7 +45,9 @@ def select_weights(named: Sequence[tuple[str, Any]], prefix: str = "") -> list[t
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated or not names:
         what = f"repeated names {repeated[:5]}" if repeated else "no parameters"
-        raise ValueError(f"the model gave {what} to send to the engine (param_prefix={prefix!r})")
+        raise ValueError(
+            f"the model gave {what} to send to the engine (sync.param_prefix={prefix!r})"
+        )
     return cleaned
 
 

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 
 from coscale.checks import one_of
-from coscale.loop.pools import Pool
+from coscale.distributed import sum_over_ranks
 
 GRANULARITIES = ("parameter", "neuron")
 """Mask granularities; :class:`GuardSettings` also takes ``"none"`` (off)."""
@@ -140,7 +139,8 @@ def reference_gradient(
                     acc.add_(g.float())
             loss_total += loss.detach().double()
             tokens += n
-    _all_reduce_sum([*sums, loss_total, tokens])
+    for total in [*sums, loss_total, tokens]:
+        sum_over_ranks(total)  # in place
     scale = 1.0 / max(float(tokens), 1.0)
     return {k: g.mul_(scale) for k, g in zip(names, sums)}, float(loss_total) * scale
 
@@ -154,7 +154,8 @@ def mean_loss(batches: Iterable[Any], loss_sum: LossSum, device: Any = "cpu") ->
         loss, n = loss_sum(batch)
         loss_total += loss.double()
         tokens += n
-    _all_reduce_sum([loss_total, tokens])
+    for total in (loss_total, tokens):
+        sum_over_ranks(total)  # in place
     return float(loss_total) / max(float(tokens), 1.0)
 
 
@@ -211,31 +212,5 @@ class ForgettingGuard:
         self._frozen = []
 
 
-def mastered_items(problems: Mapping[str, Any], pools: Any, bank: Any) -> list[dict[str, str]]:
-    """The default mastered set: ``{"id", "question", "solution"}`` per *solved* problem.
-
-    The solution is the problem's latest correct RL rollout (``bank.latest_correct``), else its
-    first bank solution; a solved problem with neither is left out. ``problems`` maps ids to
-    :class:`~coscale.tasks.Problem` records (or dicts with a ``question``).
-    """
-    items = []
-    for pid in pools.members(Pool.SOLVED):
-        text = bank.latest_correct(pid) or next(iter(bank.take(pid, 1)), None)
-        if text is None or pid not in problems:
-            continue
-        row = problems[pid]
-        question = row["question"] if isinstance(row, Mapping) else row.question
-        items.append({"id": pid, "question": question, "solution": text})
-    return items
-
-
 def _device_of(tensors: list[torch.Tensor]) -> torch.device:
     return tensors[0].device if tensors else torch.device("cpu")
-
-
-def _all_reduce_sum(tensors: list[torch.Tensor]) -> None:
-    """Sums ``tensors`` over ranks in place (a no-op in one process)."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    for t in tensors:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)

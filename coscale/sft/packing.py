@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface
 
-from coscale.rl.logprobs import _takes
+from coscale.rl.logprobs import _takes, unwrapped
 from coscale.rollout.kv_cache import full_attention_only
 
 ATTENTION = "coscale_varlen_sdpa"
@@ -82,7 +82,7 @@ def can_pack(model: nn.Module, longest: int | None = None) -> bool:
     if config is None or not hasattr(config, "get_text_config"):
         return False
     text = config.get_text_config(decoder=True)
-    compatible = getattr(type(model), "is_backend_compatible", None)
+    compatible = getattr(type(unwrapped(model)), "is_backend_compatible", None)
     return (
         config._attn_implementation == "sdpa"
         and text is config

@@ -2,8 +2,9 @@
 
 :class:`CommitCheckpoint` writes a whole checkpoint every ``every_n_steps`` optimiser steps and
 after each epoch's end-of-epoch work (it is a ``Checkpoint``, so Lightning runs its epoch-end hook
-after the module's and the other callbacks'). Lightning's ``ModelCheckpoint`` skips a save at
-a step it has saved already, which is how an epoch's end work used to be lost.
+after the module's and the other callbacks'). The epoch-end save writes even at a step saved
+already (where Lightning's ``ModelCheckpoint`` skips it), so the last checkpoint of an epoch
+holds its end-of-epoch work.
 :class:`RunState` puts in the same checkpoint what Lightning leaves out: the RNG states and the
 fit's part of the run's spend (counted in ``coscale.loop.budget``), so a resumed fit counts and
 samples as an uninterrupted one.

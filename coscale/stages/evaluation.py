@@ -1,12 +1,12 @@
 """Stages that sample but do not train: measure the pools, and judge a model's pass@k.
 
 Neither is a fit: a model is loaded into an SFTModule for its prompt, reward and sampling
-settings and sampled through :mod:`coscale.stages.measure`, which spreads the work over ranks.
+settings and sampled through :mod:`coscale.measure.pass_rates`, which spreads the work over ranks.
 """
 
 from __future__ import annotations
 
-from coscale.stages import measure
+from coscale.measure import pass_rates
 from coscale.stages.context import StageContext
 from coscale.stages.sft import load_for_sampling
 
@@ -14,7 +14,7 @@ from coscale.stages.sft import load_for_sampling
 def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
     """``eval_k`` samples of every unfailed problem with ``model`` -> pools relabelled."""
     module = load_for_sampling(ctx, model)
-    _, metrics = measure.measure(
+    _, metrics = pass_rates.measure(
         module, ctx.curriculum, ctx.cfg.eval_k, max_problems=ctx.cfg.eval_max_problems
     )
     ctx.log(metrics)
@@ -23,4 +23,4 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
 
 def judge(ctx: StageContext, model: str, problems: list[dict], tag: str, k: int) -> dict:
     """``val/final_<tag>_pass@1`` and ``@k`` of the model in folder ``model``."""
-    return measure.judge(load_for_sampling(ctx, model), problems, tag, k, ctx.cfg.seed)
+    return pass_rates.judge(load_for_sampling(ctx, model), problems, tag, k, ctx.cfg.seed)

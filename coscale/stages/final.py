@@ -1,7 +1,7 @@
 """The final stage: judge the final retrain (trained in the stages before this one) against the
 model the last iteration ended with, then keep a model.
 
-``final_keep`` decides what the run ends with, judged on the held-out problems (or the training
+``final.keep`` decides what the run ends with, judged on the held-out problems (or the training
 problems when there are none), never on the sets you report:
 
 * ``retrained`` (the paper): the retrain from the initial model;
@@ -15,21 +15,12 @@ from __future__ import annotations
 import os
 import shutil
 
+from coscale.distributed import barrier, is_writer
 from coscale.loop.commit import commit_point
-from coscale.models.full_state import barrier, is_writer
+from coscale.measure.keep import keeps_retrained
+from coscale.measure.pass_rates import judged_problems
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import judge
-from coscale.stages.measure import judged_problems
-
-KEEP = ("retrained", "better", "best")
-"""Values of ``final_keep`` (and of :class:`~coscale.callbacks.FinalRetrain`'s ``keep``, which
-has no earlier iterations' models and so takes the first two)."""
-
-
-def keeps_retrained(keep: str, before: float, after: float) -> bool:
-    """Whether the retrain replaces the model before it: always with ``retrained``, else when
-    its pass@1 ``after`` is not lower than ``before``."""
-    return keep == "retrained" or after >= before
 
 
 def final_stage(
@@ -43,12 +34,12 @@ def final_stage(
 
     Args:
         current: The model the last iteration ended with.
-        candidate: The final retrain's model (after its RL with ``final_rl``); None when the
+        candidate: The final retrain's model (after its RL with ``final.rl``); None when the
             retrain had nothing to train on.
         earlier: ``(iteration, folder)`` of each earlier iteration's model, for ``best``.
     """
     problems = judged_problems(ctx.data.val_problems, ctx.curriculum)
-    k, keep = min(8, ctx.cfg.eval_k), ctx.cfg.final_keep
+    k, keep = min(8, ctx.cfg.eval_k), ctx.cfg.final.keep
     results = judge(ctx, current, problems, "before", k)
     kept, score = current, results["val/final_before_pass@1"]
     if candidate is not None:

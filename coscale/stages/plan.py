@@ -5,7 +5,7 @@ record, never from its name: the name is only its folder and its key in the stat
 
     warmup
     for each iteration k:  it<k>/scale, it<k>/sft, it<k>/eval, it<k>/rl[, it<k>/redistill]
-    final/retrain[, final/eval, final/rl], final        (with ``final_retrain``)
+    final/retrain[, final/eval, final/rl], final        (with ``final.retrain``)
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ def plan(cfg: Any) -> dict[str, Stage]:
         stages += [Stage(f"it{it}/{kind}", kind, it) for kind in LOOP_KINDS]
         # the last iteration's re-distillation is the final retrain when there is one
         last = it == cfg.iterations
-        if (cfg.redistill_each_iteration or last) and not (last and cfg.final_retrain):
+        if (cfg.redistill_each_iteration or last) and not (last and cfg.final.retrain):
             stages.append(Stage(f"it{it}/redistill", "redistill", it))
-    if cfg.final_retrain:
+    if cfg.final.retrain:
         stages.append(Stage("final/retrain", "retrain", None))
-        if cfg.final_rl:  # the retrain gets its own RL, as every iteration's SFT does
+        if cfg.final.rl:  # the retrain gets its own RL, as every iteration's SFT does
             stages += [Stage("final/eval", "eval", None), Stage("final/rl", "rl", None)]
         stages.append(Stage("final", "final", None))
     return {stage.name: stage for stage in stages}

@@ -1,9 +1,9 @@
 """``precision: auto``: bf16 where the machine computes it natively, float32 elsewhere.
 
 On a CPU without native bf16 kernels, bf16 is emulated and an SFT step runs many times slower
-than in float32 (the demo's figures: docs/results.md). So the choice comes from the machine, never from a constant: CUDA devices that
-support bf16, and CPUs whose flags list ``avx512_bf16`` or ``amx_bf16``, get ``bf16-mixed``;
-everything else ``32-true``. Any other value of ``trainer.precision`` is passed to Lightning.
+than in float32 (docs/results.md). So the choice comes from the machine, never from a constant:
+CUDA devices that support bf16, and CPUs whose flags list ``avx512_bf16`` or ``amx_bf16``, get
+``bf16-mixed``; everything else ``32-true``. Any other value of ``trainer.precision`` is passed to Lightning.
 """
 
 from __future__ import annotations

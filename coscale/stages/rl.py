@@ -4,12 +4,15 @@ Each epoch serves the solvable set anew; the module reports every rollout to the
 closes the epoch there (tally -> pools, the N schedule's step); with ``rl_eval_every`` a
 measurement follows on chosen epochs. The run's one schedule starts afresh (N = ``n_init``) unless
 the stage resumes from its checkpoint, which holds the schedule with the rest of the curriculum.
+With ``pipeline.peft`` the stage trains a new adapter on the previous stage's merged export (the
+KL reference: that model, the adapter off), as a full fine-tune starts from that model and keeps
+it as the reference; its ``adapter/`` then applies to that model, not to the initial one.
 """
 
 from __future__ import annotations
 
-from coscale.callbacks.pass_rate import PassRateEvaluation
 from coscale.loop.pools import Pool
+from coscale.measure.pass_rate_evaluation import PassRateEvaluation
 from coscale.modules import GRPOModule
 from coscale.rollout.factory import close_backend
 from coscale.stages.context import StageContext
@@ -22,7 +25,7 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
     if not resuming and not cur.pools.members(Pool.SOLVABLE):
         print(f"[coscale] {name}: no solvable problems, RL skipped", flush=True)
         return None
-    module = GRPOModule(model=model, **ctx.grpo_args)
+    module = GRPOModule(model=model, peft=ctx.cfg.peft, **ctx.grpo_args)
     if not resuming and cur.schedule is not None:  # the run's one schedule, afresh
         cur.schedule.reset()
         ctx.log(cur.assign_groups(module.lr))

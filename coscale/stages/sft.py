@@ -1,18 +1,20 @@
 """SFT stages: the warm-up, each iteration's SFT, re-distillation and the final retrain's fit.
 
 All of them fine-tune the initial model (or a given start) on pairs the curriculum serves and
-export the result as a plain Hugging Face folder; none changes the curriculum.
+export the result as a plain Hugging Face folder; none changes the curriculum. With
+``pipeline.peft`` each trains a new adapter on the untouched start and exports it merged, with
+the adapter in ``model/adapter``; sampling loads the merged folder, with no adapter.
 """
 
 from __future__ import annotations
 
 import shutil
 
-from coscale.models.full_state import barrier, is_writer
+from coscale.distributed import barrier, is_writer
+from coscale.measure.selection import SelectOnProblems
 from coscale.modules import SFTModule
 from coscale.sft.distill import Distillation
 from coscale.stages.context import StageContext
-from coscale.stages.selection import Selection, SelectOnProblems
 
 
 def sft_stage(
@@ -38,7 +40,7 @@ def sft_stage(
     if teacher is not None and ctx.cfg.distill_weight > 0:
         distill = {"distill": Distillation(teacher, weight=ctx.cfg.distill_weight)}
         print(f"[coscale] {name}: distilling from {teacher} (weight {ctx.cfg.distill_weight})")
-    module = SFTModule(model=start or ctx.cfg.model, **ctx.sft_args, **distill)
+    module = SFTModule(model=start or ctx.cfg.model, peft=ctx.cfg.peft, **ctx.sft_args, **distill)
     select = selection(ctx, name) if start is None else None
     callbacks = [select] if select is not None else []
     epochs = epochs or ctx.cfg.sft_epochs
@@ -53,9 +55,8 @@ def sft_stage(
 
 def selection(ctx: StageContext, name: str) -> SelectOnProblems | None:
     """The stage's checkpoint selection on its own problems (None when it is off)."""
-    cfg = ctx.cfg
-    chosen = Selection(cfg.sft_select_problems, cfg.sft_select_every, cfg.sft_select_k)
-    return chosen.build(ctx.curriculum.problems.values(), ctx.path(name, "select"), cfg.seed, name)
+    problems, folder = ctx.curriculum.problems.values(), ctx.path(name, "select")
+    return ctx.cfg.selection.build(problems, folder, ctx.cfg.seed, name)
 
 
 def copy_model(src: str, dst: str) -> str:

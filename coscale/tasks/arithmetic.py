@@ -14,8 +14,8 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
+from coscale.loop.problem import Problem
 from coscale.loop.solution_sources import Request, SolutionSource
-from coscale.tasks.problem import Problem
 from coscale.tasks.tiers import terms_of
 
 

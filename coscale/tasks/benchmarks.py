@@ -22,9 +22,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import parse_qsl
 
+from coscale.loop.problem import Problem
 from coscale.tasks import files
 from coscale.tasks.loaders import FieldMap, load_problems
-from coscale.tasks.problem import Problem
 
 SOURCE_PREFIX = "source:"
 

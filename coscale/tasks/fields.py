@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from coscale.tasks.problem import Problem
+from coscale.loop.problem import Problem
 
 
 @dataclass(frozen=True)

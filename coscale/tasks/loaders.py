@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coscale.loop.problem import Problem
 from coscale.tasks.fields import BadValue, FieldMap, as_field_map, field_map_problems, to_problem
 from coscale.tasks.files import load_saved, local_path, not_local_note, open_parquet, parquet_rows
-from coscale.tasks.problem import Problem
 
 BAD_ROW_CHOICES = ("skip", "raise")
 _DEFAULT_FIELDS = FieldMap()  # frozen, so one shared default is safe

@@ -19,8 +19,8 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from coscale.loop.problem import Problem
 from coscale.loop.solution_sources import Request, SolutionSource
-from coscale.tasks.problem import Problem
 
 CHARS = "0123456789+-=;\\boxed{}Q:A\n"
 """Every character the task's prompts and solutions use (the demo model's vocabulary)."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from coscale.distributed import all_gather_objects, rank_world
 from coscale.loop.curriculum import Curriculum
-from coscale.modules.distributed import all_gather_objects, rank_world
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.metrics import PassAtK
 

@@ -12,13 +12,14 @@ from typing import Any
 import torch
 
 from coscale.loop.budget import spend
-from coscale.models.full_state import load_full_state_dict
+from coscale.models.adapters import export_with_adapter, has_adapter, with_adapter
 from coscale.models.policy import export_policy, load_policy
 from coscale.models.prompting import PromptFormat
 from coscale.modules.settings import PolicyLoad
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
 from coscale.rollout.factory import Rollout
+from coscale.rollout.vllm_settings import with_dtype
 from coscale.scoring.metrics import PassAtK
 
 
@@ -36,12 +37,21 @@ class PolicyMixin:
     val_sampling: SamplingParams
     val_samples: int
 
-    def _init_policy(self, model: Any, tokenizer: str | None, load: PolicyLoad) -> None:
+    def _init_policy(
+        self, model: Any, tokenizer: str | None, load: PolicyLoad, adapter: Any = None
+    ) -> None:
+        """Loads the policy and its tokenizer; with ``adapter`` (a ``peft.PeftConfig``) the
+        policy is the frozen base wrapped with a new adapter (:mod:`coscale.models.adapters`)."""
         self.model_source = model if isinstance(model, (str, os.PathLike)) else None
         self._load_kwargs = {"dtype": load.dtype, "trust_remote_code": load.trust_remote_code}
         self.policy, self.tokenizer = load_policy(
             model, tokenizer, load.dtype, load.trust_remote_code, load.gradient_checkpointing
         )
+        if adapter is not None:
+            try:
+                self.policy = with_adapter(self.policy, adapter)
+            except ValueError as err:
+                raise ValueError(f"{type(self).__name__}: {err}") from None
         self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
         self._backend: RolloutBackend | None = None
         self.val_pass = PassAtK(k=_pass_ks(self.val_samples))
@@ -53,9 +63,8 @@ class PolicyMixin:
         if self._backend is None:
             spec = getattr(self, "rollout", None) or Rollout("hf")
             options = dict(spec.options)
-            dtype = self._compute_dtype()
-            if spec.backend == "vllm" and "dtype" not in options and dtype:
-                options["dtype"] = dtype  # the engine samples in the trainer's compute dtype
+            if spec.backend == "vllm":  # the engine samples in the trainer's compute dtype
+                options = with_dtype(options, self._compute_dtype())
             self._backend = build_backend(
                 spec.backend, self.policy, self.tokenizer, self.model_source, **options
             )
@@ -116,17 +125,11 @@ class PolicyMixin:
 
     # ---------------------------------------------------------------- export
     def export(self, path: str | os.PathLike) -> str:
-        """Saves the policy in HF format (safetensors, tokenizer, generation config)."""
+        """Saves the policy in HF format (safetensors, tokenizer, generation config). With an
+        adapter: the merged weights there, and the adapter alone in ``path/adapter``."""
+        if has_adapter(self.policy):
+            return export_with_adapter(self.policy, self.tokenizer, path)
         return export_policy(self.policy, self.tokenizer, path)
-
-    def reset_to_initial(self) -> None:
-        """Loads the initial weights (from ``model``) back into the policy, in place."""
-        if self.model_source is None:
-            raise ValueError(
-                "reset_to_initial needs the module to be built from a model path or name"
-            )
-        fresh, _ = load_policy(self.model_source, self.tokenizer, **self._load_kwargs)
-        load_full_state_dict(self.policy, fresh.state_dict())  # into the shards under FSDP2
 
 
 def shard_policy(policy: torch.nn.Module, mesh: Any) -> torch.nn.Module:

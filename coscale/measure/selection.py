@@ -1,7 +1,7 @@
 """Which weights an SFT stage from the initial model ends with: the best on its own problems.
 
 A retrain from the initial model is meant to carry forward what the model it replaces solves.
-Whether it does is pass@1 on the training problems, the measure ``final_keep`` judges by. So
+Whether it does is pass@1 on the training problems, the measure ``final.keep`` judges by. So
 :class:`SelectOnProblems` scores the policy during the fit, every ``every_n_steps`` optimiser
 steps and at the fit's end, by pass@1 on a seeded slice of the stage's own training problems
 (never a test set), with the same seeded samples at every scoring, and the stage exports the
@@ -23,10 +23,10 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from coscale.checks import at_least
+from coscale.distributed import barrier, is_writer
 from coscale.loop.commit import commit_point
-from coscale.models.full_state import barrier, is_writer
+from coscale.measure.pass_rates import sample_counts
 from coscale.rollout.base import SamplingParams
-from coscale.stages.measure import sample_counts
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """PassRateEvaluation: re-measures problems' accuracy with K samples at chosen epochs.
 
-A thin adapter for a user's own ``Trainer``: the sampling and the rule live in
-:func:`coscale.stages.measure.measure` and the curriculum. It closes nothing: the RL module closes
-each epoch in the step that trains its last batch, before any epoch-end hook, so a measurement at
-the end of a chosen epoch always comes after that epoch's close and is the last word on each
-problem's pool. Each chosen epoch is measured once, a resumed fit included: the last epoch
-measured is saved with the checkpoint.
+A thin adapter for a user's own ``Trainer`` (import it from :mod:`coscale.callbacks`), used by
+the RL stage too (``rl_eval_every``): the sampling and the rule live in
+:func:`coscale.measure.pass_rates.measure` and the curriculum. It closes nothing: the RL module
+closes each epoch in the step that trains its last batch, before any epoch-end hook, so a
+measurement at the end of a chosen epoch always comes after that epoch's close and is the last
+word on each problem's pool. Each chosen epoch is measured once, a resumed fit included: the
+last epoch measured is saved with the checkpoint.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing_extensions import override
 
 from coscale.checks import at_least
 from coscale.loop.pools import Pool
+from coscale.measure.pass_rates import measure
 from coscale.modules.feed import curriculum_of, epoch_finished
 from coscale.modules.loggers import log_to_loggers
-from coscale.stages.measure import measure
 
 _POOLS = [p.value for p in Pool]
 _COLUMNS = ("id", "pool", "acc", "evaluations")
