@@ -16,6 +16,7 @@ from trainers import quiet_trainer
 peft = pytest.importorskip("peft", reason="install coscale[peft]")
 
 from coscale.datamodules import ProblemDataModule  # noqa: E402
+from coscale.models.adapter_checkpoint import FINGERPRINT_KEY, frozen_keys  # noqa: E402
 from coscale.models.adapters import ADAPTER_FOLDER, has_adapter, linear_layer_names  # noqa: E402
 from coscale.models.policy import load_policy  # noqa: E402
 from coscale.modules import GRPOModule, SFTModule  # noqa: E402
@@ -269,6 +270,39 @@ def test_checkpoint_resumes_the_adapter_into_a_fresh_module(tiny_model_dir, tmp_
     adapter = _split(resumed)[1]
     assert adapter.keys() == trained.keys()
     assert all(torch.equal(adapter[k], trained[k]) for k in trained)
+
+
+def test_the_checkpoint_holds_the_adapter_not_the_frozen_base(tiny_model_dir, tmp_path):
+    module = SFTModule(model=str(tiny_model_dir), optimizer={"lr": 1e-2}, peft=lora())
+    trainer = quiet_trainer(2, devices=1)
+    trainer.fit(module, train_dataloaders=_pairs())
+    trainer.save_checkpoint(tmp_path / "lora.ckpt")
+    saved = torch.load(tmp_path / "lora.ckpt", weights_only=False)
+    trainable = {f"policy.{n}" for n, p in module.policy.named_parameters() if p.requires_grad}
+    assert set(saved["state_dict"]) == trainable  # no frozen weight, no base
+    assert saved[FINGERPRINT_KEY]["tensors"] == len(frozen_keys(module)) > 0
+
+    full = SFTModule(model=str(tiny_model_dir), optimizer={"lr": 1e-2})
+    quiet_trainer(2, devices=1).fit(full, train_dataloaders=_pairs())
+    full.trainer.save_checkpoint(tmp_path / "full.ckpt")
+    lora_size, full_size = ((tmp_path / n).stat().st_size for n in ("lora.ckpt", "full.ckpt"))
+    assert lora_size * 3 < full_size, (lora_size, full_size)
+
+
+def test_an_adapter_checkpoint_on_another_base_is_refused(
+    tiny_model_dir, model_folder, char_tokenizer, tmp_path
+):
+    from coscale.models.tiny import build_tiny_model
+
+    module = SFTModule(model=str(tiny_model_dir), optimizer={"lr": 1e-2}, peft=lora())
+    trainer = quiet_trainer(1, devices=1)
+    trainer.fit(module, train_dataloaders=_pairs())
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    other = model_folder("other_base", build_tiny_model(char_tokenizer, seed=7), char_tokenizer)
+    with pytest.raises(ValueError, match=r"another base model.*other_base"):  # same shapes
+        SFTModule.load_from_checkpoint(tmp_path / "last.ckpt", model=str(other))
+    with pytest.raises(ValueError, match="adapter without its frozen base"):
+        SFTModule.load_from_checkpoint(tmp_path / "last.ckpt", peft=None)
 
 
 # ------------------------------------------------------------------ a real model

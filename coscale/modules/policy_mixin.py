@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from coscale.loop.budget import spend
+from coscale.models.adapter_checkpoint import drop_frozen_base, restore_frozen_base
 from coscale.models.adapters import export_with_adapter, has_adapter, with_adapter
 from coscale.models.policy import export_policy, load_policy
 from coscale.models.prompting import PromptFormat
@@ -122,6 +123,16 @@ class PolicyMixin:
         for name, value in self.val_pass.compute().items():
             self.log(f"val/{name}", value, prog_bar=name == "pass@1", sync_dist=False)
         self.val_pass.reset()
+
+    # ------------------------------------------------------------ checkpoint
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """With an adapter, the checkpoint leaves the frozen base out
+        (:mod:`coscale.models.adapter_checkpoint`)."""
+        drop_frozen_base(checkpoint, self)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Puts the frozen base back, checked, before Lightning loads the weights."""
+        restore_frozen_base(checkpoint, self)
 
     # ---------------------------------------------------------------- export
     def export(self, path: str | os.PathLike) -> str:

@@ -221,6 +221,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         if self._guard is None:
             return
         # the reference only when it outlives a step (the same on every rank: all-reduced)
@@ -234,6 +235,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         self._guard_resume = checkpoint.get("forgetting_guard")
 
     @override
