@@ -5,8 +5,9 @@ ReDistillation callback under FSDP2 (Lightning's ``ModelParallelStrategy``, ``fu
 decoder layer), each followed by an export; rank 0 saves the gathered weights
 (``<out>/{sft,grpo}_gathered.pt``) and every rank writes what it saw to ``<out>/rank<r>.json``. Lightning launches rank 1 by running this script again.
 
-``lora <model_dir> <out>``: an SFT fit of a LoRA adapter under FSDP2 and its export (merged
-weights plus ``adapter/``), with the gathered weights of the adapted policy beside it.
+``lora <model_dir> <out> [ddp|fsdp2]``: an SFT fit of a LoRA adapter and its export (merged
+weights plus ``adapter/``), with the gathered weights of the adapted policy beside it, then a GRPO
+fit of a new adapter with a KL term to the base and its export; under FSDP2 (default) or DDP.
 
 ``lockstep <model_dir> <out>``: the cached-decode backend on a ``fully_shard``ed policy, where
 every row of rank 0 ends at its first token and rank 1 decodes to the token limit; rank 1's
@@ -72,18 +73,28 @@ def fits(model_dir: str, out: str) -> None:
     write_rank(out, state)
 
 
-def lora(model_dir: str, out: str) -> None:
-    """An SFT fit of a LoRA adapter under FSDP2, then its export; rank 0 saves the gathered
-    weights of the adapted policy (``lora_gathered.pt``)."""
+def lora(model_dir: str, out: str, strategy: str = "fsdp2") -> None:
+    """An SFT fit of a LoRA adapter, its export, then a GRPO fit of a new adapter with the KL
+    to the base (the policy with its adapter off) and its export, under ``strategy`` (``ddp``
+    or ``fsdp2``); rank 0 saves the gathered weights of the SFT policy (``lora_gathered.pt``)."""
     import peft
 
+    from coscale.rl.losses import GRPOLoss
+
     torch.set_num_threads(1)
+    trainer = _trainer if strategy == "fsdp2" else ddp_trainer
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+    dm = loaded_data(8)
     sft = SFTModule(model=model_dir, optimizer={"lr": 1e-2}, peft=config)
-    _trainer(max_steps=2).fit(sft, datamodule=loaded_data(8))
+    trainer(max_steps=2).fit(sft, datamodule=dm)
     tensors = _gathered(sft, os.path.join(out, "lora_gathered.pt"))
     sft.export(os.path.join(out, "lora"))
-    write_rank(out, {"tensors": tensors, "sharded": type(next(sft.policy.parameters())).__name__})
+    mark_solvable(dm)
+    grpo = digit_grpo(model_dir, peft=config, loss=GRPOLoss(beta=0.1))
+    trainer(max_epochs=1).fit(grpo, datamodule=dm)
+    grpo.export(os.path.join(out, "lora_grpo"))
+    sharded = type(next(sft.policy.parameters())).__name__
+    write_rank(out, {"tensors": tensors, "sharded": sharded, "kl_on_base": grpo.base_is_reference})
 
 
 def _lockstep_rank(rank: int, model_dir: str, out: str, port: int) -> None:
@@ -127,4 +138,4 @@ def lockstep(model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    {"fits": fits, "lora": lora, "lockstep": lockstep}[sys.argv[1]](sys.argv[2], sys.argv[3])
+    {"fits": fits, "lora": lora, "lockstep": lockstep}[sys.argv[1]](*sys.argv[2:])

@@ -9,7 +9,7 @@ as an offline machine would. ``builtin:`` models and problem sets are built for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,12 @@ from coscale.pipeline import Pipeline, PipelineConfig
 from coscale.tasks.benchmarks import load_benchmark, parse_source
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted([*ROOT.glob("configs/**/*.yaml"), *ROOT.glob("coscale/configs/*.yaml")])
+OVERLAYS = sorted(ROOT.glob("configs/overlays/*.yaml"))
+"""Partial configs given after a whole one (``--config base.yaml --config overlay.yaml``); each
+names its bases on a ``# on:`` line."""
+CONFIGS = sorted(
+    {*ROOT.glob("configs/**/*.yaml"), *ROOT.glob("coscale/configs/*.yaml")} - set(OVERLAYS)
+)
 IDS = [str(p.relative_to(ROOT)) for p in CONFIGS]
 QWEN = ROOT / "configs" / "qwen2.5-0.5b"
 CHEAP_BUILTIN_MODELS = ("builtin:demo", "builtin:tiny")  # shipped, or built in a second
@@ -169,18 +174,18 @@ def _model_of(path: Path) -> str:
     return (config.get("pipeline") or config.get("eval") or config["model"]["init_args"])["model"]
 
 
-def _pipeline(path: Path) -> Any:
-    """``coscale run``'s parse of ``path``: ``.pipeline`` and ``.data`` (not loaded yet)."""
+def _pipeline(*paths: Path) -> Any:
+    """``coscale run``'s parse of ``paths`` in turn: ``.pipeline`` and ``.data`` (not loaded)."""
     parser = pipeline_parser()
-    return parser.instantiate(parser.parse_args(["--config", str(path)]))
+    return parser.instantiate(parser.parse_args([a for p in paths for a in ("--config", str(p))]))
 
 
 def _stage_modules(config: PipelineConfig, data: ProblemDataModule) -> list[Any]:
     """The SFT and GRPO modules the stages build, from the arguments a `Pipeline` makes."""
     ctx = Pipeline(replace(config, logger="none"), data).ctx
     return [
-        SFTModule(model=config.model, **ctx.sft_args),
-        GRPOModule(model=config.model, **ctx.grpo_args),
+        SFTModule(model=config.model, peft=config.peft, **ctx.sft_args),
+        GRPOModule(model=config.model, peft=config.peft, **ctx.grpo_args),
     ]
 
 
@@ -244,6 +249,37 @@ def test_config_parses_loads_its_data_and_builds_its_modules(
     )
     CHECKS[_kind(path)](path)
     assert set(offline_hub.models) <= {_model_of(path)}  # the only stand-in model
+
+
+def _overlay_pairs() -> list[tuple[Path, Path]]:
+    pairs = []
+    for overlay in OVERLAYS:
+        (line,) = [x for x in overlay.read_text().splitlines() if x.startswith("# on: ")]
+        pairs += [(ROOT / base, overlay) for base in line.removeprefix("# on: ").split()]
+    return pairs
+
+
+@pytest.mark.parametrize(
+    "base, overlay", _overlay_pairs(), ids=[f"{b.name}+{o.name}" for b, o in _overlay_pairs()]
+)
+def test_an_overlay_over_each_config_it_names_builds_the_stage_modules(
+    base, overlay, tmp_path, monkeypatch, offline_hub
+):
+    monkeypatch.chdir(tmp_path)
+    assert base.exists() and base in CONFIGS, base
+    init = _pipeline(base, overlay)
+    plain = _pipeline(base)
+    init.data.load()
+    changed = yaml.safe_load(overlay.read_text())["pipeline"]
+    if "peft" in changed:
+        from coscale.models.adapters import has_adapter
+
+        assert all(has_adapter(m.policy) for m in _stage_modules(init.pipeline, init.data))
+    for group in ("sft", "grpo"):  # the overlay's settings replace, the others are kept
+        new = changed.get(group, {}).get("optimizer", {})
+        merged = asdict(getattr(init.pipeline, group)["optimizer"])
+        kept = asdict(getattr(plain.pipeline, group)["optimizer"])
+        assert merged == kept | new, group
 
 
 def test_offline_hub_refuses_names_it_does_not_hold(offline_hub):

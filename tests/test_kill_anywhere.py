@@ -9,6 +9,10 @@ equal those of the uninterrupted run of the same strategy, bit for bit. What is 
 * configs/tiny.yaml, one process: inside each stage that trains, right after each stage's
   last-step checkpoint (before its end-of-epoch work), between each stage's end and its state
   file; and once by a timer, at no commit point.
+* configs/tiny.yaml with tests/configs/tiny_lora.yaml over it, one process: every stage trains a
+  LoRA adapter (its checkpoints hold the adapter, not the base), killed inside the warm-up SFT,
+  between a stage's end and its state file, inside RL and after its last step, inside the final
+  retrain; the final weights and every stage's saved adapter must be equal.
 * tests/configs/every_switch.yaml, one process: every switch the demo and the SmolLM2 configs
   turn on (checkpoint selection, re-distillation each iteration, ``distill_weight``, the
   forgetting guard, ``final.rl``, ``final.keep: better``, a replay share), killed inside a
@@ -39,6 +43,7 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
 EVERY_SWITCH = ROOT / "tests" / "configs" / "every_switch.yaml"
+TINY_LORA = ROOT / "tests" / "configs" / "tiny_lora.yaml"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
@@ -121,6 +126,53 @@ def test_sigkill_by_a_timer_inside_the_rl_stage_resumes_to_the_same_result(unint
         runs.kill_session(proc.pid)
     assert _run(run_dir) == 0
     _assert_same(_final(run_dir), want)
+
+
+# -------------------------------------------------------------- LoRA, one process
+def _lora_run(run_dir: Path, **extra: str) -> int:
+    """configs/tiny.yaml with tests/configs/tiny_lora.yaml over it (every stage a LoRA)."""
+    cmd = runs.command(TINY, run_dir, "--config", str(TINY_LORA))
+    cmd += ["--pipeline.checkpoint_every_n_steps", "1"]
+    return runs.run(cmd, run_dir.parent / f"{run_dir.name}.log", **extra)
+
+
+def _adapters(run_dir: Path, state: dict) -> dict[str, dict]:
+    """Each stage's saved adapter weights (``model/adapter``), by stage."""
+    return {
+        stage: load_file(run_dir / stage / "model" / "adapter" / "adapter_model.safetensors")
+        for stage in state["models"]
+    }
+
+
+def test_lora_killed_inside_each_training_stage_resumes_to_the_same_result(tmp_path):
+    ref_dir, commits = tmp_path / "full" / "run", tmp_path / "commits.tsv"
+    ref_dir.parent.mkdir()
+    assert _lora_run(ref_dir, COSCALE_COMMIT_LOG=str(commits)) == 0
+    want, labels = _final(ref_dir), runs.commit_labels(commits)
+    steps = {
+        stage: [x for x in labels if x.startswith(f"{stage} ckpt step")]
+        for stage in ("warmup", "it1/sft", "it1/rl", "final/retrain")
+    }
+    assert all(steps.values()), steps  # every stage trained and checkpointed
+    points = [
+        steps["warmup"][len(steps["warmup"]) // 2],  # inside the first adapter's SFT
+        "it1/sft end, before the state file",
+        steps["it1/rl"][len(steps["it1/rl"]) // 2],  # inside RL on the SFT stage's export
+        steps["it1/rl"][-1],  # right after its last-step checkpoint
+        steps["final/retrain"][len(steps["final/retrain"]) // 2],
+    ]
+    assert points == sorted(set(points), key=labels.index) and set(points) <= set(labels), points
+    run_dir = tmp_path / "run"
+    for point in points:
+        assert _lora_run(run_dir, COSCALE_KILL_AT=point) == -signal.SIGKILL, point
+    assert _lora_run(run_dir) == 0
+    got = _final(run_dir)
+    _assert_same(got, want)
+    ref_adapters, adapters = _adapters(ref_dir, want[0]), _adapters(run_dir, got[0])
+    assert ref_adapters.keys() == adapters.keys() == {"warmup", "it1/sft", "it1/rl", "final/retrain"}
+    for stage, tensors in ref_adapters.items():
+        for name, tensor in tensors.items():
+            assert torch.equal(adapters[stage][name], tensor), (stage, name)
 
 
 # --------------------------------------------------------- every switch, one process

@@ -103,8 +103,8 @@ def test_exports_load_in_transformers_and_agree_across_strategies(runs):
         assert not any(hasattr(p, "full_tensor") for p in model.parameters())
 
 
-def _worker(mode: str, model_dir: Path, out: Path) -> None:
-    cmd = [sys.executable, str(WORKER), mode, str(model_dir), str(out)]
+def _worker(mode: str, model_dir: Path, out: Path, *extra: str) -> None:
+    cmd = [sys.executable, str(WORKER), mode, str(model_dir), str(out), *extra]
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
 
@@ -127,32 +127,64 @@ def test_sft_and_grpo_fits_under_fsdp2_export_the_gathered_weights(tiny_model_di
     assert any(not torch.equal(trained[k], initial[k]) for k in initial)  # the fit trained
 
 
-def test_a_lora_fit_under_fsdp2_exports_merged_weights_and_its_adapter(tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def lora_fits(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
+    """The worker's LoRA SFT + GRPO fits under DDP and under FSDP2 (2 processes each)."""
+    outs = {}
+    for strategy in ("ddp", "fsdp2"):
+        outs[strategy] = tmp_path_factory.mktemp(f"lora_{strategy}")
+        _worker("lora", tiny_model_dir, outs[strategy], strategy)
+    return outs
+
+
+def _ranks(out: Path) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_a_lora_fit_under_fsdp2_exports_merged_weights_and_its_adapter(tiny_model_dir, lora_fits):
     """The adapter trained on FSDP2 shards is exported from the gathered weights: the adapter
     folder holds exactly the trained LoRA tensors, and the merged folder gives the logits of the
     base with that adapter loaded by PEFT."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    _worker("lora", tiny_model_dir, tmp_path)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    out = lora_fits["fsdp2"]
+    ranks = _ranks(out)
     assert all(r["sharded"] == "DTensor" for r in ranks)
     assert ranks[0]["tensors"] > 0 and ranks[1]["tensors"] == 0  # gathered on rank 0
-    gathered = torch.load(tmp_path / "lora_gathered.pt")
+    gathered = torch.load(out / "lora_gathered.pt")
     lora = {k: v for k, v in gathered.items() if "lora_" in k}
-    saved = load_file(tmp_path / "lora" / "adapter" / "adapter_model.safetensors")
+    saved = load_file(out / "lora" / "adapter" / "adapter_model.safetensors")
     assert len(saved) == len(lora) > 0
     by_layer = {k.replace(".default", ""): v for k, v in lora.items()}
     for name, tensor in saved.items():
         assert torch.equal(tensor, by_layer[name]), name
     assert any(torch.count_nonzero(v) for k, v in saved.items() if "lora_B" in k)  # it trained
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora")
-    adapted = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "lora" / "adapter"
-    )
-    ids = torch.tensor([[5, 17, 30, 8, 2]])
-    with torch.no_grad():
-        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-5, rtol=0)
+    for folder in ("lora", "lora_grpo"):
+        merged = AutoModelForCausalLM.from_pretrained(out / folder)
+        adapted = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / folder / "adapter"
+        )
+        ids = torch.tensor([[5, 17, 30, 8, 2]])
+        with torch.no_grad():
+            torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_lora_sft_and_grpo_under_ddp_and_fsdp2_export_the_same_adapters(lora_fits):
+    """The same fits on the same data under both strategies: the adapters (SFT, then GRPO with
+    the KL to the base with its adapter off) and the merged exports agree within the rounding
+    of the gradient reduction (the pipeline tests' 2e-3), and both trained."""
+    for strategy, out in lora_fits.items():
+        assert all(r["kl_on_base"] for r in _ranks(out)), strategy
+    for folder in ("lora", "lora_grpo"):
+        for file in ("adapter/adapter_model.safetensors", "model.safetensors"):
+            ddp = load_file(lora_fits["ddp"] / folder / file)
+            fsdp2 = load_file(lora_fits["fsdp2"] / folder / file)
+            assert ddp.keys() == fsdp2.keys(), (folder, file)
+            for name, tensor in ddp.items():
+                assert torch.allclose(fsdp2[name], tensor, atol=2e-3), (folder, file, name)
+        adapter = load_file(lora_fits["ddp"] / folder / "adapter/adapter_model.safetensors")
+        assert any(torch.count_nonzero(v) for k, v in adapter.items() if "lora_B" in k), folder
 
 
 def test_decoding_on_a_sharded_policy_keeps_every_rank_stepping(tiny_model_dir, tmp_path):

@@ -7,6 +7,9 @@ SmolLM2-135M-Instruct.
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import torch
 from jsonargparse import ArgumentParser
@@ -153,11 +156,32 @@ def test_a_target_that_matches_nothing_is_refused_with_the_linear_layers(
         GRPOModule(model=str(tiny_model_dir), peft=lora(target_modules=".*c_attn"))
 
 
-def test_grpo_with_lora_refuses_the_vllm_backend(tiny_model_dir):
-    with pytest.raises(
-        ValueError, match=r"rollout\.backend must be cached or hf with peft; got .vllm."
-    ):
-        GRPOModule(model=str(tiny_model_dir), rollout={"backend": "vllm"}, peft=lora())
+def test_the_engine_gets_the_merged_weights_under_the_base_names_and_the_base_stays(
+    tiny_model_dir,
+):
+    from coscale.models.adapter_weights import merged_named_weights
+    from coscale.models.adapters import merged_copy
+    from coscale.rollout.weights import full_tensor, gathered_parameters
+
+    module = SFTModule(model=str(tiny_model_dir), peft=lora(modules_to_save=["lm_head"]))
+    _perturb_adapter(module)
+    with torch.no_grad():
+        module.policy.base_model.model.lm_head.modules_to_save.default.weight.mul_(2)
+    base_before = _split(module)[0]
+    merged = dict(merged_copy(module.policy).named_parameters())  # PEFT's own merge
+    with gathered_parameters(module.policy) as named:  # what a vLLM sync sends
+        sent = {name: full_tensor(value) for name, value in named}
+    plain, _ = load_policy(str(tiny_model_dir))
+    # the engine's names; the tiny model ties its head to the embeddings, the trained copy of
+    # the head (modules_to_save) is sent under the head's own name
+    assert list(sent) == [*dict(plain.named_parameters()), "lm_head.weight"]
+    for name, tensor in sent.items():
+        torch.testing.assert_close(tensor, merged[name], rtol=0, atol=1e-6, msg=name)
+    assert not torch.equal(sent["lm_head.weight"], plain.lm_head.weight)  # the trained copy
+    assert all(torch.equal(v, _split(module)[0][k]) for k, v in base_before.items())  # untouched
+    with pytest.raises(ValueError, match="peft.use_dora"):
+        merged_named_weights(SFTModule(model=str(tiny_model_dir), peft=lora(use_dora=True)).policy)
+
 
 
 def test_the_callers_config_is_left_for_the_next_module(tiny_model_dir):
@@ -239,6 +263,32 @@ def test_export_is_merged_with_the_adapter_beside_and_the_module_trains_on(
     trainer = quiet_trainer(2, devices=1)
     trainer.fit(module, train_dataloaders=_pairs())
     _assert_only_adapter_trained(module, trainer, before)
+
+
+def test_coscale_eval_takes_the_merged_folder_or_the_adapter_alone(
+    tiny_model_dir, tmp_path, capsys
+):
+    from coscale.app.cli import main
+
+    module = SFTModule(model=str(tiny_model_dir), peft=lora())
+    _perturb_adapter(module)
+    module.export(tmp_path / "model")
+    bench = tmp_path / "b.jsonl"
+    bench.write_text("\n".join(f'{{"problem": "{i}+1", "answer": {i + 1}}}' for i in range(4)))
+    table, benchmarks = {}, json.dumps([f"b?path={bench}"])
+    for name, folder in (("merged", "model"), ("adapter", f"model/{ADAPTER_FOLDER}")):
+        out = tmp_path / f"{name}.json"
+        flags = ["--eval.model", str(tmp_path / folder), "--eval.benchmarks", benchmarks]
+        flags += ["--eval.prompt", '{"template": "Q:{question}\\nA:"}', "--eval.samples", "2", "--eval.k", "[1, 2]"]
+        flags += ["--eval.max_new_tokens", "6", "--eval.logger", "none", "--eval.seed", "1"]
+        flags += ["--eval.device", "cpu", "--eval.output", str(out)]
+        assert main(["eval", *flags]) == 0
+        table[name] = json.loads(out.read_text())["results"]
+    assert table["adapter"] == table["merged"]  # the same samples: the same weights
+    capsys.readouterr()
+    assert main(["eval", "--eval.model", str(tmp_path / "model" / ADAPTER_FOLDER),
+                 "--eval.benchmarks", benchmarks, "--eval.backend", "vllm"]) == 2  # fmt: skip
+    assert re.search(r"eval\.model=.*adapter folder.*eval\.backend=hf", capsys.readouterr().err)
 
 
 # ------------------------------------------------------------ settings and resume

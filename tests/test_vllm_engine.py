@@ -196,6 +196,37 @@ def test_a_grpo_fit_with_vllm_rollouts_syncs_and_checks_parity_every_step(model3
     assert module._backend._engine is None  # teardown shut the engine down
 
 
+def test_a_lora_grpo_fit_syncs_the_merged_weights_and_keeps_parity(model32_dir):
+    pytest.importorskip("peft", reason="install coscale[peft]")
+    from peft import LoraConfig
+    from test_modules import CharCountReward, _rl_dm, _trainer
+
+    from coscale.modules import GRPOModule
+
+    module = GRPOModule(
+        model=str(model32_dir),
+        reward=CharCountReward(),
+        optimizer={"lr": 0.05},
+        sampling={"max_new_tokens": 8, "temperature": 1.0},
+        rollout={"backend": "vllm", "options": {"engine": {"dtype": "float32"}}},
+        peft=LoraConfig(r=4, lora_alpha=16, target_modules="all-linear"),
+    )
+    frozen = {n: p.detach().clone() for n, p in module.policy.named_parameters() if "lora_" not in n}
+    watch = _Watch()
+    trainer = _trainer(3)
+    trainer.callbacks.append(watch)
+    trainer.fit(module, datamodule=_rl_dm([4, 4, 4, 4], batch_size=2))
+    assert trainer.global_step == 3
+    lora_b = [p for n, p in module.policy.named_parameters() if "lora_B" in n]
+    assert lora_b and all(p.abs().sum() > 0 for p in lora_b)  # the adapter moved off zero
+    assert all(torch.equal(p, frozen[n]) for n, p in module.policy.named_parameters() if n in frozen)
+    versions = [version for version, _ in watch.parity]
+    assert sorted(set(versions)) == [1, 2, 3, 4], versions  # a merged sync after every step
+    assert all(r.ok and r.mean_abs < 1e-4 for _, r in watch.parity), watch.parity
+    engine, hf = watch.greedy  # the engine samples the merged policy the trainer trains
+    assert engine == hf
+
+
 def test_ddp_on_two_cpu_ranks_with_one_engine_per_rank(model32_dir, tmp_path):
     from runs import worker_ranks
 

@@ -29,7 +29,8 @@ class EvalConfig:
     """Settings of ``coscale eval``.
 
     Attributes:
-        model: Hub name or folder of the model to evaluate (``builtin:`` specs too).
+        model: Hub name or folder of the model to evaluate (``builtin:`` specs too), or a
+            PEFT adapter folder such as a stage's ``model/adapter`` (merged into its base; hf).
         tokenizer: Tokenizer name or folder; defaults to the model's.
         benchmarks: Problem source specs (`coscale.tasks.benchmarks`), e.g. ``math500``,
             ``amc``, ``olymmath-en-easy``, ``mine?path=data/test.jsonl``.
@@ -161,11 +162,17 @@ def build_eval_backend(config: EvalConfig) -> tuple[RolloutBackend, Any]:
 
     The caller closes the backend when done with it (`RolloutBackend.close`).
     """
+    from coscale.models.adapters import is_adapter_folder
     from coscale.models.policy import load_policy, load_tokenizer, resolve_model_path
     from coscale.rollout.factory import build_backend
 
     path = resolve_model_path(config.model)
     if config.backend == "vllm":
+        if is_adapter_folder(path):  # vLLM loads a whole model folder
+            raise ValueError(
+                f"eval.model={config.model!r} is an adapter folder: with eval.backend=vllm give "
+                "the merged export that holds it (its parent folder), or use eval.backend=hf"
+            )
         tokenizer = load_tokenizer(config.tokenizer or path)
         return build_backend("vllm", None, tokenizer, path, **config.backend_options), tokenizer
     policy, tokenizer = load_policy(path, config.tokenizer, config.dtype)

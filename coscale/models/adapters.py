@@ -97,7 +97,8 @@ def adapter_errors(model: nn.Module, config: Any) -> list[str]:
 
 def with_adapter(model: nn.Module, config: Any) -> nn.Module:
     """``model`` wrapped by ``get_peft_model`` with a copy of ``config`` (PEFT fills in the copy;
-    the caller's can build the next module); only the adapter's parameters train.
+    the caller's can build the next module), its init seeded by :func:`adapter_seed`; only the
+    adapter's parameters train.
 
     Raises:
         ValueError: the problems :func:`adapter_errors` finds, all in one message.
@@ -107,7 +108,17 @@ def with_adapter(model: nn.Module, config: Any) -> nn.Module:
     peft = _peft()
     config = copy.deepcopy(config)
     config.task_type = peft.TaskType.CAUSAL_LM  # PeftModelForCausalLM: generate, labels
-    return peft.get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
+        torch.manual_seed(adapter_seed())
+        return peft.get_peft_model(model, config)
+
+
+def adapter_seed() -> int:
+    """The seed of a new adapter's random init: the run's seed (``L.seed_everything``, which
+    ``coscale run`` and ``coscale fit`` call), else 0. A fixed seed, not the random stream's
+    state, so a resumed run that builds a stage's module in a fresh process starts the same
+    adapter as the run that was not stopped."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 def has_adapter(model: nn.Module) -> bool:
@@ -143,6 +154,31 @@ def unsharded_adapter_copy(model: nn.Module, state: dict[str, torch.Tensor]) -> 
     fresh = _peft().get_peft_model(base, copy.deepcopy(model.peft_config[name]), name)
     fresh.load_state_dict(state)
     return fresh
+
+
+def is_adapter_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder holding an adapter alone (PEFT's ``adapter_config.json``,
+    no model ``config.json``), such as an export's ``adapter/``."""
+    return os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(
+        os.path.join(path, "config.json")
+    )
+
+
+def load_merged_adapter(path: str | os.PathLike, **load: Any) -> tuple[nn.Module, str]:
+    """The adapter in folder ``path`` on its base (``base_model_name_or_path`` of its config),
+    merged into a plain model; returns it with the base's path (where its tokenizer is).
+    ``load``: ``from_pretrained`` keywords of the base (``dtype``, ``trust_remote_code``)."""
+    from transformers import AutoModelForCausalLM
+
+    peft = _peft()
+    config = peft.PeftConfig.from_pretrained(os.fspath(path))
+    base_path = config.base_model_name_or_path
+    if not base_path:
+        raise ValueError(f"{path}/adapter_config.json names no base_model_name_or_path")
+    base = AutoModelForCausalLM.from_pretrained(base_path, **load)
+    model = peft.PeftModel.from_pretrained(base, os.fspath(path))
+    with torch.no_grad():
+        return model.merge_and_unload(), base_path
 
 
 def export_with_adapter(model: nn.Module, tokenizer: Any, path: str | os.PathLike) -> str:

@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl
 import torch
 
 from coscale.models import gguf
+from coscale.models.adapters import is_adapter_folder, load_merged_adapter
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BUILTIN_PREFIX = "builtin:"
@@ -141,7 +142,8 @@ def load_policy(
 
     Args:
         model: Hub name, folder, ``.gguf`` file or ``builtin:`` spec of a causal LM (see
-            :func:`resolve_model_path`), or an already built ``PreTrainedModel``.
+            :func:`resolve_model_path`), a PEFT adapter folder (merged into the base its
+            config names; the tokenizer is the base's), or an already built ``PreTrainedModel``.
         tokenizer: Name, path or object; defaults to the model's own folder.
         dtype: Weights' dtype name (see :data:`DTYPES`).
         trust_remote_code: Allow code shipped with the model (off unless asked).
@@ -151,9 +153,11 @@ def load_policy(
 
     if isinstance(model, (str, os.PathLike)):
         path = resolve_model_path(os.fspath(model))
-        net = AutoModelForCausalLM.from_pretrained(
-            path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code
-        )
+        load = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code}
+        if is_adapter_folder(path):  # an adapter alone: merged into its base
+            net, path = load_merged_adapter(path, **load)
+        else:
+            net = AutoModelForCausalLM.from_pretrained(path, **load)
     else:
         net, path = model, getattr(getattr(model, "config", None), "_name_or_path", None)
     tok_src = tokenizer if tokenizer is not None else path

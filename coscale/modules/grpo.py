@@ -111,8 +111,6 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             )
         }
         errors = settings_errors(**groups)
-        if peft is not None and groups["rollout"].backend == "vllm":  # no adapter sync yet
-            errors.append("rollout.backend must be cached or hf with peft; got 'vllm'")
         if errors:
             raise ValueError("GRPOModule: " + "; ".join(errors))
         in_memory = not isinstance(model, (str, os.PathLike))

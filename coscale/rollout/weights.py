@@ -3,7 +3,8 @@
 An inference engine loads weights by the names of the HF checkpoint (``model.layers.0...``).
 A trained policy may sit inside wrappers that rename or shard its parameters: DDP, FSDP1
 (``_fsdp_wrapped_module.`` in names, flat sharded storage), FSDP2 (DTensor parameters),
-activation checkpointing, ``torch.compile``, or coscale's own LightningModule (``policy.``).
+activation checkpointing, ``torch.compile``, or coscale's own LightningModule (``policy.``);
+a PEFT LoRA policy is sent merged (:mod:`coscale.models.adapter_weights`).
 `gathered_parameters` undoes all of them; `full_tensor` and `buckets` stream the values.
 """
 
@@ -15,6 +16,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from coscale.models.adapter_weights import merged_named_weights
+from coscale.models.adapters import has_adapter
 from coscale.models.full_state import is_sharded  # noqa: F401  (re-exported)
 
 WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
@@ -59,6 +62,9 @@ def gathered_parameters(model: nn.Module, prefix: str = "policy.") -> Iterator[l
     (FSDP2) are still sharded here: read them with `full_tensor`.
     """
     module = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    if has_adapter(module):  # a LoRA policy: the base's names, the adapter merged in when read
+        yield merged_named_weights(module)
+        return
     with _summon_full(module):
         yield select_weights(list(module.named_parameters()), prefix)
 
