@@ -81,11 +81,22 @@ def uninterrupted(tmp_path_factory):
     return _final(run_dir), runs.commit_labels(commits)
 
 
+def _last_step_of_first_epoch(labels: list[str], stage: str) -> str:
+    """The step checkpoint right before the stage's first epoch-end checkpoint. Resumed from
+    there, Lightning went on without counting the next epoch started; a second kill inside
+    that epoch then repeated it (coscale.stages.epoch_counts)."""
+    end = labels.index(f"{stage} ckpt epoch 0 end")
+    assert labels[end - 1].startswith(f"{stage} ckpt step"), labels[end - 1]
+    return labels[end - 1]
+
+
 def _kill_points(labels: list[str]) -> list[str]:
     """The points to kill at, in the order a run reaches them."""
     points = []
     for stage in ("warmup", "it1/sft", "it1/eval", "it1/rl", "final/retrain", "final"):
         steps = [x for x in labels if x.startswith(f"{stage} ckpt step")]
+        if stage == "it1/rl":  # after its first epoch's last step, before that epoch's end
+            points.append(_last_step_of_first_epoch(labels, stage))
         if stage in ("warmup", "it1/rl", "final/retrain"):
             points.append(steps[len(steps) // 2])  # inside the stage
         if stage in ("it1/sft", "it1/rl"):
@@ -99,8 +110,9 @@ def _kill_points(labels: list[str]) -> list[str]:
 def test_sigkill_at_every_kind_of_commit_point_resumes_to_the_same_result(uninterrupted, tmp_path):
     want, labels = uninterrupted
     points = _kill_points(labels)
-    # every stage that trains is killed inside and after its last step; every stage at its end
-    assert len(points) == 11, points
+    # every stage that trains is killed inside and after its last step, RL also after its first
+    # epoch's last step; every stage at its end
+    assert len(points) == 12, points
     run_dir = tmp_path / "run"
     for point in points:
         assert _run(run_dir, COSCALE_KILL_AT=point) == -signal.SIGKILL, point
@@ -157,8 +169,8 @@ def test_lora_killed_inside_each_training_stage_resumes_to_the_same_result(tmp_p
     points = [
         steps["warmup"][len(steps["warmup"]) // 2],  # inside the first adapter's SFT
         "it1/sft end, before the state file",
-        steps["it1/rl"][len(steps["it1/rl"]) // 2],  # inside RL on the SFT stage's export
-        steps["it1/rl"][-1],  # right after its last-step checkpoint
+        _last_step_of_first_epoch(labels, "it1/rl"),  # inside RL on the SFT stage's export
+        steps["it1/rl"][-1],  # then right after its last-step checkpoint
         steps["final/retrain"][len(steps["final/retrain"]) // 2],
     ]
     assert points == sorted(set(points), key=labels.index) and set(points) <= set(labels), points

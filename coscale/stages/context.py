@@ -19,6 +19,7 @@ from coscale.datamodules.serving import CurriculumDataModule
 from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.loop.curriculum import Curriculum
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
+from coscale.stages.epoch_counts import WholeEpochCounts
 from coscale.stages.precision import resolve_precision
 
 
@@ -70,7 +71,9 @@ class StageContext:
         """One fit of stage ``name``, resumed from its last checkpoint when there is one."""
         ckpt_dir = self.path(name, "ckpt")
         commit = CommitCheckpoint(ckpt_dir, self.cfg.checkpoint_every_n_steps, label=name)
-        trainer = self.trainer(name, [RunState(), *callbacks, commit], epochs, max_steps)
+        trainer = self.trainer(
+            name, [RunState(), WholeEpochCounts(), *callbacks, commit], epochs, max_steps
+        )
         trainer.fit(module, datamodule=data, ckpt_path=commit.last())
 
     def trainer(self, name: str, callbacks: list, epochs: int, max_steps: int | None) -> L.Trainer:
