@@ -16,10 +16,14 @@ A run is one fit of `--steps` steps with a fresh trainer; its figure is the medi
 between step ends. Pairs, ratios and peak memory: see `paired.py`.
 
 Tables (`--tables`): `sizes`, coscale against TRL per model size; `paths`, coscale's
-padding-free batches against its padded path, per size.
+padding-free batches against its padded path, per size; `lora`, per `--lora-sizes` model
+(default SmolLM2-135M and a random Qwen2.5-0.5B shape): coscale's full fine-tune, coscale with a
+LoRA adapter (`SFTModule(peft=...)`) and TRL's `SFTTrainer(peft_config=...)` with the same
+`peft.LoraConfig` (r 16, alpha 32, all-linear), the paired ratio TRL/coscale of the LoRA steps,
+the peaks, and the size of a checkpoint of each coscale fit (`trainer.save_checkpoint`).
 
-Run: `.venv/bin/python benchmarks/bench_sft.py [--tables sizes,paths] [--sizes 0.5M,4M,30M]
-[--batch 8] [--pairs 5]`
+Run: `.venv/bin/python benchmarks/bench_sft.py [--tables sizes,paths,lora] [--sizes 0.5M,4M,30M]
+[--lora-sizes smollm2-135m,qwen2.5-0.5b-shape] [--batch 8] [--pairs 5]`
 """
 
 from __future__ import annotations
@@ -70,12 +74,20 @@ class _NoReward:
         return [0.0] * len(completions)
 
 
-def coscale_run(size: str, data: list[dict], args, padding_free: bool = True):
-    """A function running one fit of `args.steps` steps -> median step seconds."""
+def lora_config():
+    """The adapter both sides train in the `lora` table."""
+    import peft
+
+    return peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
+
+
+def coscale_run(size: str, data: list[dict], args, padding_free: bool = True, peft=None):
+    """A function running one fit of `args.steps` steps -> median step seconds; its
+    ``module`` and last ``trainer`` as attributes (for a checkpoint)."""
     model, tok = build(size)
     module = SFTModule(
         model=model, tokenizer=tok, optimizer={"lr": 1e-5}, max_length=1024, reward=_NoReward(),
-        padding_free=padding_free,
+        padding_free=padding_free, peft=peft,
     )  # fmt: skip
 
     def run(steps: int = args.steps) -> float:
@@ -87,13 +99,14 @@ def coscale_run(size: str, data: list[dict], args, padding_free: bool = True):
         )  # fmt: skip
         loader = DataLoader(data, batch_size=args.batch, collate_fn=list)
         trainer.fit(module, train_dataloaders=loader)
+        run.trainer = trainer
         return median_step(timer.ends)
 
     return run
 
 
-def trl_run(size: str, data: list[dict], args):
-    """The same for TRL's SFTTrainer."""
+def trl_run(size: str, data: list[dict], args, peft=None):
+    """The same for TRL's SFTTrainer (``peft``: its ``peft_config``)."""
     from datasets import Dataset, disable_progress_bar
     from transformers import PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
@@ -126,7 +139,7 @@ def trl_run(size: str, data: list[dict], args):
         timer = Timer()
         trainer = SFTTrainer(
             model=model, args=config, train_dataset=dataset, processing_class=tok,
-            callbacks=[timer],
+            callbacks=[timer], peft_config=peft,
         )  # fmt: skip
         trainer.remove_callback(PrinterCallback)
         trainer.train()
@@ -171,16 +184,53 @@ def paths_table(data: list[dict], args) -> None:
         print_row(size, result, mem_a, mem_b)
 
 
+def checkpoint_bytes(run) -> int:
+    """Bytes of a checkpoint of the last fit of a :func:`coscale_run` runner."""
+    import os
+
+    path = os.path.join(tempfile.mkdtemp(prefix="bench_sft_ckpt_"), "last.ckpt")
+    run.trainer.save_checkpoint(path)
+    size = os.path.getsize(path)
+    os.remove(path)
+    return size
+
+
+def lora_table(data: list[dict], args) -> None:
+    """coscale full, coscale LoRA and TRL LoRA per model; checkpoint sizes full vs LoRA."""
+    print("\n## SFT step with a LoRA adapter (r 16, alpha 32, all-linear)")
+    print("| model | coscale full | coscale LoRA | TRL LoRA | TRL/coscale LoRA (per pair) | "
+          "peak full | peak coscale LoRA | peak TRL LoRA | ckpt full | ckpt LoRA |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for size in args.lora_sizes:
+        full = coscale_run(size, data, args)
+        lora, trl = coscale_run(size, data, args, peft=lora_config()), trl_run(
+            size, data, args, peft=lora_config()
+        )
+        result = paired(lora, trl, args.pairs)
+        full_s = statistics.median(full() for _ in range(args.pairs))
+        mems = [peak_tensor_bytes(lambda r=r: r(1)) for r in (full, lora, trl)]
+        ckpts = [checkpoint_bytes(r) for r in (full, lora)]
+        print(
+            f"| {size} | {full_s * 1e3:,.0f} ms | {statistics.median(result.a) * 1e3:,.0f} ms | "
+            f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} | "
+            f"{' | '.join(mib(m) for m in mems)} | {ckpts[0] / 2**20:,.1f} MiB | "
+            f"{ckpts[1] / 2**20:,.2f} MiB ({ckpts[0] / ckpts[1]:,.0f}x smaller) |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", default="sizes,paths", help="of sizes, paths")
     parser.add_argument("--sizes", default="0.5M,4M,30M")
+    parser.add_argument("--lora-sizes", default="smollm2-135m,qwen2.5-0.5b-shape")
     parser.add_argument("--batch", type=int, default=8, help="pairs per optimizer step")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     args.sizes = [s for s in args.sizes.split(",") if s]
+    args.lora_sizes = [s for s in args.lora_sizes.split(",") if s]
     header(args.threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -192,6 +242,8 @@ def main() -> None:
         sizes_table(data, args)
     if "paths" in tables:
         paths_table(data, args)
+    if "lora" in tables:
+        lora_table(data, args)
 
 
 if __name__ == "__main__":

