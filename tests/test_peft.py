@@ -179,7 +179,7 @@ def test_the_engine_gets_the_merged_weights_under_the_base_names_and_the_base_st
         torch.testing.assert_close(tensor, merged[name], rtol=0, atol=1e-6, msg=name)
     assert not torch.equal(sent["lm_head.weight"], plain.lm_head.weight)  # the trained copy
     assert all(torch.equal(v, _split(module)[0][k]) for k, v in base_before.items())  # untouched
-    with pytest.raises(ValueError, match="peft.use_dora"):
+    with pytest.raises(ValueError, match=r"peft\.use_dora"):
         merged_named_weights(SFTModule(model=str(tiny_model_dir), peft=lora(use_dora=True)).policy)
 
 

@@ -341,6 +341,7 @@ def test_the_schedule_is_built_once_and_each_rl_stage_starts_it_afresh(tmp_path,
 def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
     from coscale.loop.checkpoint_store import switch_to
     from coscale.stages.checkpoint import CommitCheckpoint, RunState
+    from coscale.stages.epoch_counts import WholeEpochCounts
 
     with pytest.raises(ValueError, match="checkpoint_every_n_steps must be an int >= 1, got 0"):
         _pipeline(tmp_path, checkpoint_every_n_steps=0)
@@ -357,8 +358,9 @@ def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
 
     pipe.ctx.trainer = fake_trainer
     pipe.ctx.fit("it1/sft", module=None, data=None, callbacks=[], epochs=1)
-    (state, ckpt), resume = seen
+    (state, counts, ckpt), resume = seen
     assert isinstance(state, RunState) and isinstance(ckpt, CommitCheckpoint)
+    assert isinstance(counts, WholeEpochCounts)
     assert ckpt.every_n_steps == 25 and resume is None
     assert ckpt.dirpath == str(tmp_path / "it1" / "sft" / "ckpt") and ckpt.last() is None
     folder = tmp_path / "it1" / "sft" / "ckpt"

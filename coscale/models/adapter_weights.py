@@ -76,9 +76,8 @@ def merged_named_weights(model: nn.Module) -> list[tuple[str, Any]]:
     saved_copy = f".modules_to_save.{adapter}."
     named: list[tuple[str, Any]] = []
     for name, param in base.named_parameters():
-        if "lora_" in name or ".original_module." in name or ".modules_to_save." in name and (
-            saved_copy not in name
-        ):
+        other_copy = ".modules_to_save." in name and saved_copy not in name
+        if "lora_" in name or ".original_module." in name or other_copy:
             continue  # the adapter's own factors, the frozen copies behind modules_to_save
         owner, _, leaf = name.rpartition(".")
         layer = wrapped.get(owner.removesuffix(".base_layer"))
