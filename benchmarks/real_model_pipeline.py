@@ -8,6 +8,8 @@ with the config's own chat prompt: pass@1 and pass@k with 95% bootstrap interval
 ``--out``.
 
 Run: .venv/bin/python benchmarks/real_model_pipeline.py [--n_test 32] [--k 4] [--reuse]
+A second ``--config`` is laid over the first as ``coscale run`` does, e.g. the LoRA overlay:
+``--config configs/smollm2-135m/pipeline_cpu.yaml --config configs/overlays/lora.yaml``.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ HELD_OUT = ("T2", "T3", "T3x")  # patterns the run trains on; disjoint problems
 EASY = tiers.EASY  # a+b: never trained on
 
 
-def run_pipeline(config: str, overrides: list[str], reuse: bool):
+def run_pipeline(configs: list[str], overrides: list[str], reuse: bool):
     """The pipeline's config and results; runs it unless ``reuse`` finds it finished."""
     parser = pipeline_parser()
-    init = parser.instantiate(parser.parse_args(["--config", config, *overrides]))
+    files = [arg for config in configs for arg in ("--config", config)]
+    init = parser.instantiate(parser.parse_args([*files, *overrides]))
     state = os.path.join(init.pipeline.run_dir, "pipeline_state.json")
     start = time.perf_counter()
     if reuse and os.path.exists(state):
@@ -87,20 +90,21 @@ def write(out: str, text: str, payload: dict) -> None:
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=CONFIG)
+    ap.add_argument("--config", action="append", help=f"default: {CONFIG}; may be repeated")
     ap.add_argument("--out", default="benchmarks/results/smollm2_pipeline")
     ap.add_argument("--n_test", type=int, default=32)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--reuse", action="store_true", help="measure a finished run, do not rerun")
     args, overrides = ap.parse_known_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    cfg, results, seconds, wall = run_pipeline(args.config, overrides, args.reuse)
+    configs = args.config or [CONFIG]
+    cfg, results, seconds, wall = run_pipeline(configs, overrides, args.reuse)
     report = measure_models(cfg, results, args.n_test, args.k)
     precision, why = resolve_precision(dict(cfg.trainer))
     stages = "\n".join(f"| {name} | {s:.0f} |" for name, s in seconds.items())
     total = f"{wall / 60:.1f} min" if wall is not None else "reused run"
     text = (
-        f"# {cfg.model} through `{args.config}`\n\n"
+        f"# {cfg.model} through `{' + '.join(configs)}`\n\n"
         f"Measured {started}: `python benchmarks/real_model_pipeline.py {' '.join(argv)}`; "
         f"{cpu_line()}; {os.cpu_count()} cores; precision {precision.get('precision')} ({why}).\n\n"
         f"Pipeline wall time: {total}.\n\n"

@@ -102,23 +102,26 @@ def smollm2_dir(_coscale_cache):
 
 @pytest.fixture(scope="session")
 def two_rank_runs(tmp_path_factory):
-    """``get(strategy)``: the uninterrupted run of tests/configs/two_ranks.yaml under
-    ``strategy`` (``single``, ``ddp``, ``fsdp2``; see ``tests/runs.py``) as ``(run_dir, labels)``,
-    ``labels`` the commit points it passed. Each runs once per session, on first use: the
-    multi-process tests check these runs, and the kill tests compare their chains with them."""
+    """``get(strategy, *overlays)``: the uninterrupted run of tests/configs/two_ranks.yaml (with
+    the config files ``overlays`` laid over it) under ``strategy`` (``single``, ``ddp``,
+    ``fsdp2``; see ``tests/runs.py``) as ``(run_dir, labels)``, ``labels`` the commit points it
+    passed. Each runs once per session, on first use: the multi-process tests check these runs,
+    and the kill tests compare their chains with them."""
     import runs
 
-    done: dict[str, tuple[Path, list[str]]] = {}
+    done: dict[tuple, tuple[Path, list[str]]] = {}
 
-    def get(strategy: str) -> tuple[Path, list[str]]:
-        if strategy not in done:
-            run_dir = tmp_path_factory.mktemp(strategy) / "run"
+    def get(strategy: str, *overlays: Path) -> tuple[Path, list[str]]:
+        key = (strategy, *overlays)
+        if key not in done:
+            name = "_".join([strategy, *(Path(o).stem for o in overlays)])
+            run_dir = tmp_path_factory.mktemp(name) / "run"
             log, commits = run_dir.parent / "run.log", run_dir.parent / "commits.tsv"
-            cmd = runs.two_ranks_command(run_dir, strategy)
+            cmd = runs.two_ranks_command(run_dir, strategy, *overlays)
             extra = {**runs.TWO_RANK_ENV, "COSCALE_COMMIT_LOG": str(commits)}
             status = runs.run(cmd, log, timeout=500, **extra)
-            assert status == 0, f"{strategy}: {log.read_text()[-3000:]}"
-            done[strategy] = (run_dir, runs.commit_labels(commits))
-        return done[strategy]
+            assert status == 0, f"{name}: {log.read_text()[-3000:]}"
+            done[key] = (run_dir, runs.commit_labels(commits))
+        return done[key]
 
     return get

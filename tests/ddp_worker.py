@@ -33,14 +33,15 @@ def _trainer(strategy="ddp", devices=2, max_steps=-1, **kw) -> L.Trainer:
     return quiet_trainer(max_steps, devices=devices, strategy=strategy, limit_val_batches=0, **kw)
 
 
-def loaded_data(problems: int) -> ProblemDataModule:
-    """``problems`` two-term sums with 2 bank solutions each, loaded (shared with fsdp_worker)."""
+def loaded_data(problems: int, sft_batch_size: int = 4) -> ProblemDataModule:
+    """``problems`` two-term sums with 2 bank solutions each, loaded (shared with fsdp_worker);
+    ``sft_batch_size`` pairs per rank and step."""
     rows = [
         p.to_dict() | {"solutions": arithmetic.solutions_of(p, 2)}
         for p in arithmetic.generate(problems, (2,), 5, "d")
     ]
     dm = ProblemDataModule(
-        train=rows, sft_batch_size=4, batch_size=2, bank_solutions=2, curriculum={"seed": 1}
+        train=rows, sft_batch_size=sft_batch_size, batch_size=2, bank_solutions=2, curriculum={"seed": 1}
     )
     dm.load()
     return dm

@@ -5,9 +5,10 @@ ReDistillation callback under FSDP2 (Lightning's ``ModelParallelStrategy``, ``fu
 decoder layer), each followed by an export; rank 0 saves the gathered weights
 (``<out>/{sft,grpo}_gathered.pt``) and every rank writes what it saw to ``<out>/rank<r>.json``. Lightning launches rank 1 by running this script again.
 
-``lora <model_dir> <out> [ddp|fsdp2]``: an SFT fit of a LoRA adapter and its export (merged
-weights plus ``adapter/``), with the gathered weights of the adapted policy beside it, then a GRPO
-fit of a new adapter with a KL term to the base and its export; under FSDP2 (default) or DDP.
+``lora <model_dir> <out> [ddp|fsdp2|single]``: an SFT fit of a LoRA adapter and its export
+(merged weights plus ``adapter/``), with the gathered weights of the adapted policy beside it,
+then a GRPO fit of a new adapter with a KL term to the base and its export; under FSDP2
+(default), DDP, or in one process with the 2 ranks' SFT batch (``single``).
 
 ``lockstep <model_dir> <out>``: the cached-decode backend on a ``fully_shard``ed policy, where
 every row of rank 0 ends at its first token and rank 1 decodes to the token limit; rank 1's
@@ -37,6 +38,10 @@ def _trainer(**kw) -> L.Trainer:
 
     fsdp2 = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
     return ddp_trainer(strategy=fsdp2, **kw)
+
+
+def _single(**kw) -> L.Trainer:
+    return ddp_trainer(strategy="auto", devices=1, **kw)
 
 
 def _gathered(module, path: str) -> int:
@@ -76,15 +81,16 @@ def fits(model_dir: str, out: str) -> None:
 def lora(model_dir: str, out: str, strategy: str = "fsdp2") -> None:
     """An SFT fit of a LoRA adapter, its export, then a GRPO fit of a new adapter with the KL
     to the base (the policy with its adapter off) and its export, under ``strategy`` (``ddp``
-    or ``fsdp2``); rank 0 saves the gathered weights of the SFT policy (``lora_gathered.pt``)."""
+    or ``fsdp2``; ``single``: one process, each SFT step on the pairs of both ranks' steps);
+    rank 0 saves the gathered weights of the SFT policy (``lora_gathered.pt``)."""
     import peft
 
     from coscale.rl.losses import GRPOLoss
 
     torch.set_num_threads(1)
-    trainer = _trainer if strategy == "fsdp2" else ddp_trainer
+    trainer = {"fsdp2": _trainer, "ddp": ddp_trainer, "single": _single}[strategy]
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
-    dm = loaded_data(8)
+    dm = loaded_data(8, sft_batch_size=8 if strategy == "single" else 4)
     sft = SFTModule(model=model_dir, optimizer={"lr": 1e-2}, peft=config)
     trainer(max_steps=2).fit(sft, datamodule=dm)
     tensors = _gathered(sft, os.path.join(out, "lora_gathered.pt"))

@@ -35,15 +35,17 @@ def command(config: Path, run_dir: Path, *extra: str) -> list[str]:
     return [*cmd, "--pipeline.run_dir", str(run_dir), "--pipeline.logger", "csv", *extra]
 
 
-def two_ranks_command(run_dir: Path, strategy: str) -> list[str]:
-    """tests/configs/two_ranks.yaml under ``strategy`` (a key of :data:`STRATEGIES`)."""
+def two_ranks_command(run_dir: Path, strategy: str, *overlays: Path) -> list[str]:
+    """tests/configs/two_ranks.yaml (then each of ``overlays``) under ``strategy`` (a key of
+    :data:`STRATEGIES`)."""
     trainer = "{accelerator: cpu, precision: 32-true}"
     if STRATEGIES[strategy] is not None:
         trainer = (
             "{accelerator: cpu, precision: 32-true, devices: 2, "
             f"strategy: {STRATEGIES[strategy]}}}"
         )
-    return command(TWO_RANKS, run_dir, "--pipeline.trainer", trainer)
+    more = [arg for overlay in overlays for arg in ("--config", str(overlay))]
+    return command(TWO_RANKS, run_dir, *more, "--pipeline.trainer", trainer)
 
 
 def env(**extra: str) -> dict[str, str]:

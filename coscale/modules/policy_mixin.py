@@ -144,8 +144,13 @@ class PolicyMixin:
 
 
 def shard_policy(policy: torch.nn.Module, mesh: Any) -> torch.nn.Module:
-    """FSDP2: each decoder block (the model's ``_no_split_modules``), then the whole policy,
-    sharded over ``mesh["data_parallel"]``; a policy sharded already is left as is."""
+    """FSDP2: each decoder block (the model's ``_no_split_modules``), then the whole model,
+    sharded over ``mesh["data_parallel"]``; a policy sharded already is left as is.
+
+    Under an adapter the root unit is the Hugging Face model inside PEFT's wrapper, not the
+    wrapper: PEFT's ``generate`` calls that model directly, and a root hook on the wrapper would
+    never gather the embeddings and head for it (every parameter lives inside that model).
+    """
     if getattr(policy, "_is_fsdp_managed_module", False):
         return policy
     from torch.distributed.fsdp import fully_shard
@@ -154,7 +159,8 @@ def shard_policy(policy: torch.nn.Module, mesh: Any) -> torch.nn.Module:
     for module in policy.modules():
         if type(module).__name__ in blocks:
             fully_shard(module, mesh=mesh["data_parallel"])
-    fully_shard(policy, mesh=mesh["data_parallel"])
+    root = policy.get_base_model() if has_adapter(policy) else policy
+    fully_shard(root, mesh=mesh["data_parallel"])
     policy._is_fsdp_managed_module = True  # HF generate keeps ranks in lockstep
     return policy
 

@@ -1,6 +1,8 @@
 """SFTModule: supervised fine-tuning of a causal LM on (prompt, solution) pairs.
 
-The loss is the token mean over the solution tokens only (the prompt is context, not target).
+The loss is the token mean over the solution tokens only (the prompt is context, not target),
+over the whole global batch on several ranks (as one process with every rank's pairs computes
+it; not the mean of the ranks' own token means).
 Used for the warm-up, for data scaling (many solutions per hard problem), re-distillation and
 the final retrain; batches are lists of ``{"question", "solution"}`` dicts from
 :class:`~coscale.datamodules.ProblemDataModule` or any loader that yields the same.
@@ -27,7 +29,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from coscale.checks import as_group, at_least, group_errors
-from coscale.distributed import rank_world
+from coscale.distributed import rank_world, sum_over_ranks
 from coscale.models.adapters import as_peft_config, config_fields
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.feed import curriculum_of
@@ -170,7 +172,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
             enc["attention_mask"].sum().item() / (time.perf_counter() - start),
             batch_size=len(batch),
         )
-        return loss
+        return loss * _token_share(n_tokens)
 
     def batch_loss(self, enc: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int, dict]:
         """(loss, solution tokens, parts to log) of one encoded batch: the solution tokens'
@@ -349,3 +351,14 @@ def _default_reward() -> Any:
     from coscale.scoring.rewards import MathReward
 
     return MathReward()
+
+
+def _token_share(n_tokens: int) -> float:
+    """This rank's solution tokens over the ranks' mean: a rank's token-mean loss times it has
+    the gradient that DDP's average over ranks (FSDP2's reduce-scatter likewise) turns into the
+    gradient of the global batch's token mean. 1.0 in one process. Every rank calls it (a
+    collective)."""
+    world = rank_world()[1]
+    if world == 1:
+        return 1.0
+    return n_tokens * world / max(sum_over_ranks(float(n_tokens)), 1.0)
