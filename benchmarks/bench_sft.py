@@ -203,8 +203,9 @@ def lora_table(data: list[dict], args) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for size in args.lora_sizes:
         full = coscale_run(size, data, args)
-        lora, trl = coscale_run(size, data, args, peft=lora_config()), trl_run(
-            size, data, args, peft=lora_config()
+        lora, trl = (
+            coscale_run(size, data, args, peft=lora_config()),
+            trl_run(size, data, args, peft=lora_config()),
         )
         result = paired(lora, trl, args.pairs)
         full_s = statistics.median(full() for _ in range(args.pairs))

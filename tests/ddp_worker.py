@@ -41,7 +41,11 @@ def loaded_data(problems: int, sft_batch_size: int = 4) -> ProblemDataModule:
         for p in arithmetic.generate(problems, (2,), 5, "d")
     ]
     dm = ProblemDataModule(
-        train=rows, sft_batch_size=sft_batch_size, batch_size=2, bank_solutions=2, curriculum={"seed": 1}
+        train=rows,
+        sft_batch_size=sft_batch_size,
+        batch_size=2,
+        bank_solutions=2,
+        curriculum={"seed": 1},
     )
     dm.load()
     return dm

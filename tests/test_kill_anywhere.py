@@ -181,7 +181,9 @@ def test_lora_killed_inside_each_training_stage_resumes_to_the_same_result(tmp_p
     got = _final(run_dir)
     _assert_same(got, want)
     ref_adapters, adapters = _adapters(ref_dir, want[0]), _adapters(run_dir, got[0])
-    assert ref_adapters.keys() == adapters.keys() == {"warmup", "it1/sft", "it1/rl", "final/retrain"}
+    assert (
+        ref_adapters.keys() == adapters.keys() == {"warmup", "it1/sft", "it1/rl", "final/retrain"}
+    )
     for stage, tensors in ref_adapters.items():
         for name, tensor in tensors.items():
             assert torch.equal(adapters[stage][name], tensor), (stage, name)

@@ -183,7 +183,6 @@ def test_the_engine_gets_the_merged_weights_under_the_base_names_and_the_base_st
         merged_named_weights(SFTModule(model=str(tiny_model_dir), peft=lora(use_dora=True)).policy)
 
 
-
 def test_the_callers_config_is_left_for_the_next_module(tiny_model_dir):
     config = lora(target_modules=["q_proj", "v_proj"])
     first = SFTModule(model=str(tiny_model_dir), peft=config)
@@ -279,7 +278,14 @@ def test_coscale_eval_takes_the_merged_folder_or_the_adapter_alone(
     for name, folder in (("merged", "model"), ("adapter", f"model/{ADAPTER_FOLDER}")):
         out = tmp_path / f"{name}.json"
         flags = ["--eval.model", str(tmp_path / folder), "--eval.benchmarks", benchmarks]
-        flags += ["--eval.prompt", '{"template": "Q:{question}\\nA:"}', "--eval.samples", "2", "--eval.k", "[1, 2]"]
+        flags += [
+            "--eval.prompt",
+            '{"template": "Q:{question}\\nA:"}',
+            "--eval.samples",
+            "2",
+            "--eval.k",
+            "[1, 2]",
+        ]
         flags += ["--eval.max_new_tokens", "6", "--eval.logger", "none", "--eval.seed", "1"]
         flags += ["--eval.device", "cpu", "--eval.output", str(out)]
         assert main(["eval", *flags]) == 0

@@ -211,7 +211,9 @@ def test_a_lora_grpo_fit_syncs_the_merged_weights_and_keeps_parity(model32_dir):
         rollout={"backend": "vllm", "options": {"engine": {"dtype": "float32"}}},
         peft=LoraConfig(r=4, lora_alpha=16, target_modules="all-linear"),
     )
-    frozen = {n: p.detach().clone() for n, p in module.policy.named_parameters() if "lora_" not in n}
+    frozen = {
+        n: p.detach().clone() for n, p in module.policy.named_parameters() if "lora_" not in n
+    }
     watch = _Watch()
     trainer = _trainer(3)
     trainer.callbacks.append(watch)
@@ -219,7 +221,9 @@ def test_a_lora_grpo_fit_syncs_the_merged_weights_and_keeps_parity(model32_dir):
     assert trainer.global_step == 3
     lora_b = [p for n, p in module.policy.named_parameters() if "lora_B" in n]
     assert lora_b and all(p.abs().sum() > 0 for p in lora_b)  # the adapter moved off zero
-    assert all(torch.equal(p, frozen[n]) for n, p in module.policy.named_parameters() if n in frozen)
+    assert all(
+        torch.equal(p, frozen[n]) for n, p in module.policy.named_parameters() if n in frozen
+    )
     versions = [version for version, _ in watch.parity]
     assert sorted(set(versions)) == [1, 2, 3, 4], versions  # a merged sync after every step
     assert all(r.ok and r.mean_abs < 1e-4 for _, r in watch.parity), watch.parity

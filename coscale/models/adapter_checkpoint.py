@@ -30,9 +30,7 @@ FINGERPRINT_KEY = "coscale_frozen_base"
 def frozen_keys(module: nn.Module) -> list[str]:
     """The ``state_dict`` names of ``module``'s frozen parameters (tied ones under each name)."""
     return sorted(
-        name
-        for name, p in module.named_parameters(remove_duplicate=False)
-        if not p.requires_grad
+        name for name, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad
     )
 
 
