@@ -231,6 +231,42 @@ def test_a_lora_grpo_fit_syncs_the_merged_weights_and_keeps_parity(model32_dir):
     assert engine == hf
 
 
+def test_a_lora_grpo_fit_syncs_the_adapter_alone_and_keeps_parity(model32_dir):
+    """``sync.adapter: lora``: the engine keeps its base and gets the adapter as a vLLM LoRA
+    request after every step; parity after every sync, greedy output equal to the trainer's."""
+    pytest.importorskip("peft", reason="install coscale[peft]")
+    from peft import LoraConfig
+    from test_modules import CharCountReward, _rl_dm, _trainer
+
+    from coscale.modules import GRPOModule
+
+    options = {"engine": {"dtype": "float32"}, "sync": {"adapter": "lora"}}
+    module = GRPOModule(
+        model=str(model32_dir),
+        reward=CharCountReward(),
+        optimizer={"lr": 0.05},
+        sampling={"max_new_tokens": 8, "temperature": 1.0},
+        rollout={"backend": "vllm", "options": options},
+        peft=LoraConfig(r=4, lora_alpha=16, target_modules="all-linear"),
+    )
+    watch = _Watch()
+    trainer = _trainer(3)
+    trainer.callbacks.append(watch)
+    trainer.fit(module, datamodule=_rl_dm([4, 4, 4, 4], batch_size=2))
+    assert trainer.global_step == 3
+    book = module._backend.book
+    lora = [n for n, _ in module.policy.named_parameters() if "lora_" in n]
+    assert book.last.tensors == len(lora) and all("lora_" in n for n in book.names)
+    full = sum(p.numel() * p.element_size() for p in module.policy.parameters())
+    assert book.last.bytes < full / 4  # the adapter's factors, not the model
+    assert module._backend._args["enable_lora"] and module._backend._args["max_lora_rank"] == 8
+    versions = [version for version, _ in watch.parity]
+    assert sorted(set(versions)) == [1, 2, 3, 4], versions  # an adapter sync after every step
+    assert all(r.ok and r.mean_abs < 1e-4 for _, r in watch.parity), watch.parity
+    engine, hf = watch.greedy  # the engine samples the adapted policy the trainer trains
+    assert engine == hf
+
+
 def test_ddp_on_two_cpu_ranks_with_one_engine_per_rank(model32_dir, tmp_path):
     from runs import worker_ranks
 

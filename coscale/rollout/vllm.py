@@ -9,6 +9,8 @@ vllm. Per training step:
 2. ``update_weights(model)`` after the optimiser step, on every rank (FSDP: pass the FSDP root,
    outside any forward pass): gather full weights, load them in buckets, each engine call
    under ``sync.timeout_s``, reset the prefix cache, book the sync (`vllm_sync.SyncBook`).
+   A LoRA policy with ``sync.adapter: lora``: the adapter alone, as a LoRA request
+   (`vllm_lora`), which every later sampling call names.
 3. Parity check after the 1st sync and every ``parity.every``-th one, at the start of the next
    ``generate`` (where the policy's forward pass is allowed under FSDP): engine and trainer
    log-probs of freshly sampled tokens (temperature 1) must agree within ``parity.atol``.
@@ -31,6 +33,7 @@ from typing import Any
 from torch import nn
 
 from coscale.distributed import world_size
+from coscale.models.adapters import has_adapter
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
 from coscale.rollout.vllm_cpu import check_head_size, check_sleep_level, kv_cache_bytes
 from coscale.rollout.vllm_engine import (
@@ -42,6 +45,12 @@ from coscale.rollout.vllm_engine import (
 )
 from coscale.rollout.vllm_host import seeded_rng_guard
 from coscale.rollout.vllm_launch import check_installed
+from coscale.rollout.vllm_lora import (
+    AdapterSync,
+    check_lora_policy,
+    lora_engine_kwargs,
+    lora_policy,
+)
 from coscale.rollout.vllm_parity import (
     ParityResult,
     check_verdict,
@@ -106,6 +115,11 @@ class VLLMBackend(RolloutBackend):
         )
         if engine.dtype is None:  # the trainer's precision, as far as the policy tells
             engine = replace(engine, dtype="auto" if policy is None else engine_dtype(policy))
+        self._adapters = None  # sync.adapter=lora: the adapter alone, as a LoRA request
+        if sync.adapter == "lora" and policy is not None and has_adapter(policy):
+            lora = lora_engine_kwargs(check_lora_policy(policy))
+            engine = replace(engine, kwargs={**lora, **engine.kwargs})
+            self._adapters = AdapterSync()
         kv_bytes = None if engine.kv_cache_gib is None else int(engine.kv_cache_gib * 2**30)
         if engine_factory is None:  # fail at choice time, not at the first rollout
             check_installed(logprobs)
@@ -154,6 +168,8 @@ class VLLMBackend(RolloutBackend):
         if engine is None:
             return
         self._awake, self._weights_valid = {"weights", "kv_cache"}, self.policy is None
+        if self._adapters is not None:
+            self._adapters.forget_engine()
         engine.shutdown()
 
     @property
@@ -184,8 +200,11 @@ class VLLMBackend(RolloutBackend):
         timeout, prefix = self.sync_settings.timeout_s, self.sync_settings.param_prefix
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wake(("weights",), remaining(deadline))
-        bucket_bytes = int(self.sync_settings.bucket_mb * 2**20)
-        push_weights(self.engine, model, self.book, prefix, bucket_bytes, deadline)
+        if self._adapters is not None:
+            self._adapters.push(self.engine, lora_policy(model, self.policy), self.book, deadline)
+        else:
+            bucket_bytes = int(self.sync_settings.bucket_mb * 2**20)
+            push_weights(self.engine, model, self.book, prefix, bucket_bytes, deadline)
         self._weights_valid = True
         if self.policy is not None:
             self._fingerprint = params_fingerprint(self.policy)
@@ -244,7 +263,9 @@ class VLLMBackend(RolloutBackend):
     ) -> Rollouts:
         requests = build_requests(prompt_ids, counts, sampling, self.eos_token_ids, self.honor_seed)
         with seeded_rng_guard(sampling.seed):  # a seeded call leaves the global RNG alone
-            completions = collect_completions(requests, self.engine.generate(requests))
+            slot = None if self._adapters is None else self._adapters.slot
+            lora = {} if slot is None else {"lora": slot}  # the base until the first sync
+            completions = collect_completions(requests, self.engine.generate(requests, **lora))
         decode = partial(self.tokenizer.decode, skip_special_tokens=True)
         pad, eos = self.tokenizer.pad_token_id, self.eos_token_ids
         return assemble_rollouts(prompt_ids, completions, pad, eos, sampling.stop, decode)

@@ -1,8 +1,8 @@
 """Where coscale touches vLLM's API: building a colocated `vllm.LLM`, driving it, stopping it.
 
 `VLLMEngine` wraps `vllm.LLM` behind a few small methods (generate, begin_load / load_weights /
-end_load, sleep, wake_up, reset_prefix_cache, logprobs_mode, logprobs_match, version,
-shutdown). `VLLMBackend`
+end_load, add_lora / remove_lora, sleep, wake_up, reset_prefix_cache, logprobs_mode,
+logprobs_match, version, shutdown). `VLLMBackend`
 talks only to those (and `start_engine` builds one), so a test can hand it a fake engine, and an
 API change of vLLM is fixed here (or in `vllm_versions`, for what differs between versions).
 vLLM is imported when an engine is built, never when coscale is imported.
@@ -169,11 +169,22 @@ class VLLMEngine:
         self.version = version  # vllm.__version__; decides what its log-probs mean
         self.layerwise, self.host = layerwise, host
 
-    def generate(self, requests: Sequence[Request]) -> list[Any]:
-        """One `RequestOutput` per request, in request order."""
+    def generate(self, requests: Sequence[Request], lora: Any = None) -> list[Any]:
+        """One `RequestOutput` per request, in request order; ``lora`` (a `vllm_lora.LoraSlot`
+        added with `add_lora`) samples with that adapter on the base."""
         prompts = [{"prompt_token_ids": list(r.token_ids)} for r in requests]
         params = [self.sampling_params_cls(**r.params) for r in requests]
-        return list(self.llm.generate(prompts, params, use_tqdm=False))
+        extra = {} if lora is None else {"lora_request": _lora_request(lora)}
+        return list(self.llm.generate(prompts, params, use_tqdm=False, **extra))
+
+    def add_lora(self, slot: Any) -> bool:
+        """Loads the adapter saved at ``slot.path`` under ``slot.id`` (an engine started with
+        ``enable_lora``)."""
+        return bool(self.llm.llm_engine.add_lora(_lora_request(slot)))
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Drops adapter ``lora_id`` (False when the engine had dropped it already)."""
+        return bool(self.llm.llm_engine.remove_lora(lora_id))
 
     def begin_load(self) -> None:
         """Opens a weight load on every worker (`vllm_reload.start_load`)."""
@@ -238,6 +249,12 @@ class VLLMEngine:
             host.restore_threads()  # not the RNGs: the trainer drew from them since
             host.restore_environment()
         restore_lazy_environment()
+
+
+def _lora_request(slot: Any) -> Any:
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(slot.name, slot.id, slot.path)
 
 
 def resolve_tokenizer(tokenizer: Any, model: str) -> Any:

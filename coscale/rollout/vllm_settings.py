@@ -26,6 +26,7 @@ from coscale.checks import as_group, at_least, group_errors, is_number, one_of
 
 LOGPROB_SOURCES = ("auto", "engine", "trainer")
 STALE_ACTIONS = ("sync", "error", "ignore")
+ADAPTER_SYNCS = ("merged", "lora")
 OPTIONS = "rollout.options"
 """Where the settings stand in YAML: the prefix of every error."""
 
@@ -83,16 +84,23 @@ class Sync:
             ``update_weights`` (``policy.`` in coscale's LightningModules).
         on_stale: In one process, a policy changed since the last sync is synced before
             sampling (``sync``), refused (``error``) or sampled from as it is (``ignore``).
+        adapter: How a PEFT LoRA policy reaches the engine: ``merged`` sends every weight with
+            the adapter merged in (the base's names, one tensor at a time; any LoRA);
+            ``lora`` sends the adapter alone as a vLLM LoRA request (the engine keeps its base;
+            a sync costs the adapter's size; no ``modules_to_save``, unsharded policies;
+            `vllm_lora`). Ignored without an adapter.
     """
 
     timeout_s: float | None = 600.0
     bucket_mb: int = 1024
     param_prefix: str = "policy."
     on_stale: str = "sync"
+    adapter: str = "merged"
 
     def errors(self) -> list[str]:
         errors = at_least(0, float, strict=True, optional=True, timeout_s=self.timeout_s)
         errors += at_least(1, bucket_mb=self.bucket_mb)
+        errors += one_of(ADAPTER_SYNCS, adapter=self.adapter)
         return errors + one_of(STALE_ACTIONS, on_stale=self.on_stale)
 
 
