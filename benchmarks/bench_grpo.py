@@ -18,10 +18,15 @@ generation, reward, update and the framework's own work are all in). Pairs, rati
 memory: see `paired.py`.
 
 Tables: `sizes` (coscale vs TRL per model size), `sweep` (coscale vs TRL as N grows, at
-`--sweep-size`), `paths` (coscale vs coscale with one speed path off). Each run of the script
+`--sweep-size`), `paths` (coscale vs coscale with one speed path off), `lora` (per
+`--lora-sizes` model: coscale's full fine-tune, coscale with a LoRA adapter, `GRPOModule(peft=...)`,
+and TRL's `GRPOTrainer(peft_config=...)` with the same `peft.LoraConfig` as `bench_sft.py`'s, r 16,
+alpha 32, all-linear; the paired ratio TRL/coscale of the LoRA steps and the three peaks). Each run of the script
 should stay under ~10 minutes on the 2-core machine, hence two commands:
 `.venv/bin/python benchmarks/bench_grpo.py --tables sizes,paths` and
-`.venv/bin/python benchmarks/bench_grpo.py --tables sweep --prompts 2`.
+`.venv/bin/python benchmarks/bench_grpo.py --tables sweep --prompts 2`; the LoRA table on SmolLM2
+and the Qwen2.5-0.5B shape with short rollouts:
+`.venv/bin/python benchmarks/bench_grpo.py --tables lora --prompts 2 --n 4 --new-tokens 16 --pairs 3`.
 """
 
 from __future__ import annotations
@@ -77,9 +82,9 @@ def trl_reward(prompts, completions, **_):
     return spread(completions)
 
 
-def coscale_run(size: str, n: int, args, **paths: bool):
+def coscale_run(size: str, n: int, args, peft=None, **paths: bool):
     """A function running one fit of `args.steps` steps -> median step seconds; ``paths``
-    turns speed paths of :data:`PLAIN` off."""
+    turns speed paths of :data:`PLAIN` off; ``peft``: a LoRA adapter instead of every weight."""
     model, tok = build(size)
     cached = paths.pop("cached_rollouts", True)
     rollout = (
@@ -91,6 +96,7 @@ def coscale_run(size: str, n: int, args, **paths: bool):
         sampling={"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0},
         update={"scale_rewards": "group", "max_grad_norm": 1.0, "num_iterations": 1,
                 "micro_batch_size": min(args.micro_batch, args.prompts * n)},
+        peft=peft,
     )  # fmt: skip
     for name, on in paths.items():
         setattr(module, name, on)
@@ -111,8 +117,8 @@ def coscale_run(size: str, n: int, args, **paths: bool):
     return run
 
 
-def trl_run(size: str, n: int, args):
-    """The same for TRL's GRPOTrainer."""
+def trl_run(size: str, n: int, args, peft=None):
+    """The same for TRL's GRPOTrainer (``peft``: its ``peft_config``)."""
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -147,7 +153,7 @@ def trl_run(size: str, n: int, args):
         timer = Timer()
         trainer = GRPOTrainer(
             model=model, reward_funcs=trl_reward, args=config, train_dataset=dataset,
-            processing_class=tok, callbacks=[timer],
+            processing_class=tok, callbacks=[timer], peft_config=peft,
         )  # fmt: skip
         trainer.remove_callback(PrinterCallback)  # no metrics dict printed at the end
         trainer.train()
@@ -202,12 +208,38 @@ def paths_table(args) -> None:
         )
 
 
+def lora_table(args) -> None:
+    """coscale full, coscale LoRA and TRL LoRA per model: steps, LoRA ratio, peaks."""
+    from bench_sft import lora_config
+
+    n = args.n
+    print(f"\n## GRPO step with a LoRA adapter (r 16, alpha 32, all-linear): {args.prompts} "
+          f"prompts x N={n}, {args.new_tokens} new tokens")  # fmt: skip
+    print("| model | coscale full | coscale LoRA | TRL LoRA | TRL/coscale LoRA (per pair) | "
+          "peak full | peak coscale LoRA | peak TRL LoRA |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for size in args.lora_sizes.split(","):
+        full = coscale_run(size, n, args)
+        lora = coscale_run(size, n, args, peft=lora_config())
+        trl = trl_run(size, n, args, peft=lora_config())
+        result = paired(lora, trl, args.pairs)
+        full_s = statistics.median(full() for _ in range(args.pairs))
+        mems = [mib(peak_tensor_bytes(lambda r=r: r(1))) for r in (full, lora, trl)]
+        print(
+            f"| {size} | {full_s * 1e3:,.0f} ms | {statistics.median(result.a) * 1e3:,.0f} ms | "
+            f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} | "
+            f"{' | '.join(mems)} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tables", default="sizes,paths", help="of sizes, sweep, paths")
+    parser.add_argument("--tables", default="sizes,paths", help="of sizes, sweep, paths, lora")
     parser.add_argument("--sizes", default="0.5M,4M,30M")
     parser.add_argument("--n", type=int, default=8, help="rollouts per prompt (sizes, paths)")
     parser.add_argument("--sweep-size", default="4M", help="model of the N sweep and paths")
+    parser.add_argument("--lora-sizes", default="smollm2-135m,qwen2.5-0.5b-shape")
     parser.add_argument("--sweep-n", default="8,16,32,64")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -241,6 +273,8 @@ def main() -> None:
         print(f"# {TRL_WORKSPACE}")
     if "paths" in tables:
         paths_table(args)
+    if "lora" in tables:
+        lora_table(args)
 
 
 if __name__ == "__main__":
