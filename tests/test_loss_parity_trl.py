@@ -72,7 +72,7 @@ LOSSES = {
     "cispo": ({"loss_type": "cispo", "epsilon_high": 1.3}, CISPOLoss, {"max_weight": 1.3}),
 }
 TERMS = {"plain": (0.0, 0.0), "kl+entropy": (0.04, 0.01)}  # (beta, entropy_coef)
-# (B, T, completion lengths): right padding, one shape with an empty completion
+# (R x T: completion lengths): right padding, one shape with an empty completion
 SHAPES = {"4x7": [7, 3, 0, 5], "6x12": [12, 1, 9, 4, 12, 6]}
 
 
@@ -109,22 +109,22 @@ def _model():
 
 
 def _batch(lengths: list[int], seed: int):
-    """Random float32 inputs for B = len(lengths) completions of T = max(lengths) tokens; the
+    """Random float32 inputs for R = len(lengths) rollouts of T = max(lengths) completion tokens; the
     padding holds values of the same spread (both sides must ignore them)."""
     gen = torch.Generator().manual_seed(seed)
     b, t = len(lengths), max(lengths)
     randn = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
-    old = -torch.rand(b, t, generator=gen) * 3  # [B, T] trainer's old log-probs
-    drift = 0.3 * randn(b, 1)  # [B, 1] a row's shift: GSPO's sequence ratios leave the clip range
+    old = -torch.rand(b, t, generator=gen) * 3  # [R, T] trainer's old log-probs
+    drift = 0.3 * randn(b, 1)  # [R, 1] a row's shift: GSPO's sequence ratios leave the clip range
     return {
-        "mask": (torch.arange(t) < torch.tensor(lengths)[:, None]).long(),  # [B, T]
-        "logp": old + 0.3 * randn(b, t) + drift,  # [B, T] current policy
+        "mask": (torch.arange(t) < torch.tensor(lengths)[:, None]).long(),  # [R, T]
+        "logp": old + 0.3 * randn(b, t) + drift,  # [R, T] current policy
         "old": old,
-        "ref": old + 0.2 * randn(b, t),  # [B, T] reference policy
-        "engine": old + 0.5 * randn(b, t),  # [B, T] the engine's view of the sampled tokens
-        "entropy": 2 * torch.rand(b, t, generator=gen),  # [B, T]
-        "advantages": randn(b).abs() * drift.squeeze(1).sign(),  # [B] the clip's side
-        "rewards": torch.rand(b, 1, generator=gen),  # [B, 1] one reward function
+        "ref": old + 0.2 * randn(b, t),  # [R, T] reference policy
+        "engine": old + 0.5 * randn(b, t),  # [R, T] the engine's view of the sampled tokens
+        "entropy": 2 * torch.rand(b, t, generator=gen),  # [R, T]
+        "advantages": randn(b).abs() * drift.squeeze(1).sign(),  # [R] the clip's side
+        "rewards": torch.rand(b, 1, generator=gen),  # [R, 1] one reward function
     }
 
 
@@ -231,7 +231,7 @@ def test_mismatch_correction_equals_trls(loss, mode, level):
     assert torch.equal(inputs["completion_mask"], x["mask"])
     assert torch.equal(inputs["old_per_token_logps"], x["old"])
     trl = _trl_loss(stub, x, inputs)
-    engine = torch.where(x["mask"].bool(), x["engine"], 0)  # [B, T] as a Rollouts holds them
+    engine = torch.where(x["mask"].bool(), x["engine"], 0)  # [R, T] as a Rollouts holds them
     loss_fn = _coscale(loss, 0.04, 0.01, mismatch)
     *ours, metrics = _coscale_loss(loss_fn, x, inputs["advantages"], engine)
     assert 0 < metrics["is_capped"] < 1, metrics  # the cap acts on some tokens, not all
@@ -245,9 +245,9 @@ def test_mismatch_correction_equals_trls(loss, mode, level):
         # terms are per token in both, the same.
         keep = x["mask"].bool()
         no_terms = _coscale(loss, 0.0, 0.0, mismatch)
-        policy = _coscale_loss(no_terms, x, inputs["advantages"], engine)[1]  # [B, T]
-        rows = policy.sum(1, keepdim=True) / keep.sum(1, keepdim=True)  # [B, 1]
-        ours[1] = ours[1] - policy + torch.where(keep, rows, 0)  # [B, T]
+        policy = _coscale_loss(no_terms, x, inputs["advantages"], engine)[1]  # [R, T]
+        rows = policy.sum(1, keepdim=True) / keep.sum(1, keepdim=True)  # [R, 1]
+        ours[1] = ours[1] - policy + torch.where(keep, rows, 0)  # [R, T]
         assert float((policy - torch.where(keep, rows, 0)).abs().max()) > 1e-3  # not the same
     _assert_same(trl, ours, f"{loss} {mode} {level}")
 

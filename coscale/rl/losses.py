@@ -41,7 +41,8 @@ __all__ = [
 
 
 class GRPOLoss(PolicyLoss):
-    """GRPO: mean over sequences of the token mean within each sequence (``num_tokens`` unused)."""
+    """GRPO: mean over sequences of the token mean within each sequence (``num_tokens`` only
+    normalises the entropy bonus, a token mean like every loss's)."""
 
     name = "grpo"
 
