@@ -1,4 +1,5 @@
-"""Tests for coscale.rl.losses: every variant against values worked out by hand."""
+"""Tests for coscale.rl.losses: every variant, the mismatch correction and the entropy bonus
+against values worked out by hand (tests/test_loss_parity_trl.py runs TRL's own code)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import torch
 
 from coscale.rl.losses import (
     LOSSES,
+    CISPOLoss,
     DAPOLoss,
     DrGRPOLoss,
     GRPOLoss,
+    GSPOLoss,
     LossOutput,
+    Mismatch,
     PolicyLoss,
     build_loss,
 )
@@ -40,7 +44,8 @@ OLD = [[-0.3, -1.2, -0.5], [-2.0, -0.1, -0.7]]
 MASK = [[1, 1, 1], [1, 1, 0]]
 ADV = [1.0, -2.0]
 EXPECTED = {"grpo": 7 / 15, "dr_grpo": 0.9 / 8, "dapo": 0.18}
-KWARGS = {"grpo": {}, "dr_grpo": {"max_tokens": 4}, "dapo": {}}
+KWARGS = {"grpo": {}, "dr_grpo": {"max_tokens": 4}, "dapo": {}, "gspo": {}, "cispo": {}}
+ALL = sorted(KWARGS)
 
 
 def _inputs(dtype=F64):
@@ -149,39 +154,52 @@ def _random_batch(rows=6, cols=5, seed=0):
     return logp, old, adv, mask, ref
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("name", ALL)
 def test_micro_batches_sum_to_full_batch(name):
-    loss_fn = build_loss(name, beta=0.05, epsilon_high=0.28, **KWARGS[name])
+    # with the KL, the entropy bonus and the mismatch correction on: every term adds up
+    extra = {} if name == "cispo" else {"epsilon_high": 0.28}
+    mismatch = {"mode": "truncate", "level": "sequence", "cap": 1.1}
+    loss_fn = build_loss(
+        name, beta=0.05, entropy_coef=0.01, mismatch=mismatch, **extra, **KWARGS[name]
+    )
     logp, old, adv, mask, ref = _random_batch()
-    full = loss_fn(logp, old, adv, mask, ref_logprobs=ref).loss
+    ent = torch.rand(logp.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+    engine = old + 0.1 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(2))
+    more = {"entropy": ent, "sampling_logprobs": engine}
+    full = loss_fn(logp, old, adv, mask, ref_logprobs=ref, **more).loss
     full.backward()
     full_grad = logp.grad.clone()
     logp.grad = None
     totals = {"num_sequences": 6, "num_tokens": int(mask.sum())}
     parts = []
     for rows in (slice(0, 2), slice(2, 3), slice(3, 6)):
-        part = loss_fn(logp[rows], old[rows], adv[rows], mask[rows], ref[rows], **totals).loss
+        pieces = {k: v[rows] for k, v in more.items()}
+        part = loss_fn(logp[rows], old[rows], adv[rows], mask[rows], ref[rows], **totals, **pieces)
+        part = part.loss
         part.backward()
         parts.append(part.item())
     _close(sum(parts), full.item())
     torch.testing.assert_close(logp.grad, full_grad, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("name", ALL)
 def test_padding_garbage_never_leaks(name):
     logp, old, adv, mask = _inputs()
-    logp_bad = logp.detach().clone()
-    logp_bad[1, 2] = float("-inf")
-    old_bad = old.clone()
-    old_bad[1, 2] = float("nan")
+    loss_fn = build_loss(name, entropy_coef=0.1, **KWARGS[name])
+    ent = torch.ones_like(old)
+    clean = loss_fn(logp, old, adv, mask, entropy=ent).loss
+    logp_bad, old_bad, ent_bad = logp.detach().clone(), old.clone(), ent.clone()
+    logp_bad[1, 2], old_bad[1, 2], ent_bad[1, 2] = float("-inf"), float("nan"), float("inf")
     logp_bad.requires_grad_()
-    out = build_loss(name, **KWARGS[name])(logp_bad, old_bad, adv, mask)
+    engine = old.clone()
+    engine[1, 2] = float("nan")
+    out = loss_fn(logp_bad, old_bad, adv, mask, entropy=ent_bad, sampling_logprobs=engine)
     out.loss.backward()
-    _close(out.loss, EXPECTED[name])
+    _close(out.loss, clean.item())
     assert torch.isfinite(logp_bad.grad).all() and logp_bad.grad[1, 2] == 0
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("name", ALL)
 def test_fully_masked_batch_gives_zero(name):
     logp, old, adv, mask = _inputs()
     out = build_loss(name, **KWARGS[name])(logp, old, adv, torch.zeros_like(mask))
@@ -190,12 +208,14 @@ def test_fully_masked_batch_gives_zero(name):
 
 
 def test_build_loss_and_registry():
-    assert set(LOSSES) == {"grpo", "dr_grpo", "dapo"}
+    assert set(LOSSES) == {"grpo", "dr_grpo", "dapo", "gspo", "cispo"}
     assert type(build_loss("grpo", epsilon=0.1)) is GRPOLoss
     loss = build_loss("dr_grpo", max_tokens=7, beta=0.2)
     assert isinstance(loss, DrGRPOLoss) and isinstance(loss, PolicyLoss)
     assert (loss.max_tokens, loss.beta, loss.epsilon_high) == (7, 0.2, 0.2)
-    with pytest.raises(ValueError, match=r"name='ppo'.*\['dapo', 'dr_grpo', 'grpo'\]"):
+    assert isinstance(build_loss("gspo"), GRPOLoss) and build_loss("cispo").max_weight == 5.0
+    choices = r"\['cispo', 'dapo', 'dr_grpo', 'grpo', 'gspo'\]"
+    with pytest.raises(ValueError, match=r"name='ppo'.*" + choices):
         build_loss("ppo")
 
 
@@ -207,6 +227,14 @@ def test_build_loss_and_registry():
         (lambda: GRPOLoss(beta=float("nan")), r"beta=nan"),
         (lambda: DrGRPOLoss(max_tokens=0), r"max_tokens=0"),
         (lambda: DrGRPOLoss(max_tokens=2.5), r"max_tokens=2.5"),
+        (lambda: DAPOLoss(entropy_coef=-1), r"entropy_coef=-1 must be finite"),
+        (lambda: CISPOLoss(max_weight=0), r"CISPOLoss: max_weight=0 must be a number > 0"),
+        (
+            lambda: GSPOLoss(mismatch={"mode": "cap", "level": "row", "cap": 0}),
+            r"GSPOLoss: mismatch.mode must be one of none, truncate, mask; got 'cap'; "
+            r"mismatch.level must be one of token, sequence; got 'row'; "
+            r"mismatch.cap must be a number > 0, got 0",
+        ),
     ],
 )
 def test_rejects_bad_config(factory, match):
@@ -231,3 +259,147 @@ def test_rejects_bad_call_inputs():
         DAPOLoss()(logp, old, adv, mask, num_sequences=-2)
     with pytest.raises(ValueError, match=r"logprobs must be a 2-D"):
         loss(logp[0], old, adv, mask)
+    with pytest.raises(ValueError, match=r"entropy is required when entropy_coef=0.1"):
+        GRPOLoss(entropy_coef=0.1)(logp, old, adv, mask)
+    with pytest.raises(ValueError, match=r"entropy shape.*sampling_logprobs shape \(2, 1\)"):
+        loss(logp, old, adv, mask, entropy=old[:1], sampling_logprobs=old[:, :1])
+
+
+# ------------------------------------------------------------------ GSPO and CISPO by hand
+# GSPO: one ratio per sequence, the geometric mean of the token ratios (padding left out):
+#   s0 = (1.5 * 1.0 * 0.7)^(1/3) = 1.05^(1/3) ~ 1.0164      s1 = (1.1 * 0.5)^(1/2) = 0.55^(1/2) ~ 0.7416
+# epsilon=0.3 -> [0.7, 1.3]: neither is clipped. Per-token loss -s*A on each of a row's tokens:
+#   row 0: -s0 (token mean -s0), row 1: +2 s1 (token mean 2 s1); grpo mean over 2 sequences:
+#   loss = (-1.05^(1/3) + 2 * 0.55^(1/2)) / 2
+# Gradient: value s on every token, d/dlogp_t = s (stop-gradient form); grpo's 1 / (n_i * R):
+#   row 0 tokens: -1 * s0 / (3 * 2) = -s0 / 6       row 1 tokens: 2 * s1 / (2 * 2) = s1 / 2
+# epsilon=0.2 -> [0.8, 1.2]: s1 < 0.8 with A < 0 is clipped: row 1 gives 1.6 and no gradient.
+S0, S1 = 1.05 ** (1 / 3), 0.55**0.5
+
+
+def test_gspo_by_hand():
+    logp, old, adv, mask = _inputs()
+    out = GSPOLoss(epsilon=0.3)(logp, old, adv, mask)
+    _close(out.loss, (-S0 + 2 * S1) / 2)
+    out.loss.backward()
+    want = torch.tensor([[-S0 / 6] * 3, [S1 / 2, S1 / 2, 0.0]], dtype=F64)
+    torch.testing.assert_close(logp.grad, want, rtol=0, atol=1e-12)
+    _close(out.metrics["ratio_mean"], (3 * S0 + 2 * S1) / 5, 1e-9)  # token-weighted
+    logp.grad = None
+    out = GSPOLoss()(logp, old, adv, mask)
+    _close(out.loss, (-S0 + 1.6) / 2)
+    _close(out.metrics["clip_ratio_low"], 2 / 5)  # both of row 1's tokens
+    out.loss.backward()
+    want[1] = 0.0
+    torch.testing.assert_close(logp.grad, want, rtol=0, atol=1e-12)
+
+
+# CISPO, max_weight=1.2: weights min(ratio, 1.2) = [1.2, 1.0, 0.7], [1.1, 0.5]; per-token loss
+# -w * A * logp with logp = old + log(ratio); dapo: sum / 5 tokens. Gradient -w * A / 5:
+#   row 0: -1.2/5, -1/5, -0.7/5      row 1: 2 * 1.1/5 = 0.44, 2 * 0.5/5 = 0.2      padding 0
+# Only row 0 t0 (1.5 > 1.2) is capped: clip_ratio_high 1/5.
+def test_cispo_by_hand():
+    logp, old, adv, mask = _inputs()
+    out = CISPOLoss(max_weight=1.2)(logp, old, adv, mask)
+    row0 = -(1.2 * (-0.3 + math.log(1.5)) + 1.0 * -1.2 + 0.7 * (-0.5 + math.log(0.7)))
+    row1 = 2 * (1.1 * (-2.0 + math.log(1.1)) + 0.5 * (-0.1 + LN2 * -1))
+    _close(out.loss, (row0 + row1) / 5)
+    out.loss.backward()
+    want = torch.tensor([[-0.24, -0.2, -0.14], [0.44, 0.2, 0.0]], dtype=F64)
+    torch.testing.assert_close(logp.grad, want, rtol=0, atol=1e-12)
+    assert (out.metrics["clip_ratio_high"], out.metrics["clip_ratio_low"]) == (0.2, 0.0)
+
+
+# ----------------------------------------------------------- mismatch correction by hand
+# The engine's log-probs are set so that rho = exp(old - engine) is, per token,
+#   row 0: 2.0, 1.0, 4.0      row 1: 0.5, 3.5, (padding)            cap 3.
+# GRPO's per-token policy terms (above): row 0 [-1.2, -1.0, -0.7], row 1 [2.2, 1.6].
+# token truncate: w = [2, 1, 3], [0.5, 3]: row 0 (-2.4 - 1.0 - 2.1)/3, row 1 (1.1 + 4.8)/2
+#   -> (-5.5/3 + 5.9/2) / 2 = 6.7/12; is_ratio_mean (2+1+3+0.5+3)/5 = 1.9; capped 2/5
+# token mask: w = [2, 1, 0], [0.5, 0]: (-3.4/3 + 1.1/2) / 2 = -1.75/6; mean 3.5/5; capped 2/5
+# sequence (products 2*1*4 = 8 and 0.5*3.5 = 1.75):
+#   truncate: w0 = 3, w1 = 1.75: (3 * -2.9/3 + 1.75 * 3.8/2) / 2 = (-2.9 + 3.325) / 2 = 0.2125;
+#             mean (3*3 + 2*1.75)/5 = 2.5; capped: row 0's 3 tokens, 3/5
+#   mask:     w0 = 0, w1 = 1.75: 3.325 / 2 = 1.6625; mean 3.5/5 = 0.7; capped 3/5
+# none: w = 1, the plain loss 7/15.
+RHO = [[2.0, 1.0, 4.0], [0.5, 3.5, 100.0]]
+MISMATCH = {
+    ("truncate", "token"): (6.7 / 12, 1.9, 0.4),
+    ("mask", "token"): (-1.75 / 6, 0.7, 0.4),
+    ("truncate", "sequence"): (0.2125, 2.5, 0.6),
+    ("mask", "sequence"): (1.6625, 0.7, 0.6),
+    ("none", "token"): (7 / 15, 1.0, 0.0),
+}
+
+
+@pytest.mark.parametrize(("mode", "level"), list(MISMATCH))
+def test_mismatch_by_hand(mode, level):
+    logp, old, adv, mask = _inputs()
+    engine = old - torch.tensor(RHO, dtype=F64).log()
+    loss_fn = GRPOLoss(mismatch=Mismatch(mode=mode, level=level, cap=3.0))
+    out = loss_fn(logp, old, adv, mask, sampling_logprobs=engine)
+    loss, ratio_mean, capped = MISMATCH[mode, level]
+    _close(out.loss, loss)
+    _close(out.metrics["is_ratio_mean"], ratio_mean, 1e-9)
+    _close(out.metrics["is_capped"], capped, 1e-9)
+    # without the engine's log-probs nothing is weighted, and no is_* metric appears
+    plain = loss_fn(logp, old, adv, mask)
+    _close(plain.loss, 7 / 15)
+    assert "is_ratio_mean" not in plain.metrics
+
+
+def test_mismatch_weights_scale_the_gradient_but_never_receive_it():
+    # token truncate: the grpo gradient (test_grpo_gradient_by_hand) times w = [2, 1, 3], [0.5, 3]
+    logp, old, adv, mask = _inputs()
+    engine = (old - torch.tensor(RHO, dtype=F64).log()).requires_grad_()
+    out = GRPOLoss(mismatch={"mode": "truncate", "level": "token"})(
+        logp, old, adv, mask, sampling_logprobs=engine
+    )
+    out.loss.backward()
+    want = torch.tensor([[0.0, -1 / 6, -2.1 / 6], [0.275, 0.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(logp.grad, want, rtol=0, atol=1e-12)
+    assert engine.grad is None
+
+
+def test_mismatch_defaults_are_trls():
+    assert Mismatch() == Mismatch(mode="mask", level="sequence", cap=3.0)
+    assert GRPOLoss().mismatch == Mismatch()
+
+
+# ------------------------------------------------------------------ entropy bonus by hand
+# H = [[0.5, 1.0, 1.5], [2.0, 0.25, (padding)]], mean over the 5 tokens 5.25/5 = 1.05.
+# entropy_coef=0.1 lowers any loss by 0.105 (a token mean over the batch, whatever the
+# aggregation): dapo 0.18 - 0.105 = 0.075, grpo 7/15 - 0.105. d loss / d H = -0.1/5 = -0.02.
+def test_entropy_bonus_by_hand():
+    logp, old, adv, mask = _inputs()
+    ent = torch.tensor([[0.5, 1.0, 1.5], [2.0, 0.25, 9.0]], dtype=F64, requires_grad=True)
+    out = DAPOLoss(entropy_coef=0.1)(logp, old, adv, mask, entropy=ent)
+    _close(out.loss, 0.075)
+    _close(out.metrics["entropy"], 1.05, 1e-9)
+    out.loss.backward()
+    want = torch.tensor([[-0.02] * 3, [-0.02, -0.02, 0.0]], dtype=F64)
+    torch.testing.assert_close(ent.grad, want, rtol=0, atol=1e-12)
+    _close(GRPOLoss(entropy_coef=0.1)(logp, old, adv, mask, entropy=ent).loss, 7 / 15 - 0.105)
+    # entropy_coef=0: the entropy only feeds the metric
+    plain = GRPOLoss()(logp, old, adv, mask, entropy=ent)
+    _close(plain.loss, 7 / 15)
+    _close(plain.metrics["entropy"], 1.05, 1e-9)
+
+
+def test_new_losses_are_picked_by_class_path_with_their_settings():
+    # what LightningCLI does with `loss: {class_path: ..., init_args: ...}` in a YAML file
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_argument("--loss", type=PolicyLoss)
+    built = []
+    for name, init in [
+        ("GSPOLoss", {"epsilon": 3e-4, "mismatch": {"mode": "truncate"}}),
+        ("CISPOLoss", {"max_weight": 4.0, "entropy_coef": 0.01}),
+    ]:
+        value = {"class_path": f"coscale.rl.losses.{name}", "init_args": init}
+        built.append(parser.instantiate_classes(parser.parse_object({"loss": value})).loss)
+    gspo, cispo = built
+    assert type(gspo) is GSPOLoss and gspo.epsilon == 3e-4
+    assert gspo.mismatch == Mismatch(mode="truncate", level="sequence", cap=3.0)
+    assert type(cispo) is CISPOLoss and (cispo.max_weight, cispo.entropy_coef) == (4.0, 0.01)

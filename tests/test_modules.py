@@ -1,6 +1,10 @@
-"""SFTModule and GRPOModule: short CPU fits change the weights, per-problem N, skipped batches."""
+"""SFTModule and GRPOModule: short CPU fits change the weights, per-problem N, skipped batches;
+the GRPO update's old log-probs, mismatch correction, entropy and DDP padding pass."""
 
 from __future__ import annotations
+
+import csv
+import math
 
 import lightning as L
 import torch
@@ -9,6 +13,8 @@ from trainers import quiet_trainer
 from coscale.datamodules import ProblemDataModule
 from coscale.loop.pools import Pool
 from coscale.modules import GRPOModule, SFTModule
+from coscale.rl.losses import GRPOLoss, GSPOLoss, Mismatch
+from coscale.rollout import CachedDecodeBackend, SamplingParams
 from coscale.tasks import arithmetic
 
 
@@ -233,3 +239,125 @@ def test_modules_with_the_default_prompt_log_their_hparams_to_csv(tiny_model_dir
     grpo = GRPOModule(model=str(tiny_model_dir), reward=ZeroReward())
     assert GRPOModule(model=str(tiny_model_dir), reward=ZeroReward(),
                       prompt=grpo.hparams_initial["prompt"]).prompt == grpo.prompt  # fmt: skip
+
+
+def test_grpo_fit_with_gspo_logs_entropy_every_step_to_csv(tiny_model_dir, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    module = GRPOModule(
+        model=str(tiny_model_dir),
+        reward=HalfReward(),
+        loss=GSPOLoss(entropy_coef=0.01),
+        optimizer={"lr": 0.01},
+        sampling={"max_new_tokens": 6, "temperature": 1.0},
+    )
+    before = _params(module)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=CSVLogger(tmp_path),
+                        log_every_n_steps=1, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(module, datamodule=_rl_dm([2, 2, 2, 2], batch_size=2))
+    assert len(_changed(before, module)) == len(before)
+    with open(next(tmp_path.rglob("metrics.csv"))) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/entropy")]
+    vocab = module.policy.config.vocab_size
+    entropies = [float(r["train/entropy"]) for r in rows]
+    # one value a step; a random model's token entropy: above 0, at most log(vocab)
+    assert len(entropies) == 2 and all(0 < h <= math.log(vocab) for h in entropies), entropies
+    assert "train/is_ratio_mean" not in rows[0]  # the policy sampled: nothing to correct
+
+
+class _EngineRollouts(CachedDecodeBackend):
+    """The cached backend's rollouts reported as an engine's (as vLLM's with ``logprobs: auto``),
+    its log-probs off the trainer's by log 2: below them on even rows (ratio pi_old / pi_engine
+    = 2), above on odd rows (1/2)."""
+
+    def generate(self, prompts, n, sampling):
+        ro = super().generate(prompts, n, sampling)
+        sign = 1.0 - 2 * (torch.arange(ro.num_rollouts) % 2)  # [R] +1, -1, +1, ...
+        shifted = ro.logprobs - sign[:, None] * math.log(2.0)  # [R, T]
+        ro.logprobs = torch.where(ro.completion_mask.bool(), shifted, 0)
+        ro.logprob_source, self.last = "engine", ro
+        return ro
+
+
+def _engine_fit(model_dir, mismatch: Mismatch, iterations: int):
+    """One GRPO step on two problems x 2 rollouts from `_EngineRollouts`, micro-batches of 2:
+    the engine's rollouts, each loss call's (log-probs, old log-probs, engine log-probs, mask)
+    and the logged metrics."""
+    module = GRPOModule(
+        model=str(model_dir),
+        reward=HalfReward(),
+        loss=GRPOLoss(mismatch=mismatch),
+        optimizer={"lr": 0.05},
+        sampling={"max_new_tokens": 4, "temperature": 1.0},
+        update={"num_iterations": iterations, "micro_batch_size": 2},
+    )
+    module.backend = _EngineRollouts(module.policy, module.tokenizer)
+    calls, forward = [], module.loss_fn.forward
+
+    def spy(logp, old, adv, mask, *args, sampling_logprobs=None, **kw):
+        engine = None if sampling_logprobs is None else sampling_logprobs.clone()
+        calls.append((logp.detach().clone(), old.clone(), engine, mask.bool()))
+        return forward(logp, old, adv, mask, *args, sampling_logprobs=sampling_logprobs, **kw)
+
+    module.loss_fn.forward = spy
+    trainer = _trainer(-1, max_epochs=1)  # one batch: one step
+    trainer.fit(module, datamodule=_rl_dm([2, 2]))
+    return module.backend.last, calls, trainer.callback_metrics
+
+
+def test_grpo_corrects_engine_logprobs_against_the_trainers_old_logprobs(tiny_model_dir):
+    cap = 1.5  # token truncate: weight min(2, 1.5) = 1.5 on even rows, 0.5 on odd rows
+    ro, calls, metrics = _engine_fit(tiny_model_dir, Mismatch("truncate", "token", cap), 2)
+    assert len(calls) == 4  # 2 iterations x 2 micro-batches
+    for logp, old, engine, mask in calls[:2]:
+        # first iteration: no step taken yet, the pass's own log-probs are the trainer's old ones
+        assert torch.equal(old, logp)
+        gap = (old - engine)[mask].abs()  # the engine's are the shifted ones
+        torch.testing.assert_close(gap, torch.full_like(gap, math.log(2.0)), rtol=0, atol=1e-4)
+    for (logp, old, engine, mask), first in zip(calls[2:], calls[:2]):
+        # second iteration: the first's log-probs are still the old ones, the policy has moved
+        assert torch.equal(old, first[0]) and torch.equal(engine, first[2])
+        assert not torch.allclose(logp[mask], old[mask], atol=1e-4)
+    even = float(ro.lengths[0::2].sum())
+    total = float(ro.lengths.sum())
+    want = (cap * even + 0.5 * (total - even)) / total  # token-weighted mean weight
+    assert abs(float(metrics["train/is_ratio_mean"]) - want) < 1e-4
+    assert abs(float(metrics["train/is_capped"]) - even / total) < 1e-6
+
+
+def test_grpo_without_correction_takes_the_engine_logprobs_as_old(tiny_model_dir):
+    ro, calls, metrics = _engine_fit(tiny_model_dir, Mismatch(mode="none"), 1)
+    for logp, old, engine, mask in calls:
+        assert engine is None  # nothing to weight
+        gap = (logp - old)[mask].abs()  # the old log-probs are the engine's, off by log 2
+        torch.testing.assert_close(gap, torch.full_like(gap, math.log(2.0)), rtol=0, atol=1e-4)
+    assert "train/is_ratio_mean" not in metrics
+    even, total = float(ro.lengths[0::2].sum()), float(ro.lengths.sum())
+    want = (2 * even + 0.5 * (total - even)) / total  # pi / pi_engine: 2 on even rows, 1/2 odd
+    assert abs(float(metrics["train/ratio_mean"]) - want) < 1e-4
+
+
+def test_grpo_padding_pass_adds_nothing_to_the_loss(tiny_model_dir):
+    # Under DDP a rank with fewer micro-batches runs padding passes on row 0, so every rank runs
+    # as many backward calls. With the KL on, that pass must not count row 0's KL again.
+    module = GRPOModule(
+        model=str(tiny_model_dir),
+        reward=HalfReward(),
+        loss=GRPOLoss(beta=0.5, entropy_coef=0.1),
+        sampling={"max_new_tokens": 4, "temperature": 1.0},
+    )
+    with torch.no_grad():  # a reference the policy has moved away from: KL > 0
+        gen = torch.Generator().manual_seed(0)
+        for p in module.ref_policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    ro = module.backend.generate(["Q:1+1\nA:", "Q:2+3\nA:"], 2, SamplingParams(4, seed=0))
+    module.manual_backward = lambda loss: loss.backward()  # no Trainer here
+    mask, adv, rows = ro.completion_mask.float(), torch.ones(4), torch.arange(4)
+    ref, totals = module._ref_logprobs(ro, rows), (4, int(mask.sum()))
+    stats, tokens = module._micro_step(ro, adv, mask, ref, rows[:0], totals, ro.logprobs, False)
+    assert tokens == 0 and stats["loss"] == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in module.policy.parameters())
+    # the same pass on row 0 as a real micro-batch does count its KL
+    stats, tokens = module._micro_step(ro, adv, mask, ref, rows[:1], totals, ro.logprobs, False)
+    assert tokens == float(mask[0].sum()) > 0 and stats["kl"] > 1e-4 and stats["loss"] != 0.0

@@ -327,6 +327,9 @@ def test_rollouts_properties_and_to():
     assert r.prompt_ids.tolist() == [[0, 5], [7, 8]]
     moved = r.to("cpu")
     assert moved is not r and torch.equal(moved.input_ids, r.input_ids) and moved.texts == r.texts
+    assert r.logprob_source == "trainer" and not r.from_engine  # the default: the policy sampled
+    engine = _rollouts(logprob_source="engine").to("cpu")
+    assert engine.logprob_source == "engine" and engine.from_engine
 
 
 def test_rollouts_reject_inconsistent_fields():
@@ -336,3 +339,5 @@ def test_rollouts_reject_inconsistent_fields():
         _rollouts(texts=["a"])
     with pytest.raises(ValueError, match=r"finish_reasons must be in .*'eos'"):
         _rollouts(finish_reasons=["eos", "length"])
+    with pytest.raises(ValueError, match=r"logprob_source must be one of .*'trainer'.*got 'vllm'"):
+        _rollouts(logprob_source="vllm")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 
 import lightning as L
 import pytest
@@ -20,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from coscale.modules import GRPOModule
 from coscale.modules import grpo as grpo_module
-from coscale.rl.logprobs import sequence_logprobs
+from coscale.rl.logprobs import position_ids_from_mask, sequence_logprobs, token_entropy
 from coscale.rl.micro_batches import micro_batches
 from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, SamplingParams
 from coscale.rollout.cached import filter_logits, pick_tokens
@@ -180,16 +181,35 @@ def test_rollouts_follow_the_callers_autocast(tiny_model, char_tokenizer):
     assert not torch.equal(bf16.logprobs, plain.logprobs)  # computed in bf16, not float32
 
 
+def test_token_entropy_by_hand():
+    # probs [1/2, 1/4, 1/4]: H = 1/2 ln 2 + 2 * 1/4 ln 4 = 3/2 ln 2; uniform over 3: ln 3.
+    # Temperature 2 on logits 2 ln [1/2, 1/4, 1/4] gives the same probs back: 3/2 ln 2 again.
+    logits = torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.1, 0.1]]).log()
+    want = torch.tensor([1.5 * math.log(2), math.log(3)])
+    torch.testing.assert_close(token_entropy(logits), want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(token_entropy(2 * logits, 2.0), want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(token_entropy(logits, 0.0), want, rtol=0, atol=1e-6)  # greedy: 1
+
+
 def test_trimmed_padding_gives_the_same_logprobs(tiny_model, sampled_plain):
     ro = sampled_plain
     rows = torch.tensor([0, 5, 11])  # prompts of three lengths, completions of three lengths
     args = (tiny_model, ro.input_ids[rows], ro.attention_mask[rows], ro.prompt_length, 0.9)
     with torch.no_grad():
-        full = sequence_logprobs(*args, trim_padding=False)
-        trimmed = sequence_logprobs(*args)
+        full, full_h = sequence_logprobs(*args, trim_padding=False, entropy=True)
+        trimmed, trimmed_h = sequence_logprobs(*args, entropy=True)
+        positions = position_ids_from_mask(args[2])  # as `generate` numbered them
+        logits = tiny_model(input_ids=args[1], attention_mask=args[2], position_ids=positions)
+        logits = logits.logits  # [3, P+T, V]
     assert trimmed.shape == full.shape == (3, ro.input_ids.shape[1] - ro.prompt_length)
     torch.testing.assert_close(trimmed, full, rtol=0, atol=1e-5)
-    assert torch.all(trimmed[ro.completion_mask[rows] == 0] == 0)
+    torch.testing.assert_close(trimmed_h, full_h, rtol=0, atol=1e-5)
+    keep = ro.completion_mask[rows] != 0  # [3, T]
+    assert torch.all(trimmed[~keep] == 0) and torch.all(trimmed_h[~keep] == 0)
+    # the entropies are those of the distributions the completion tokens were sampled from
+    direct = token_entropy(logits[:, ro.prompt_length - 1 : -1], 0.9)  # [3, T]
+    torch.testing.assert_close(trimmed_h[keep], direct[keep], rtol=0, atol=1e-4)
+    assert torch.all(trimmed_h[keep] > 0)
 
 
 def test_shared_prompt_pass_gives_the_same_logprobs_and_gradients(tiny_model, sampled_plain):
@@ -199,13 +219,18 @@ def test_shared_prompt_pass_gives_the_same_logprobs_and_gradients(tiny_model, sa
     def logprobs_and_grads(**options):
         model.zero_grad()
         args = (model, ro.input_ids, ro.attention_mask, ro.prompt_length, 0.9)
-        logprobs = sequence_logprobs(*args, **options)
-        (logprobs * weights).sum().backward()
-        return logprobs.detach(), [p.grad.clone() for p in model.parameters()]
+        logprobs, entropy = sequence_logprobs(*args, entropy=True, **options)
+        (logprobs * weights + 0.1 * entropy).sum().backward()  # an entropy bonus's gradient too
+        return logprobs.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
 
-    plain, plain_grads = logprobs_and_grads(trim_padding=False)
-    shared, shared_grads = logprobs_and_grads(prompt_index=ro.prompt_index)
+    plain, plain_h, plain_grads = logprobs_and_grads(trim_padding=False)
+    shared, shared_h, shared_grads = logprobs_and_grads(prompt_index=ro.prompt_index)
     torch.testing.assert_close(shared, plain, rtol=0, atol=1e-5)
+    torch.testing.assert_close(shared_h, plain_h, rtol=0, atol=1e-5)
+    # without an entropy bonus the entropies are computed outside autograd (no [R, T, V] kept)
+    args = (model, ro.input_ids[:2], ro.attention_mask[:2], ro.prompt_length, 0.9)
+    logprobs, entropy = sequence_logprobs(*args, entropy=True, entropy_grad=False)
+    assert logprobs.requires_grad and not entropy.requires_grad
     for a, b in zip(shared_grads, plain_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert sum(float(g.abs().sum()) for g in plain_grads) > 1  # the gradient is not trivial

@@ -373,6 +373,7 @@ def test_backend_samples_per_prompt_n_with_the_policy_logprobs(policy, char_toke
     ro = backend.generate(PROMPTS, [3, 1, 2], sampling)
     assert ro.prompt_index.tolist() == [0, 0, 0, 1, 2, 2] and ro.prompt_length == 13
     assert backend.last_logprob_source == "engine" and backend.last_parity.ok  # checked at start
+    assert ro.logprob_source == "engine" and ro.from_engine  # the GRPO update corrects these
     with torch.no_grad():
         expected = sequence_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_length)
     torch.testing.assert_close(ro.logprobs, expected, rtol=0, atol=1e-4)
@@ -387,7 +388,7 @@ def test_untrusted_engine_logprobs_are_recomputed_by_the_trainer(policy, char_to
     backend = _backend(policy, char_tokenizer, {"mode": "raw_logprobs"}, parity={"tokens": 4})
     sampling = SamplingParams(max_new_tokens=6, temperature=0.7, seed=1)
     ro = backend.generate(PROMPTS, 2, sampling)
-    assert backend.last_logprob_source == "trainer"
+    assert backend.last_logprob_source == ro.logprob_source == "trainer" and not ro.from_engine
     with torch.no_grad():
         expected = sequence_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_length, 0.7)
     torch.testing.assert_close(ro.logprobs, expected, rtol=0, atol=1e-6)

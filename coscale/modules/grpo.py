@@ -56,7 +56,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         tokenizer: Tokenizer name or folder; defaults to the model's.
         prompt: How a question becomes the prompt.
         reward: ``f(completions, answers) -> list[float]`` (``class_path`` in YAML); MathReward.
-        loss: Policy loss object: GRPOLoss, DrGRPOLoss or DAPOLoss (``class_path`` in YAML).
+        loss: Policy loss object (``class_path`` in YAML): GRPOLoss, DrGRPOLoss, DAPOLoss,
+            GSPOLoss or CISPOLoss, with its KL, entropy bonus and engine/trainer mismatch
+            correction (``docs/losses.md``). ``train/entropy`` is logged whatever it is.
         load: How the policy loads (dtype, gradient checkpointing, remote code).
         optimizer: AdamW and its learning-rate warm-up (the CoScale-RL authors' verl runs used
             beta1 = 0.5).
@@ -172,29 +174,37 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     ) -> dict[str, float]:
         """``num_iterations`` optimiser steps over the kept rollouts, in micro-batches.
 
-        The rollouts' own log-probs are the old log-probs of the ratio (the backend shares the
-        policy, so they are the sampling policy's): no second forward pass before the update.
+        Old log-probs need no second forward pass. Sampled by the trainer's own model (the
+        backend shares the policy), the rollouts' log-probs are the old ones. Sampled by an
+        engine with its own weights (``rollouts.from_engine``: vLLM using its log-probs) and with
+        the loss's ``mismatch.mode`` not ``none``, the old log-probs are the trainer's: each
+        micro-batch's detached log-probs in the first iteration (no optimiser step has been
+        taken yet, so they are the sampling policy's under the trainer's kernels), kept for the
+        later iterations; the engine's log-probs only weight the loss (TIS / MIS). With mode
+        ``none`` the engine's log-probs are the old ones, uncorrected.
         """
         rows = keep.nonzero().squeeze(1)  # [K] indices of rollouts with signal
         if sum_over_ranks(len(rows)) == 0:
             return {"skipped": 1.0}
         mask = rollouts.completion_mask.float()  # [R, T]
         # Normalisers are totals over all ranks, so the loss is that of the whole global batch.
-        n_seq = int(sum_over_ranks(len(rows)))
-        n_tok = int(sum_over_ranks(float(mask[rows].sum())))
+        totals = int(sum_over_ranks(len(rows))), int(sum_over_ranks(float(mask[rows].sum())))
         ref = self._ref_logprobs(rollouts, rows)
+        correct = self._corrects(rollouts)
+        olds = torch.zeros_like(rollouts.logprobs) if correct else rollouts.logprobs  # [R, T]
         chunks = micro_batches(
             rows, rollouts.lengths, self.update_settings.micro_batch_size, self.sort_micro_batches
         )
         n_chunks = max_over_ranks(len(chunks))  # every rank runs as many backward passes
         opt = self.optimizers()
         stats: dict[str, float] = {}
-        for _ in range(self.update_settings.num_iterations):
+        for iteration in range(self.update_settings.num_iterations):
             opt.zero_grad()
             parts = []
             for i in range(n_chunks):
                 idx = chunks[i] if i < len(chunks) else rows[:0]
-                parts.append(self._micro_step(rollouts, advantages, mask, ref, idx, n_seq, n_tok))
+                step = (rollouts, advantages, mask, ref, idx, totals)
+                parts.append(self._micro_step(*step, olds, correct and iteration == 0))
             stats = merge_stats(parts)
             stats["grad_norm"] = self._clip()
             opt.step()
@@ -203,13 +213,19 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.backend.update_weights(self.policy)  # an engine with its own copy (vLLM) follows
         return stats
 
-    def _micro_step(self, ro: Rollouts, adv, mask, ref, idx, n_seq, n_tok) -> tuple[dict, float]:
-        """Forward + backward of one micro-batch -> (its stats, its masked-token count)."""
-        tokens = float(mask[idx].sum())
-        if len(idx) == 0:  # padding pass so DDP sees the same number of backward calls
+    def _micro_step(
+        self, ro: Rollouts, adv, mask, ref, idx, totals, olds, take_old
+    ) -> tuple[dict, float]:
+        """Forward + backward of one micro-batch -> (its stats, its masked-token count).
+
+        ``olds`` [R, T] holds the old log-probs; with ``take_old`` this pass's detached
+        log-probs are the trainer's old ones and are stored there first (see :meth:`update`).
+        """
+        padding = len(idx) == 0  # a pass so DDP sees the same number of backward calls
+        if padding:  # on row 0 with no token in the loss: no policy term, KL or entropy
             idx = torch.zeros(1, dtype=torch.long, device=adv.device)
-            adv, tokens = torch.zeros_like(adv), 0.0
-        logp = sequence_logprobs(
+        rows_mask = torch.zeros_like(mask[idx]) if padding else mask[idx]  # [m, T]
+        logp, entropy = sequence_logprobs(
             self.policy,
             ro.input_ids[idx],
             ro.attention_mask[idx],
@@ -217,19 +233,29 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             self.sampling.temperature,
             trim_padding=self.sort_micro_batches,
             prompt_index=ro.prompt_index[idx] if self._share_prompt() else None,
-        )  # [m, T]
+            entropy=True,  # from the same logits, for train/entropy and any entropy bonus
+            entropy_grad=self.loss_fn.entropy_coef > 0,
+        )  # [m, T] each
+        if take_old and not padding:
+            olds[idx] = logp.detach()  # [m, T]
         out = self.loss_fn(
             logp,
-            ro.logprobs[idx],
+            olds[idx],
             adv[idx],
-            mask[idx],
+            rows_mask,
             None if ref is None else ref[idx],
-            num_sequences=n_seq,
-            num_tokens=n_tok,
+            num_sequences=totals[0],
+            num_tokens=totals[1],
+            entropy=entropy,
+            sampling_logprobs=ro.logprobs[idx] if self._corrects(ro) else None,
         )
         world = self.trainer.world_size if self._trainer is not None else 1
         self.manual_backward(out.loss * world)  # DDP averages gradients over ranks; undo it
-        return {"loss": float(out.loss.detach()), **out.metrics}, tokens
+        return {"loss": float(out.loss.detach()), **out.metrics}, float(rows_mask.sum())
+
+    def _corrects(self, ro: Rollouts) -> bool:
+        """Whether the update corrects the engine/trainer mismatch of these rollouts."""
+        return ro.from_engine and self.loss_fn.mismatch.mode != "none"
 
     def _share_prompt(self) -> bool:
         """Whether the update runs each prompt once. Not for a sharded policy on several ranks:

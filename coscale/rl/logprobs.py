@@ -45,6 +45,22 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
     return picked - torch.logsumexp(scaled, dim=-1)
 
 
+def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of the distribution `softmax(logits / temperature)` at each position, in float32.
+
+    Args:
+        logits: [..., V] raw model logits (any float dtype).
+        temperature: Sampling temperature; 0 (greedy) counts as 1.
+
+    Returns:
+        [...] float32 entropies in nats, `logsumexp(z) - sum(softmax(z) * z)` for `z` the
+        scaled logits.
+    """
+    scaled = logits.float() / effective_temperature(temperature)  # [..., V]
+    probs = torch.softmax(scaled, dim=-1)  # [..., V]
+    return torch.logsumexp(scaled, dim=-1) - (probs * scaled).sum(-1)  # [...]
+
+
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """Position ids as HF `generate` computes them for a left-padded batch.
 
@@ -65,7 +81,9 @@ def sequence_logprobs(
     temperature: float = 1.0,
     trim_padding: bool = True,
     prompt_index: Tensor | None = None,
-) -> Tensor:
+    entropy: bool = False,
+    entropy_grad: bool = True,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Teacher-forced log-probs of the completion tokens of left-padded sequences.
 
     A forward pass with the positions `generate` used, so it reproduces the log-probs seen
@@ -85,9 +103,14 @@ def sequence_logprobs(
             each distinct prompt runs through the model once and its KV cache (gathered per
             row, so gradients flow back into it) feeds the completions' pass: the same
             log-probs for fewer FLOPs. Ignored under gradient checkpointing (no cache then).
+        entropy: Also return each completion position's token entropy (`token_entropy`),
+            computed from the same logits: no extra forward pass.
+        entropy_grad: Let gradients flow into the entropies (for an entropy bonus); off, they
+            are computed without autograd, which keeps no [R, T, V] tensor for the backward.
 
     Returns:
-        [R, T] float32 log-probs; 0 where `attention_mask[:, P:]` is 0.
+        [R, T] float32 log-probs; 0 where `attention_mask[:, P:]` is 0. With `entropy`, a pair:
+        the log-probs and the [R, T] float32 entropies, 0 there too.
 
     Raises:
         ValueError: If `prompt_length` is not in [1, P+T-1].
@@ -105,8 +128,12 @@ def sequence_logprobs(
         logits = _completion_logits(model, ids, mask, prompt_length)  # [R, T', V]
     logprobs = token_logprobs(logits, ids[:, prompt_length:], temperature)  # [R, T']
     keep = mask[:, prompt_length:].bool()  # [R, T']
-    logprobs = torch.where(keep, logprobs, torch.zeros_like(logprobs))
-    return F.pad(logprobs, (0, total - stop))  # [R, T]
+    logprobs = F.pad(torch.where(keep, logprobs, 0), (0, total - stop))  # [R, T]
+    if not entropy:
+        return logprobs
+    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+        entropies = token_entropy(logits, temperature)  # [R, T']
+    return logprobs, F.pad(torch.where(keep, entropies, 0), (0, total - stop))  # [R, T] each
 
 
 def _completion_logits(model: nn.Module, ids: Tensor, mask: Tensor, prompt_length: int) -> Tensor:

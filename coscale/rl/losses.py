@@ -1,175 +1,48 @@
-"""Clipped policy-gradient losses: GRPO, Dr. GRPO and DAPO, one small class each.
+"""Policy-gradient losses, one small class each: GRPO, Dr. GRPO, DAPO, GSPO and CISPO.
 
-All variants share the per-token PPO-style clipped surrogate (with an optional k3 KL term to a
-reference policy) and differ only in how the masked per-token losses are aggregated:
+GRPO, Dr. GRPO and DAPO share the per-token PPO-style clipped surrogate of
+:class:`~coscale.rl.policy_loss.PolicyLoss` and differ only in how the masked per-token losses
+are aggregated:
 
 - ``grpo``: mean over sequences of the token mean within each sequence;
 - ``dr_grpo``: sum over all tokens / (num_sequences * max_tokens), a constant normaliser;
 - ``dapo``: sum over all tokens / total number of masked tokens.
 
-For exact gradient accumulation, pass ``num_sequences`` / ``num_tokens`` totals of the whole
-update batch to every micro-batch call: the micro-batch losses then sum to the full-batch loss.
-A variant is picked in YAML by ``class_path`` or in code by :func:`build_loss`.
+GSPO clips one ratio per sequence (the geometric mean of its token ratios) and aggregates like
+GRPO; CISPO weights each token's log-prob by its capped ratio, the weight carrying no gradient,
+and aggregates like DAPO. Every variant takes the base's ``beta`` (KL), ``entropy_coef`` and
+``mismatch`` (engine/trainer correction) settings. A variant is picked in YAML by ``class_path``
+or in code by :func:`build_loss`; ``docs/losses.md`` lists them with the TRL settings that give
+the same numbers.
 
 Shapes: R rollouts (sequences) in this call, T completion tokens.
 """
 
 from __future__ import annotations
 
-import math
-from abc import ABCMeta, abstractmethod
-from dataclasses import dataclass
-
 import torch
-from torch import Tensor, nn
 
+from coscale.checks import is_number
+from coscale.rl.mismatch import Mismatch
+from coscale.rl.policy_loss import LossOutput, PolicyLoss
 
-@dataclass
-class LossOutput:
-    """Result of a loss call.
-
-    Attributes:
-        loss: Scalar loss to back-propagate.
-        metrics: Detached floats over this call's masked tokens: ``clip_ratio``,
-            ``clip_ratio_low``, ``clip_ratio_high``, ``ratio_mean`` and, when reference
-            log-probs are given, ``kl``.
-    """
-
-    loss: Tensor
-    metrics: dict[str, float]
-
-
-class PolicyLoss(nn.Module, metaclass=ABCMeta):
-    """Base class: clipped surrogate per token plus ``beta`` * k3 KL; subclasses aggregate.
-
-    Args:
-        epsilon: Lower clip range, the ratio is clipped below at ``1 - epsilon``; ``>= 0``.
-        epsilon_high: Upper clip range (ratio clipped above at ``1 + epsilon_high``);
-            ``None`` means ``epsilon``. DAPO's "clip-higher" uses a larger value (e.g. 0.28).
-        beta: Weight of the k3 KL estimate ``exp(ref - logp) - (ref - logp) - 1``; ``>= 0``.
-            With ``beta > 0`` every call needs ``ref_logprobs``.
-    """
-
-    name: str = ""
-
-    def __init__(
-        self, epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0
-    ) -> None:
-        super().__init__()
-        errors = [
-            f"{key}={value!r} must be finite and >= 0"
-            for key, value in (("epsilon", epsilon), ("epsilon_high", epsilon_high), ("beta", beta))
-            if value is not None and not (0 <= value < math.inf)
-        ]
-        if errors:
-            raise ValueError(f"{type(self).__name__}: " + "; ".join(errors))
-        self.epsilon = float(epsilon)
-        self.epsilon_high = float(epsilon if epsilon_high is None else epsilon_high)
-        self.beta = float(beta)
-
-    def forward(
-        self,
-        logprobs: Tensor,
-        old_logprobs: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        ref_logprobs: Tensor | None = None,
-        num_sequences: int | None = None,
-        num_tokens: int | None = None,
-    ) -> LossOutput:
-        """Computes the loss of one (micro-)batch.
-
-        Args:
-            logprobs: Log-probs of the sampled tokens under the current policy, ``[R, T]``;
-                the only input that receives gradient.
-            old_logprobs: Log-probs under the sampling policy, ``[R, T]``.
-            advantages: One advantage per sequence, ``[R]``.
-            mask: 1 (or True) on completion tokens, 0 on padding, ``[R, T]``.
-            ref_logprobs: Log-probs under the reference policy, ``[R, T]``; needed when
-                ``beta > 0``, otherwise only used for the ``kl`` metric.
-            num_sequences: Sequences in the whole update batch (default: ``R``).
-            num_tokens: Masked tokens in the whole update batch (default: this call's).
-
-        Returns:
-            The scalar loss and detached metrics.
-        """
-        self._check_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs)
-        keep = mask.detach() != 0  # [R, T] bool
-        adv = advantages.detach().unsqueeze(1)  # [R, 1]
-        per_token, ratio, kl = self._per_token(logprobs, old_logprobs, adv, keep, ref_logprobs)
-        sequences = _total("num_sequences", num_sequences, keep.shape[0])
-        tokens = _total("num_tokens", num_tokens, int(keep.sum()))
-        loss = self.aggregate(per_token, keep, sequences, tokens)  # []
-        return LossOutput(loss, self._metrics(ratio, adv, keep, kl))
-
-    def _per_token(self, logprobs, old_logprobs, adv, keep, ref_logprobs):
-        """Per-token loss ``[R, T]`` (0 on padding), ratio ``[R, T]`` and k3 KL or None."""
-        dtype = torch.promote_types(logprobs.dtype, torch.float32)
-        logp = logprobs.to(dtype)  # [R, T]
-        zero = logp.new_zeros(())
-        # Padding gets log-ratio 0 so garbage values there never reach exp() or the gradient.
-        log_ratio = torch.where(keep, logp - old_logprobs.detach().to(dtype), zero)  # [R, T]
-        ratio = torch.exp(log_ratio)  # [R, T]
-        adv = adv.to(dtype)  # [R, 1]
-        clipped = torch.clamp(ratio, 1 - self.epsilon, 1 + self.epsilon_high)  # [R, T]
-        per_token = -torch.minimum(ratio * adv, clipped * adv)  # [R, T]
-        kl = None
-        if ref_logprobs is not None:
-            ref_gap = torch.where(keep, ref_logprobs.detach().to(dtype) - logp, zero)  # [R, T]
-            kl = torch.exp(ref_gap) - ref_gap - 1  # [R, T] k3 estimator, >= 0
-            if self.beta > 0:
-                per_token = per_token + self.beta * kl  # [R, T]
-        return torch.where(keep, per_token, zero), ratio, kl
-
-    @abstractmethod
-    def aggregate(self, per_token: Tensor, keep: Tensor, num_sequences: int, num_tokens: int):
-        """Reduces per-token losses ``[R, T]`` (0 where ``keep`` is False) to a scalar, using
-        the update-batch totals ``num_sequences`` and ``num_tokens`` (both >= 1)."""
-
-    def _metrics(self, ratio: Tensor, adv: Tensor, keep: Tensor, kl: Tensor | None) -> dict:
-        """Clip fractions, mean ratio and mean KL over this call's masked tokens."""
-        with torch.no_grad():
-            low = (ratio < 1 - self.epsilon) & (adv < 0) & keep  # [R, T] clipped below
-            high = (ratio > 1 + self.epsilon_high) & (adv > 0) & keep  # [R, T] clipped above
-            sums = {
-                "clip_ratio": (low | high).sum(),
-                "clip_ratio_low": low.sum(),
-                "clip_ratio_high": high.sum(),
-                "ratio_mean": torch.where(keep, ratio, 0).sum(),
-            }
-            if kl is not None:
-                sums["kl"] = torch.where(keep, kl, 0).sum()
-            values = torch.stack([v.to(ratio.dtype) for v in (keep.sum(), *sums.values())])
-            count, *totals = values.tolist()  # one device sync; divide in float64 on the host
-        return {key: total / max(count, 1) for key, total in zip(sums, totals)}
-
-    def _check_inputs(self, logprobs, old_logprobs, advantages, mask, ref_logprobs) -> None:
-        """Raises one ``ValueError`` listing every shape problem."""
-        if not isinstance(logprobs, Tensor) or logprobs.dim() != 2:
-            raise ValueError(f"logprobs must be a 2-D tensor [R, T], got {_shape(logprobs)}")
-        want = tuple(logprobs.shape)
-        same = {"old_logprobs": old_logprobs, "mask": mask}
-        if ref_logprobs is not None:
-            same["ref_logprobs"] = ref_logprobs
-        errors = [
-            f"{key} shape {_shape(value)} must equal logprobs shape {want}"
-            for key, value in same.items()
-            if _shape(value) != want
-        ]
-        if _shape(advantages) != want[:1]:
-            errors.append(f"advantages shape {_shape(advantages)} must be [R] = {want[:1]}")
-        if self.beta > 0 and ref_logprobs is None:
-            errors.append(f"ref_logprobs is required when beta={self.beta} > 0 (or set beta=0)")
-        if errors:
-            raise ValueError(f"{type(self).__name__} inputs: " + "; ".join(errors))
-
-    def extra_repr(self) -> str:
-        extra = {k: v for k, v in vars(self).items() if not k.startswith("_") and k != "training"}
-        return ", ".join(f"{k}={v}" for k, v in extra.items())
+__all__ = [
+    "LOSSES",
+    "CISPOLoss",
+    "DAPOLoss",
+    "DrGRPOLoss",
+    "GRPOLoss",
+    "GSPOLoss",
+    "LossOutput",
+    "Mismatch",
+    "PolicyLoss",
+    "build_loss",
+]
 
 
 class GRPOLoss(PolicyLoss):
-    """GRPO: mean over sequences of the token mean within each sequence (``num_tokens`` unused)."""
+    """GRPO: mean over sequences of the token mean within each sequence (``num_tokens`` only
+    normalises the entropy bonus, a token mean like every loss's)."""
 
     name = "grpo"
 
@@ -187,6 +60,8 @@ class DrGRPOLoss(PolicyLoss):
         epsilon: See :class:`PolicyLoss`.
         epsilon_high: See :class:`PolicyLoss`.
         beta: See :class:`PolicyLoss`.
+        entropy_coef: See :class:`PolicyLoss`.
+        mismatch: See :class:`PolicyLoss`.
     """
 
     name = "dr_grpo"
@@ -197,10 +72,12 @@ class DrGRPOLoss(PolicyLoss):
         epsilon: float = 0.2,
         epsilon_high: float | None = None,
         beta: float = 0.0,
+        entropy_coef: float = 0.0,
+        mismatch: Mismatch = Mismatch(),
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"DrGRPOLoss: max_tokens={max_tokens!r} must be a positive int")
-        super().__init__(epsilon=epsilon, epsilon_high=epsilon_high, beta=beta)
+        super().__init__(epsilon, epsilon_high, beta, entropy_coef, mismatch)
         self.max_tokens = max_tokens
 
     def aggregate(self, per_token, keep, num_sequences, num_tokens):
@@ -216,14 +93,72 @@ class DAPOLoss(PolicyLoss):
         return per_token.sum() / num_tokens  # []
 
 
-LOSSES: dict[str, type[PolicyLoss]] = {cls.name: cls for cls in (GRPOLoss, DrGRPOLoss, DAPOLoss)}
+class GSPOLoss(GRPOLoss):
+    """GSPO: the clipped surrogate on one ratio per sequence, aggregated like GRPO.
+
+    The sequence's ratio is the geometric mean of its token ratios, ``s = exp(mean_t log(pi /
+    pi_old))``; each token carries ``sg(s) * pi_t / sg(pi_t)`` (``sg``: stop-gradient), whose
+    value is ``s`` and whose gradient is ``s * grad log pi_t`` (the GSPO paper's GSPO-token form
+    with a sequence's advantage on each token; the same loss and gradient as TRL's
+    ``importance_sampling_level="sequence"``). The paper's clip range is much narrower than
+    GRPO's (e.g. ``epsilon=3e-4, epsilon_high=4e-4``); the defaults are the base's.
+    """
+
+    name = "gspo"
+
+    def log_ratio(self, logp, old, keep):
+        lengths = keep.sum(dim=1, keepdim=True).clamp(min=1)  # [R, 1]
+        sequence = (logp - old).sum(dim=1, keepdim=True) / lengths  # [R, 1] log s
+        return torch.where(keep, sequence.detach() + logp - logp.detach(), 0)  # [R, T]
+
+
+class CISPOLoss(DAPOLoss):
+    """CISPO: ``-sg(min(ratio, max_weight)) * A * log pi`` per token, aggregated like DAPO.
+
+    Every token keeps a gradient (nothing is clipped away as in PPO); only its importance
+    weight is capped, and the weight carries no gradient (MiniMax-M1; ScaleRL's ``epsilon_max``).
+    The clip metrics count the tokens whose weight was capped (``clip_ratio_high``).
+
+    Args:
+        max_weight: The cap on the importance weight; > 0. TRL's ``epsilon_high`` under
+            ``loss_type="cispo"`` (TRL and ScaleRL recommend 5.0).
+        beta: See :class:`PolicyLoss`.
+        entropy_coef: See :class:`PolicyLoss`.
+        mismatch: See :class:`PolicyLoss`.
+    """
+
+    name = "cispo"
+
+    def __init__(
+        self,
+        max_weight: float = 5.0,
+        beta: float = 0.0,
+        entropy_coef: float = 0.0,
+        mismatch: Mismatch = Mismatch(),
+    ) -> None:
+        if not (is_number(max_weight) and max_weight > 0):
+            raise ValueError(f"CISPOLoss: max_weight={max_weight!r} must be a number > 0")
+        super().__init__(beta=beta, entropy_coef=entropy_coef, mismatch=mismatch)
+        self.max_weight = float(max_weight)
+
+    def surrogate(self, ratio, adv, logp):
+        weight = torch.clamp(ratio, max=self.max_weight).detach()  # [R, T] no gradient
+        return -weight * adv * logp  # [R, T]
+
+    def clipped(self, ratio, adv):
+        return torch.zeros_like(ratio, dtype=torch.bool), ratio > self.max_weight  # [R, T] each
+
+
+LOSSES: dict[str, type[PolicyLoss]] = {
+    cls.name: cls for cls in (GRPOLoss, DrGRPOLoss, DAPOLoss, GSPOLoss, CISPOLoss)
+}
 
 
 def build_loss(name: str, **kwargs) -> PolicyLoss:
     """Builds a loss by name.
 
     Args:
-        name: One of ``"grpo"``, ``"dr_grpo"``, ``"dapo"``.
+        name: One of ``"grpo"``, ``"dr_grpo"``, ``"dapo"``, ``"gspo"``, ``"cispo"``.
         **kwargs: Constructor arguments of the chosen class.
 
     Raises:
@@ -232,18 +167,3 @@ def build_loss(name: str, **kwargs) -> PolicyLoss:
     if name not in LOSSES:
         raise ValueError(f"loss name={name!r} is not one of {sorted(LOSSES)}")
     return LOSSES[name](**kwargs)
-
-
-def _total(key: str, value: int | Tensor | None, default: int) -> int:
-    """Validates a batch total; ``None`` -> ``default`` (at least 1 so empty batches give 0)."""
-    if value is None:
-        return max(default, 1)
-    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point():
-        value = int(value.item())
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key}={value!r} must be a positive int")
-    return value
-
-
-def _shape(x: object) -> tuple | str:
-    return tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__

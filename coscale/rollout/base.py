@@ -19,6 +19,12 @@ FINISH_REASONS: tuple[str, ...] = ("stop", "length")
 """`"stop"`: an end token (EOS or the chat template's end-of-turn token, e.g. `<|im_end|>`) or a
 stop string ended the completion; `"length"`: max_new_tokens did."""
 
+LOGPROB_SOURCES: tuple[str, ...] = ("trainer", "engine", "engine-unchecked")
+"""Where `Rollouts.logprobs` came from: `"trainer"`, the trainer's own model (the HF and cached
+backends share it; vLLM recomputing them); `"engine"`, an engine with its own copy of the weights
+(vLLM's log-probs where they match the contract); `"engine-unchecked"`, an engine's, incomplete
+ones zero-filled, with no trainer's model to recompute them (evaluation only)."""
+
 _TENSOR_FIELDS = ("prompt_index", "input_ids", "attention_mask", "completion_mask", "logprobs")
 
 
@@ -109,6 +115,8 @@ class Rollouts:
             special token).
         finish_reasons: R of "stop" (end token or stop string) | "length".
         prompt_length: P.
+        logprob_source: Where `logprobs` came from, one of `LOGPROB_SOURCES`; the GRPO update
+            corrects the engine/trainer mismatch only for an engine's (`from_engine`).
     """
 
     prompt_index: Tensor
@@ -119,6 +127,7 @@ class Rollouts:
     texts: list[str]
     finish_reasons: list[str]
     prompt_length: int
+    logprob_source: str = "trainer"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -137,6 +146,11 @@ class Rollouts:
     def prompt_ids(self) -> Tensor:
         """[R, P] left-padded prompt ids."""
         return self.input_ids[:, : self.prompt_length]
+
+    @property
+    def from_engine(self) -> bool:
+        """Whether `logprobs` are an engine's rather than the trainer's model's."""
+        return self.logprob_source != "trainer"
 
     @property
     def lengths(self) -> Tensor:
@@ -177,6 +191,10 @@ class Rollouts:
         odd = sorted(set(self.finish_reasons) - set(FINISH_REASONS))
         if odd:
             problems.append(f"finish_reasons must be in {FINISH_REASONS}, got {odd}")
+        if self.logprob_source not in LOGPROB_SOURCES:
+            problems.append(
+                f"logprob_source must be one of {LOGPROB_SOURCES}, got {self.logprob_source!r}"
+            )
         if problems:
             raise ValueError("Rollouts: " + "; ".join(problems))
 

@@ -159,6 +159,7 @@ class HFGenerateBackend(RolloutBackend):
             texts=texts,
             finish_reasons=reasons,
             prompt_length=prompt_ids.shape[1],
+            logprob_source="trainer",  # the policy itself sampled (also for CachedDecodeBackend)
         )
 
     def _decode(self, ids: Sequence[int]) -> str:

@@ -284,4 +284,5 @@ class VLLMBackend(RolloutBackend):
             sampling.temperature,
             self.parity_settings.recompute_batch_size,
         )
+        rollouts.logprob_source = self.last_logprob_source
         return rollouts

@@ -220,6 +220,7 @@ def assemble_rollouts(
         texts=[decode(tokens) for tokens, _, _ in kept],
         finish_reasons=[reason for _, _, reason in kept],
         prompt_length=width_p,
+        logprob_source="engine",  # until `fill_logprobs` decides
     )
 
 
