@@ -4,7 +4,10 @@ Backends (`--backends`): ``hf`` (``rollout.backend: hf``: HF `generate`), ``cach
 (the default: `CachedDecodeBackend`), ``vllm`` (``rollout.backend:
 vllm``, the engine colocated in this process, weights synced after every optimiser step) and
 ``vllm-unseeded`` (the same with ``rollout.options.honor_seed: false``: one request of n=N per
-prompt instead of one seeded request per rollout). Every module loads its own copy of the model
+prompt instead of one seeded request per rollout). With a LoRA adapter (r 16, alpha 32,
+all-linear, `bench_sft.lora_config`) on the same model: ``cached-lora``, ``vllm-lora-merged``
+(``rollout.options.sync.adapter: merged``: every sync sends the merged weights) and ``vllm-lora``
+(``sync.adapter: lora``: every sync sends the adapter alone, a vLLM LoRA request). Every module loads its own copy of the model
 in `--dtype` (float32) and does the same work per step: `--prompts` prompts x N=`--n` rollouts
 of at most `--new-tokens` tokens at temperature 1, a reward with spread in every group, the
 `grpo` loss, AdamW at lr 1e-6, `--micro-batch` rows per forward/backward pass.
@@ -52,7 +55,7 @@ from vllm_bench import (
 from coscale.modules import GRPOModule
 from coscale.rl.losses import GRPOLoss
 
-BACKENDS = ("hf", "cached", "vllm", "vllm-unseeded")
+BACKENDS = ("hf", "cached", "vllm", "vllm-unseeded", "cached-lora", "vllm-lora-merged", "vllm-lora")
 
 
 class KeptEngineGRPO(GRPOModule):
@@ -79,10 +82,15 @@ class KeptEngineGRPO(GRPOModule):
 
 def build_module(name: str, args) -> KeptEngineGRPO:
     """The module of backend `name` (see the module doc), its engine not yet built."""
-    rollout = {"backend": name}
+    from bench_sft import lora_config
+
+    lora = "lora" in name
+    rollout = {"backend": name.removesuffix("-lora")}
     if name.startswith("vllm"):
         options = engine_options(args.dtype, args.max_model_len, args.kv_cache_gib, args.eager)
-        options |= {"honor_seed": name == "vllm", "parity": {"every": args.parity_every}}
+        options |= {"honor_seed": name != "vllm-unseeded", "parity": {"every": args.parity_every}}
+        if lora:
+            options["sync"] = {"adapter": "merged" if name.endswith("merged") else "lora"}
         rollout = {"backend": "vllm", "options": options}
     module = KeptEngineGRPO(
         model=SMOLLM2, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2),
@@ -90,6 +98,7 @@ def build_module(name: str, args) -> KeptEngineGRPO:
         update={"scale_rewards": "group", "max_grad_norm": 1.0, "num_iterations": 1,
                 "micro_batch_size": min(args.micro_batch, args.prompts * args.n)},
         sampling={"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0},
+        peft=lora_config() if lora else None,
     )  # fmt: skip
     module.sample_seconds, module.sync_seconds = [], []
     return module
