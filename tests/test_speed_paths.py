@@ -191,6 +191,20 @@ def test_token_entropy_by_hand():
     torch.testing.assert_close(token_entropy(logits, 0.0), want, rtol=0, atol=1e-6)  # greedy: 1
 
 
+def test_token_entropy_in_chunks_equals_one_pass(monkeypatch):
+    """More positions than ENTROPY_ROWS run in chunks (bounded float32 copies): same values,
+    same shape, and the gradient of an entropy bonus still reaches every position."""
+    import coscale.rl.logprobs as lp
+
+    logits = torch.randn(3, 7, 11, requires_grad=True)  # [R, T, V]
+    whole = token_entropy(logits, 0.8)
+    monkeypatch.setattr(lp, "ENTROPY_ROWS", 4)  # 21 positions: 6 chunks
+    chunked = token_entropy(logits, 0.8)
+    assert chunked.shape == (3, 7) and torch.equal(chunked, whole)
+    (grad,) = torch.autograd.grad(chunked.sum(), logits)
+    assert torch.count_nonzero(grad.abs().sum(-1)) == 21
+
+
 def test_trimmed_padding_gives_the_same_logprobs(tiny_model, sampled_plain):
     ro = sampled_plain
     rows = torch.tensor([0, 5, 11])  # prompts of three lengths, completions of three lengths
