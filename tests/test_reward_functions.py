@@ -161,6 +161,11 @@ def test_async_functions_run_concurrently_on_one_loop():
     assert started["a"] is started["b"]  # one event loop
 
 
+def test_an_async_function_alone_is_awaited_on_the_reward_loop():
+    # as a teacher's verifier is called: one function, no RewardSet around it
+    assert RewardFunction(AsyncJudge(), "verifier").score(INPUTS) == [0.25] * 3
+
+
 # ------------------------------------------------------------------------------------ errors
 def test_a_raising_function_is_named_with_the_first_failing_completion():
     def picky(completions, answers):

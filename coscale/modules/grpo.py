@@ -3,9 +3,9 @@
 A step: the batch's problems -> rollouts (problem b gets N_b of them) -> the reward (a weighted
 sum of reward functions) and the verifier's verdict -> group advantages from the reward (groups
 of different sizes in one batch) -> the verdicts into the pools' tally and the replay buffer ->
-an explicit inner update loop over micro-batches. Groups whose rewards are all
-equal carry no signal: they are dropped from the update and counted; a batch without any signal
-is skipped (no optimiser step), never a crash.
+an explicit inner update loop over micro-batches. Groups whose rewards are all equal carry no
+signal: they are dropped from the update and counted; a batch without any signal is skipped (no
+optimiser step), never a crash.
 
 Manual optimisation: Lightning never calls ``optimizer_step`` here, so ``num_iterations`` and the
 micro-batches are a plain loop in :meth:`update`.

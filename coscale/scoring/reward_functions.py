@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from coscale.scoring.async_loop import run_concurrently
+
 TRL_NAMES = frozenset({"prompts", "completion_ids"})
 """Parameter names that only a TRL-style function has."""
 
@@ -142,7 +144,10 @@ class RewardFunction:
         return kwargs if self._takes_all else {k: v for k, v in kwargs.items() if k in self._named}
 
     def score(self, inputs: RewardInputs) -> list[float]:
-        """Scores of a sync function, NaN for "no opinion"; :class:`RewardError` if it fails."""
+        """Scores, NaN for "no opinion"; :class:`RewardError` if it fails. An async function is
+        awaited on the reward event loop (:mod:`.async_loop`)."""
+        if self.is_async:
+            return run_concurrently([self.ascore(inputs)])[0]
         try:
             out = self._call(inputs)
         except Exception as err:

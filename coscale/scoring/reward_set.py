@@ -14,16 +14,13 @@ Which verifier, when none is given (:func:`default_verifier`):
 
 And with a verifier but no reward, the verifier's score is the reward. A verifier that is also
 one of the reward functions (the same object) is called once. ``async def`` functions of one
-step run concurrently on one event loop (a daemon thread shared by the process); the others run
-in turn, in the caller's thread.
+step run concurrently on one event loop (:mod:`.async_loop`); the others run in turn, in the
+caller's thread, before them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
-import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +28,7 @@ import torch
 from torch import Tensor
 
 from coscale.checks import is_number
+from coscale.scoring.async_loop import run_concurrently
 from coscale.scoring.reward_functions import RewardFunction, RewardInputs
 
 RewardSpec = Callable[..., Any]
@@ -195,28 +193,3 @@ def run_all(functions: Sequence[RewardFunction], inputs: RewardInputs) -> list[l
         for (i, _), scores in zip(pending, results):
             out[i] = scores
     return out  # type: ignore[return-value]
-
-
-_LOOP: dict[str, Any] = {}  # the process's event loop for async rewards, and its owner pid
-_LOOP_LOCK = threading.Lock()
-
-
-def run_concurrently(coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:
-    """Awaits ``coros`` together on the process's reward event loop; the first error raises."""
-
-    async def gather() -> list[Any]:
-        return list(await asyncio.gather(*coros))
-
-    return asyncio.run_coroutine_threadsafe(gather(), _event_loop()).result()
-
-
-def _event_loop() -> asyncio.AbstractEventLoop:
-    """One event loop in a daemon thread, started at first use (again in a forked child, which
-    inherits the loop but not its thread)."""
-    with _LOOP_LOCK:
-        if _LOOP.get("pid") != os.getpid():
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="coscale-rewards", daemon=True)
-            thread.start()
-            _LOOP.update(pid=os.getpid(), loop=loop)
-        return _LOOP["loop"]
