@@ -75,8 +75,8 @@ def greedy(module, rows: list[dict]) -> tuple[list[int], list[str]]:
     module.eval()
     correct, texts = [], []
     for i in range(0, len(rows), 64):
-        rollouts, rewards = module.sample(rows[i : i + 64], 1, GREEDY)
-        correct += [int(r >= 1.0) for r in rewards.tolist()]
+        rollouts, scores = module.sample(rows[i : i + 64], 1, GREEDY)
+        correct += scores.correct.long().tolist()
         texts += rollouts.texts
     return correct, texts
 
@@ -126,7 +126,7 @@ def sft_kwargs(args: argparse.Namespace) -> dict:
         "prompt": {"template": "Q:{question}\nA:"},
         "optimizer": {"lr": args.lr},
         "max_length": 64,
-        "reward": BoxedInteger(),
+        "verifier": BoxedInteger(),
         "batch_size": 16,
     }
 

@@ -86,7 +86,7 @@ def coscale_run(size: str, data: list[dict], args, padding_free: bool = True, pe
     ``module`` and last ``trainer`` as attributes (for a checkpoint)."""
     model, tok = build(size)
     module = SFTModule(
-        model=model, tokenizer=tok, optimizer={"lr": 1e-5}, max_length=1024, reward=_NoReward(),
+        model=model, tokenizer=tok, optimizer={"lr": 1e-5}, max_length=1024, verifier=_NoReward(),
         padding_free=padding_free, peft=peft,
     )  # fmt: skip
 

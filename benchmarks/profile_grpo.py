@@ -29,7 +29,7 @@ class PhaseClock:
         self.seconds: dict[str, list[float]] = {"rollouts": [], "reward": [], "update": []}
         backend = module.backend
         self._wrap(backend, "generate", "rollouts")
-        self._wrap(module, "reward", "reward")
+        self._wrap(module.rewards, "score", "reward")
         self._wrap(module, "update", "update")
 
     def _wrap(self, owner, name: str, phase: str) -> None:

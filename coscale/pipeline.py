@@ -43,6 +43,7 @@ from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.modules.sft import settings_errors as sft_settings_errors
+from coscale.scoring.reward_set import default_verifier
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import measure_stage
 from coscale.stages.final import final_stage
@@ -114,7 +115,8 @@ class PipelineConfig:
             fine-tunes.
         sft: ``SFTModule`` arguments (the model and ``peft`` are the pipeline's).
         grpo: ``GRPOModule`` arguments (the model is the previous stage's, ``peft`` the
-            pipeline's).
+            pipeline's). Its ``verifier`` (or that default) is the run's one verifier: every
+            stage's, the measurements' and the teacher's unless it sets its own.
         schedule: ``NSchedule`` arguments (Rollout N per difficulty group): the run's one
             schedule, built once and started afresh by every RL stage. Its only place in
             ``coscale run``: a ``data.schedule`` is refused.
@@ -165,6 +167,8 @@ class PipelineConfig:
                 "sft.distill is chosen by the pipeline (the latest RL model); set "
                 "pipeline.distill_weight > 0 to distil from it"
             )
+        if "verifier" in self.sft:
+            errors.append("sft.verifier is the run's one verifier: set grpo.verifier instead")
         for group in ("sft", "grpo"):
             if "peft" in getattr(self, group):
                 errors.append(
@@ -205,14 +209,27 @@ def _plain(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def instantiate(value: Any) -> Any:
-    """``{"class_path": ..., "init_args": {...}}`` dicts (from YAML) become objects, recursively."""
+    """``{"class_path": ..., "init_args": {...}}`` dicts (from YAML) become objects, recursively
+    (in lists too: a list of reward functions)."""
     if isinstance(value, dict) and "class_path" in value:
         module_name, _, cls_name = value["class_path"].rpartition(".")
         cls = getattr(importlib.import_module(module_name), cls_name)
         return cls(**instantiate(value.get("init_args", {})))
     if isinstance(value, dict):
         return {k: instantiate(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [instantiate(v) for v in value]
     return value
+
+
+def one_verifier(sft: dict[str, Any], grpo: dict[str, Any], data: ProblemDataModule) -> None:
+    """Makes ``pipeline.grpo.verifier`` (or its default, :func:`default_verifier`) the run's one
+    verifier: the RL stages' and the SFT stages' (measurement, selection, the final judge), and
+    the teacher's when it has none of its own (the bank)."""
+    verifier = default_verifier(grpo.get("reward"), grpo.get("verifier"))
+    grpo["verifier"] = sft["verifier"] = verifier
+    if (teacher := data.curriculum.teacher) is not None and hasattr(teacher, "adopt_verifier"):
+        teacher.adopt_verifier(verifier)
 
 
 def _one_schedule(config: PipelineConfig, data: ProblemDataModule) -> NSchedule:
@@ -243,6 +260,7 @@ class Pipeline:
         self.seconds: dict[str, float] = {}  # wall time per stage, not part of the results
         logger = make_logger(config.logger, os.path.join(config.run_dir, "logs"), config.project)
         sft, grpo = instantiate(config.sft), instantiate(config.grpo)
+        one_verifier(sft, grpo, data)
         self.ctx = StageContext(config, self.curriculum, data, logger, sft, grpo)
 
     @property

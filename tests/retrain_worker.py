@@ -70,7 +70,7 @@ def main(strategy: str, guard: str, model_dir: str, out: str) -> None:
     _trainer(strategy, max_epochs=1, callbacks=[redistill, final]).fit(grpo, datamodule=dm)
     _save(full_state_dict(grpo.policy), os.path.join(out, "final.pt"))
     args = {k: v for k, v in sft.items() if k != "batch_size"}
-    stage = SFTModule(model=model_dir, reward=DigitReward(), **args)
+    stage = SFTModule(model=model_dir, verifier=DigitReward(), **args)
     view = CurriculumDataModule(cur, "all", sft_batch_size=SFT["batch_size"])
     _trainer(strategy, **LOOP).fit(stage, datamodule=view)
     _save(full_state_dict(stage.policy), os.path.join(out, "stage.pt"))

@@ -423,7 +423,7 @@ def _same(a, b) -> bool:
 
 
 def test_redistillation_equals_sft_from_the_initial_model_on_its_set(tiny_model_dir, tmp_path):
-    rl = SFTModule(model=str(tiny_model_dir), reward=ToyReward())  # stands in for the RL policy
+    rl = SFTModule(model=str(tiny_model_dir), verifier=ToyReward())  # stands in for the RL policy
     with torch.no_grad():
         for p in rl.policy.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
@@ -446,13 +446,13 @@ def test_redistillation_equals_sft_from_the_initial_model_on_its_set(tiny_model_
     expected = run_sft(
         str(tiny_model_dir),
         items,
-        {"prompt": rl.prompt, "tokenizer": rl.tokenizer, "reward": rl.reward, **SFT},
+        {"prompt": rl.prompt, "tokenizer": rl.tokenizer, "verifier": rl.verifier, **SFT},
         {"max_epochs": 2},
         seed=3,
     )
     assert sorted(i["solution"] for i in items) == ["a new", "b rl", "c solved"]
     assert _same(_weights(expected), _weights(rl)) and not _same(rl_weights, _weights(rl))
-    initial = SFTModule(model=str(tiny_model_dir), reward=ToyReward())
+    initial = SFTModule(model=str(tiny_model_dir), verifier=ToyReward())
     assert not _same(_weights(initial), _weights(rl))
     assert (tmp_path / "out" / "config.json").exists()
 
@@ -460,14 +460,14 @@ def test_redistillation_equals_sft_from_the_initial_model_on_its_set(tiny_model_
 def test_redistillation_with_an_empty_set_leaves_the_policy(
     tiny_model_dir, tiny_model, char_tokenizer
 ):
-    rl = SFTModule(model=str(tiny_model_dir), reward=ToyReward())
+    rl = SFTModule(model=str(tiny_model_dir), verifier=ToyReward())
     before = _weights(rl)
     cb = ReDistillation(sft=SFT)
     with pytest.warns(UserWarning, match="empty re-distillation set"):
         assert cb.run(_trainer(_dm(["a"])), rl) == 0
     assert _same(before, _weights(rl)) and cb.state_dict() == {"runs": 0, "last_size": 0}
     in_memory = SFTModule(
-        model=copy.deepcopy(tiny_model), tokenizer=char_tokenizer, reward=ToyReward()
+        model=copy.deepcopy(tiny_model), tokenizer=char_tokenizer, verifier=ToyReward()
     )
     with pytest.raises(ValueError, match="set initial_model"):
         cb.setup(_trainer(), in_memory, "fit")
@@ -476,7 +476,7 @@ def test_redistillation_with_an_empty_set_leaves_the_policy(
 
 
 def test_copy_weights_loads_in_place(tiny_model_dir):
-    src, dst = (SFTModule(model=str(tiny_model_dir), reward=ToyReward()) for _ in range(2))
+    src, dst = (SFTModule(model=str(tiny_model_dir), verifier=ToyReward()) for _ in range(2))
     with torch.no_grad():
         next(src.policy.parameters()).add_(1.0)
     target = next(dst.policy.parameters())
@@ -490,7 +490,7 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
     dm.curriculum.bank.add("a", "a solved")
     dm.curriculum.bank.record_rollout("b", "b rl", True, step=0)
     policy = SFTModule(
-        model=str(tiny_model_dir), reward=ToyReward(), validation={"max_new_tokens": 8}
+        model=str(tiny_model_dir), verifier=ToyReward(), validation={"max_new_tokens": 8}
     )
     measured, count_correct = [], policy.count_correct
 
@@ -522,7 +522,7 @@ def test_final_retrain_keep_better_restores_the_fit_weights_when_the_retrain_is_
     dm = _dm(["a"], val=val)
     dm.curriculum.bank.add("a", "a solved")
     policy = SFTModule(
-        model=str(tiny_model_dir), reward=ToyReward(), validation={"max_new_tokens": 8}
+        model=str(tiny_model_dir), verifier=ToyReward(), validation={"max_new_tokens": 8}
     )
     calls, count_correct = [], policy.count_correct
 
@@ -547,7 +547,7 @@ def test_final_retrain_source_leaves_the_rollouts_out(tiny_model_dir, monkeypatc
     dm.curriculum.bank.add("a", "a bank")
     dm.curriculum.bank.record_rollout("b", "b rollout", True, 0)
     policy = SFTModule(
-        model=str(tiny_model_dir), reward=ToyReward(), validation={"max_new_tokens": 8}
+        model=str(tiny_model_dir), verifier=ToyReward(), validation={"max_new_tokens": 8}
     )
     trained = []
     monkeypatch.setattr(
@@ -614,7 +614,7 @@ def test_one_fit_with_all_four_callbacks(tiny_model_dir):
 
 
 def test_redistillation_starts_no_fit_inside_the_running_one(tiny_model_dir, monkeypatch):
-    rl = SFTModule(model=str(tiny_model_dir), reward=ToyReward())
+    rl = SFTModule(model=str(tiny_model_dir), verifier=ToyReward())
     dm = _dm(["a", "b"], curriculum={"seed": 3})
     dm.curriculum.bank.record_rollout("a", "a rl", True, step=1)
 
@@ -651,7 +651,7 @@ def test_in_fit_sft_names_each_setting_it_does_not_take_before_training():
 def test_the_guard_under_a_sharded_strategy_is_refused_at_setup(tiny_model_dir):
     sharded = type("ModelParallelStrategy", (), {})()  # Lightning's FSDP2 strategy, by name
     trainer = SimpleNamespace(strategy=sharded)
-    module = SFTModule(model=str(tiny_model_dir), reward=ToyReward())
+    module = SFTModule(model=str(tiny_model_dir), verifier=ToyReward())
     for cb in (
         ReDistillation(sft={"forgetting_guard": {"mode": "neuron"}}),
         FinalRetrain(sft={"forgetting_guard": {"mode": "parameter"}}),

@@ -23,6 +23,7 @@ from coscale.loop.solution_sources import TeacherSolutions
 from coscale.models.prompting import PromptFormat, end_of_turn_id, generation_prompt
 from coscale.modules.policy_mixin import PolicyMixin
 from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, Rollouts, SamplingParams
+from coscale.scoring.reward_set import RewardSet
 from coscale.scoring.rewards import MathReward
 from coscale.sft.batch import IGNORE, tokenize_pairs
 from coscale.tasks import Problem
@@ -244,10 +245,10 @@ def test_sampled_chat_completion_is_scored_on_its_text(model, tok):
         prompt=CHAT,
         tokenizer=tok,
         _backend=CachedDecodeBackend(model, tok),
-        reward=MathReward(extract="last_number", num_workers=0),
+        rewards=RewardSet(verifier=MathReward(extract="last_number", num_workers=0)),
     )
     problem = {"question": "What is 2+3? Answer with just the number.", "answer": "5"}
-    rollouts, rewards = host.sample([problem], 1, GREEDY)
+    rollouts, scores = host.sample([problem], 1, GREEDY)
     assert rollouts.finish_reasons == ["stop"]
     assert rollouts.completion_ids[0, int(rollouts.lengths[0]) - 1] == IM_END
-    assert rewards.tolist() == [1.0], rollouts.texts
+    assert scores.reward.tolist() == [1.0] and scores.correct.tolist() == [True], rollouts.texts

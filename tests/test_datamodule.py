@@ -346,7 +346,11 @@ def test_val_loader():
     batches = list(dm.val_dataloader())
     assert [len(b) for b in batches] == [2, 1]
     got = sorted((x for b in batches for x in b), key=lambda x: x["id"])
-    assert got == [{"id": f"v{i}", "question": f"vq{i}", "answer": str(i)} for i in range(3)]
+    # the other columns travel in meta, for the reward functions' **columns
+    assert got == [
+        {"id": f"v{i}", "question": f"vq{i}", "answer": str(i), "meta": {"level": 1}}
+        for i in range(3)
+    ]
     assert _order(dm.val_dataloader()) == _order(batches)  # fixed order every time
     assert _dm().val_dataloader() == []
 

@@ -208,7 +208,7 @@ def _rows(n=4):
 
 
 def _module(tiny_model, tok, optimizer=None, **kw):
-    kw = dict(reward=lambda c, a: [0.0] * len(c)) | kw
+    kw = dict(verifier=lambda c, a: [0.0] * len(c)) | kw
     optimizer = {"lr": 1e-2, "weight_decay": 0.1} | (optimizer or {})
     return SFTModule(model=copy.deepcopy(tiny_model), tokenizer=tok, optimizer=optimizer, **kw)
 
@@ -342,7 +342,7 @@ class Probe(SFTModule):
 torch.set_num_threads(1)
 module = Probe(model=sys.argv[1], optimizer={"lr": 1e-2},
                forgetting_guard={"mode": "neuron", "batch_size": 3},
-               mastered=ddp_rows(5, 2, 1), reward=lambda c, a: [0.0] * len(c))
+               mastered=ddp_rows(5, 2, 1), verifier=lambda c, a: [0.0] * len(c))
 trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=3, logger=False,
                     enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, limit_val_batches=0)
@@ -364,7 +364,7 @@ def ddp_rows(n: int, terms: int, seed: int) -> list[dict]:
 
 @pytest.mark.slow
 def test_ddp_mastered_gradient_is_averaged_and_ranks_agree(tiny_model_dir, tmp_path):
-    single = SFTModule(model=str(tiny_model_dir), reward=lambda c, a: [0.0] * len(c))
+    single = SFTModule(model=str(tiny_model_dir), verifier=lambda c, a: [0.0] * len(c))
     params = guarded_parameters(single.policy)
     grads, _ = reference_gradient(params, [ddp_rows(5, 2, 1)], single._loss_sum)
     torch.save(grads, tmp_path / "single.pt")

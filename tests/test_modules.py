@@ -90,10 +90,10 @@ def test_grpo_two_steps_with_different_n_per_problem(tiny_model_dir):
     original = module.sample
 
     def spy(batch, n, sampling):
-        rollouts, rewards = original(batch, n, sampling)
+        rollouts, scores = original(batch, n, sampling)
         assert [p["n"] for p in batch] == n
         seen.append((len(batch), rollouts.num_rollouts, sum(n)))
-        return rollouts, rewards
+        return rollouts, scores
 
     module.sample = spy
     before = _params(module)
@@ -196,10 +196,11 @@ def _fit_with_cut_rollouts(model_dir, mask_truncated: bool, cut: set[int]):
     sample, update, kept = module.sample, module.update, []
 
     def cut_sample(batch, n, sampling):
-        rollouts, rewards = sample(batch, n, sampling)
-        assert rollouts.prompt_index.tolist() == [0, 0, 1, 1] and rewards.tolist() == [1, 0, 1, 0]
+        rollouts, scores = sample(batch, n, sampling)
+        assert rollouts.prompt_index.tolist() == [0, 0, 1, 1]
+        assert scores.reward.tolist() == [1, 0, 1, 0]
         rollouts.finish_reasons = ["length" if i in cut else "stop" for i in range(4)]
-        return rollouts, rewards
+        return rollouts, scores
 
     def kept_update(rollouts, advantages, keep):
         kept.append(keep.tolist())

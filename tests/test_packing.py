@@ -215,7 +215,7 @@ def _fit(model, tokenizer, padding_free: bool) -> torch.Tensor:
     module = SFTModule(
         model=copy.deepcopy(model), tokenizer=tokenizer, optimizer={"lr": 1e-3},
         padding_free=padding_free,
-        reward=lambda completions, answers, **_: [0.0] * len(completions),
+        verifier=lambda completions, answers, **_: [0.0] * len(completions),
     )  # fmt: skip
     rows = [{"question": q, "solution": s} for q, s in zip(PROMPTS, SOLUTIONS)] * 2
     trainer = L.Trainer(

@@ -41,6 +41,8 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys, wandb_log):
         b"sched/n_eff_group0",
         b"train/reward",
         b"train/entropy",
+        b"train/rewards/MathReward",  # each reward function's mean (the default: MathReward)
+        b"train/correct",
         b"completions/step_",
     ]
     data = wandb_log(run_dir / "logs" / "wandb", keys)

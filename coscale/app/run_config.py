@@ -21,13 +21,13 @@ MAPPINGS = ("pipeline.trainer",)
 settings are groups of typed arguments: a later file sets only the keys it names)."""
 
 PIPELINE_SETS = {
-    "sft": {"model", "distill", "peft"},
+    "sft": {"model", "distill", "peft", "verifier"},
     "grpo": {"model", "peft"},
     "schedule": set(),
 }
 """Arguments of ``pipeline.sft`` / ``grpo`` / ``schedule``'s class that the pipeline sets itself
 (every stage's model; the SFT's teacher for ``distill_weight``; every stage's adapter from
-``pipeline.peft``): not settings."""
+``pipeline.peft``; the run's one verifier, ``pipeline.grpo.verifier``): not settings."""
 
 
 def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTION):

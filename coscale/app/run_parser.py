@@ -13,6 +13,7 @@ from jsonargparse import ArgumentParser, Namespace
 SET_BY = {
     ("sft", "distill"): "pipeline.distill_weight (the teacher is the latest RL model)",
     ("sft", "peft"): "pipeline.peft, for every stage",
+    ("sft", "verifier"): "pipeline.grpo.verifier, for every stage",
     ("grpo", "peft"): "pipeline.peft, for every stage",
 }
 """What a refusal of an argument the pipeline sets itself (``run_config.PIPELINE_SETS``) names

@@ -34,7 +34,7 @@ class ReDistillation(Callback):
         include_bank: Also train on the bank of problems RL has not handled (datamodule
             ``sft_source="all"``; otherwise ``"redistill"``).
         sft: :class:`~coscale.modules.SFTModule` arguments plus ``batch_size``; the policy's
-            prompt, tokenizer, reward and dtype are used unless set here.
+            prompt, tokenizer, verifier and dtype are used unless set here.
         trainer: The SFT's length: ``max_epochs``, ``max_steps``, ``gradient_clip_val``
             (strategy and precision are the running Trainer's).
         selection: Keep the weights with the best pass@1 on a slice of the training problems.

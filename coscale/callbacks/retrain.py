@@ -16,7 +16,7 @@ from coscale.measure.selection import Selection
 from coscale.modules.sft import SFTModule, check_guard_strategy
 from coscale.sft.forgetting import GuardSettings
 
-_SHARED = ("prompt", "tokenizer", "reward", "load")  # the SFT takes these from the policy module
+_SHARED = ("prompt", "tokenizer", "verifier", "load")  # the SFT takes these from the policy module
 
 
 class RetrainSettings:
@@ -24,7 +24,7 @@ class RetrainSettings:
 
     Args:
         sft: :class:`~coscale.modules.SFTModule` arguments plus ``batch_size`` (pairs per step,
-            default 16); the policy's prompt, tokenizer, reward and dtype are used unless set.
+            default 16); the policy's prompt, tokenizer, verifier and dtype are used unless set.
         trainer: The loop's length (:data:`~coscale.callbacks.sft_in_fit.LOOP_KEYS`); strategy
             and precision are the running Trainer's.
         selection: Keep the best-scoring weights of the retrain instead of its last ones.
@@ -71,7 +71,7 @@ def retrain_from_initial(
     """SFT from ``owner``'s initial weights on ``items``, on the running fit's strategy and
     precision, then into ``pl_module``'s policy in place (rank 0's weights on every rank).
 
-    The SFT takes the policy module's prompt, tokenizer, reward and ``load`` (dtype, remote code,
+    The SFT takes the policy module's prompt, tokenizer, verifier and ``load`` (dtype, remote code,
     gradient checkpointing) unless ``owner.settings.sft`` sets them; the forgetting guard's
     mastered set is the curriculum's (its solved problems), as in a pipeline SFT stage.
 

@@ -100,7 +100,11 @@ class CurriculumDataModule(L.LightningDataModule):
         return loader
 
     def val_dataloader(self):
-        rows = [{"id": p.id, "question": p.question, "answer": p.answer} for p in self.val_problems]
+        rows = [
+            {"id": p.id, "question": p.question, "answer": p.answer}
+            | ({"meta": dict(p.meta)} if p.meta else {})  # the columns the reward functions get
+            for p in self.val_problems
+        ]
         if not rows:
             return []
         return epoch_loader(lambda: rows, self.val_batch_size, seed=0, epoch=-1, pad=False)

@@ -219,8 +219,11 @@ class Curriculum:
         return [self.rl_item(i) for i in ids]
 
     def rl_item(self, pid: str) -> Item:
+        """Problem ``pid`` as RL serves it: its N, and its other dataset columns in ``meta``
+        when it has any (what the reward functions get as ``**columns``)."""
         p = self.problems[pid]
-        return {"id": pid, "question": p.question, "answer": p.answer, "n": self.n_of(pid)}
+        item = {"id": pid, "question": p.question, "answer": p.answer, "n": self.n_of(pid)}
+        return item | ({"meta": dict(p.meta)} if p.meta else {})
 
     def record_rollouts(self, outcomes: Iterable[tuple[str, str, bool]], step: int) -> None:
         """(problem id, text, correct) of one batch: into the epoch's tally, and correct ones

@@ -1,7 +1,7 @@
 """Where new solutions for unsolvable problems come from (the data-scaling half of CoScale-RL).
 
 The data set's own solutions are used first; a :class:`SolutionSource` supplies the rest. A
-teacher model's solutions are verified by the reward before they may enter the bank: a wrong
+teacher model's solutions are verified by a verifier before they may enter the bank: a wrong
 solution in SFT data teaches the wrong answer.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 from coscale.loop.problem import Problem
 from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import SamplingParams
+from coscale.scoring.reward_functions import RewardFunction, RewardInputs, columns_of
 
 Request = tuple[Problem, int]  # (problem, how many new solutions it needs)
 
@@ -32,6 +33,10 @@ class SolutionSource(ABC):
             known: ``known(problem_id)`` lists the solutions already in the bank, so that a source
                 never proposes a duplicate.
         """
+
+    def adopt_verifier(self, verifier: Callable[..., Any]) -> None:  # noqa: B027
+        """Takes the run's verifier (``coscale run`` calls it): a source that verifies what it
+        proposes uses it unless it was given its own. Nothing by default."""
 
 
 class DatasetSolutions(SolutionSource):
@@ -62,7 +67,9 @@ class TeacherSolutions(SolutionSource):
         temperature: Sampling temperature (diverse solutions need > 0).
         dtype: Teacher weights' dtype (``float32``, ``bfloat16``, ``float16``).
         trust_remote_code: Allow custom model code from the model's folder (off by default).
-        reward: Verifier; defaults to :class:`coscale.scoring.rewards.MathReward`.
+        reward: Verifier: keeps a solution it scores >= 1.0; coscale-style or TRL-style
+            (``docs/rewards.md``). None: the run's verifier under ``coscale run``
+            (``pipeline.grpo.verifier``), else :class:`coscale.scoring.rewards.MathReward`.
     """
 
     def __init__(
@@ -75,7 +82,7 @@ class TeacherSolutions(SolutionSource):
         temperature: float = 0.8,
         dtype: str = "float32",
         trust_remote_code: bool = False,
-        reward: Callable[[list[str], list[str]], list[float]] | None = None,
+        reward: Callable[..., Any] | None = None,
     ) -> None:
         if samples_per_problem < 1 or rounds < 1:
             raise ValueError(
@@ -108,16 +115,27 @@ class TeacherSolutions(SolutionSource):
         backend = self._load()
         prompts = [self.prompt(p.question, backend.tokenizer) for p, _ in todo]
         rollouts = backend.generate(prompts, self.samples_per_problem, self.sampling)
-        answers = [todo[i][0].answer for i in rollouts.prompt_index.tolist()]
-        scores = self.reward(rollouts.texts, answers)
+        index = rollouts.prompt_index.tolist()
+        inputs = RewardInputs(
+            prompts=[prompts[i] for i in index],
+            completions=rollouts.texts,
+            completion_ids=rollouts.kept_completion_ids(),
+            answers=[todo[i][0].answer for i in index],
+            columns=columns_of([todo[i][0].meta for i in index]),
+        )
+        scores = RewardFunction(self.reward, "teacher's reward").score(inputs)
         for i, text, score in zip(rollouts.prompt_index.tolist(), rollouts.texts, scores):
             problem, k = todo[i]
             taken, text = out[problem.id], text.strip()
             if score >= 1.0 and len(taken) < k and text not in taken + known(problem.id):
                 taken.append(text)
 
+    def adopt_verifier(self, verifier: Callable[..., Any]) -> None:
+        if self._reward is None:
+            self._reward = verifier
+
     @property
-    def reward(self) -> Callable[[list[str], list[str]], list[float]]:
+    def reward(self) -> Callable[..., Any]:
         if self._reward is None:
             from coscale.scoring.rewards import MathReward
 

@@ -1,10 +1,11 @@
 """GRPOModule: one RL step of CoScale-RL, with each problem's own Rollout N.
 
-A step: the batch's problems -> rollouts (problem b gets N_b of them) -> rewards -> group
-advantages (groups of different sizes in one batch) -> outcomes into the pools' tally and the
-replay buffer -> an explicit inner update loop over micro-batches. Groups whose rewards are all
-equal carry no signal: they are dropped from the update and counted; a batch without any signal
-is skipped (no optimiser step), never a crash.
+A step: the batch's problems -> rollouts (problem b gets N_b of them) -> the reward (a weighted
+sum of reward functions) and the verifier's verdict -> group advantages from the reward (groups
+of different sizes in one batch) -> the verdicts into the pools' tally and the replay buffer ->
+an explicit inner update loop over micro-batches. Groups whose rewards are all equal carry no
+signal: they are dropped from the update and counted; a batch without any signal is skipped (no
+optimiser step), never a crash.
 
 Manual optimisation: Lightning never calls ``optimizer_step`` here, so ``num_iterations`` and the
 micro-batches are a plain loop in :meth:`update`.
@@ -39,6 +40,7 @@ from coscale.rl.micro_batches import merge_stats, micro_batches
 from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.rollout.factory import Rollout, close_backend
 from coscale.rollout.lockstep import in_lockstep
+from coscale.scoring.reward_set import RewardSet, RewardSpec, reward_errors
 
 if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves the name
     from peft import PeftConfig
@@ -55,7 +57,17 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         model: HF hub name or local folder of the policy (or a built model, in Python).
         tokenizer: Tokenizer name or folder; defaults to the model's.
         prompt: How a question becomes the prompt.
-        reward: ``f(completions, answers) -> list[float]`` (``class_path`` in YAML); MathReward.
+        reward: The shaped reward the advantages use: one function or a list, each coscale-style
+            ``f(completions, answers, **columns)`` or TRL-style ``f(prompts, completions,
+            completion_ids, **columns)``, sync or ``async def``, a score or None ("no opinion")
+            per completion (``docs/rewards.md``; YAML: ``class_path`` or a dotted function path).
+            None: the verifier's score.
+        reward_weights: One weight per reward function; the reward is the weighted sum of their
+            scores, Nones left out (TRL's rule). None: all 1.0.
+        verifier: Decides which rollouts are correct (score >= 1.0) for the pools, pass-rate
+            measurement, the replay buffer and validation; never the advantages. None: the one
+            reward function when exactly one is given (as before this setting), else the
+            MathReward among the rewards, else ``MathReward()``.
         loss: Policy loss object (``class_path`` in YAML): GRPOLoss, DrGRPOLoss, DAPOLoss,
             GSPOLoss or CISPOLoss, with its KL, entropy bonus and engine/trainer mismatch
             correction (``docs/losses.md``). ``train/entropy`` is logged whatever it is.
@@ -88,7 +100,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         model: str | Any,
         tokenizer: str | None = None,
         prompt: PromptFormat | str = PromptFormat(),
-        reward: Any = None,
+        reward: RewardSpec | list[RewardSpec] | None = None,
+        reward_weights: list[float] | None = None,
+        verifier: RewardSpec | None = None,
         loss: PolicyLoss | None = None,
         load: PolicyLoad = PolicyLoad(),
         optimizer: AdamW = AdamW(lr=1e-6),
@@ -112,7 +126,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                 ("rollout", Rollout, rollout),
             )
         }
-        errors = settings_errors(**groups)
+        errors = settings_errors(
+            reward=reward, reward_weights=reward_weights, verifier=verifier, **groups
+        )
         if errors:
             raise ValueError("GRPOModule: " + "; ".join(errors))
         in_memory = not isinstance(model, (str, os.PathLike))
@@ -125,7 +141,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         )
         self.automatic_optimization = False
         self.prompt = as_prompt_format(prompt)
-        self.reward = reward if reward is not None else _default_reward()
+        self.rewards = RewardSet(reward, reward_weights, verifier)
         self.loss_fn = loss if loss is not None else GRPOLoss()
         self.load, self.optimizer = groups["load"], groups["optimizer"]
         self.update_settings, self.rollout = groups["update"], groups["rollout"]
@@ -156,17 +172,18 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         if getattr(self.backend, "needs_sync", False):  # e.g. a vLLM engine woken from sleep
             self.backend.update_weights(self.policy)
         sampling = SamplingParams(**{**self.sampling.__dict__, "seed": self._step_seed()})
-        rollouts, rewards = self.sample(batch, [p["n"] for p in batch], sampling)  # R rollouts
+        rollouts, scores = self.sample(batch, [p["n"] for p in batch], sampling)  # R rollouts
         rollouts = rollouts.to(self.device)
         scale = self.update_settings.scale_rewards
-        adv = group_advantages(rewards, rollouts.prompt_index.cpu(), scale)
-        self.record_outcomes(batch, rollouts, rewards)
+        adv = group_advantages(scores.reward, rollouts.prompt_index.cpu(), scale)
+        self.record_outcomes(batch, rollouts, scores.correct)
         keep = ~adv.zero_std[rollouts.prompt_index.cpu()]  # [R] rows of groups with signal
+        keep &= scores.scorable  # no function had an opinion: no signal (TRL: advantage 0)
         if self.update_settings.mask_truncated:
             keep &= torch.tensor([r != "length" for r in rollouts.finish_reasons])
         gen_s = time.perf_counter() - start
         stats = self.update(rollouts, adv.advantages.to(self.device), keep.to(self.device))
-        self.log_step(batch, rollouts, rewards, adv, stats, gen_s, time.perf_counter() - start)
+        self.log_step(batch, rollouts, scores, adv, stats, gen_s, time.perf_counter() - start)
         self.close_epoch_if_done()
 
     def update(
@@ -289,15 +306,16 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         norm = torch.nn.utils.clip_grad_norm_(params, limit)
         return float(norm)
 
-    def record_outcomes(self, batch: list[dict], rollouts: Rollouts, rewards: torch.Tensor) -> None:
-        """Reports every rollout's (problem, text, correct) to the curriculum (its epoch tally
-        and replay buffer), identically on every rank: outcomes are gathered first."""
+    def record_outcomes(self, batch: list[dict], rollouts: Rollouts, correct: torch.Tensor) -> None:
+        """Reports every rollout's (problem, text, correct by the verifier) to the curriculum
+        (its epoch tally and replay buffer), identically on every rank: outcomes are gathered
+        first."""
         if (curriculum := curriculum_of(self)) is None:
             return
         index = rollouts.prompt_index.tolist()
         mine = [
-            (batch[i]["id"], text, bool(r >= 1.0))
-            for i, text, r in zip(index, rollouts.texts, rewards.tolist())
+            (batch[i]["id"], text, bool(ok))
+            for i, text, ok in zip(index, rollouts.texts, correct.tolist())
         ]
         curriculum.record_rollouts(all_gather_objects(mine), self.global_step)
 
@@ -305,9 +323,12 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         rank = self.global_rank if self._trainer is not None else 0
         return self.seed * 1_000_003 + self.global_step * 1_009 + rank
 
-    def log_step(self, batch, rollouts, rewards, adv, stats, gen_s, step_s) -> None:
-        n = len(batch)
+    def log_step(self, batch, rollouts, scores, adv, stats, gen_s, step_s) -> None:
+        n, rewards = len(batch), scores.reward
         self.log("train/reward", rewards.mean(), prog_bar=True, batch_size=n)
+        self.log("train/correct", scores.correct.float().mean(), batch_size=n)
+        for name, value in scores.means().items():
+            self.log(f"train/rewards/{name}", value, batch_size=n)
         self.log("train/frac_zero_std", adv.zero_std_fraction, batch_size=n)
         self.log("train/skipped", stats.pop("skipped", 0.0), batch_size=n)
         self.log("train/completion_len", rollouts.lengths.float().mean(), batch_size=n)
@@ -371,10 +392,12 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return ref
 
 
-def settings_errors(**groups: Any) -> list[str]:
-    """Every out-of-range setting among ``groups`` (objects or mappings), named; the pipeline
-    checks ``pipeline.grpo`` with it before any work."""
-    return group_errors(**{k: as_group(GROUPS[k], v) for k, v in groups.items() if k in GROUPS})
+def settings_errors(**args: Any) -> list[str]:
+    """Every out-of-range setting among ``args`` (groups as objects or mappings; the rewards and
+    the verifier), named; the pipeline checks ``pipeline.grpo`` with it before any work."""
+    errors = reward_errors(args.get("reward"), args.get("reward_weights"), args.get("verifier"))
+    groups = {k: as_group(GROUPS[k], v) for k, v in args.items() if k in GROUPS}
+    return errors + group_errors(**groups)
 
 
 GROUPS = {
@@ -386,9 +409,3 @@ GROUPS = {
     "rollout": Rollout,
 }
 """The settings groups of :class:`GRPOModule`, by argument name."""
-
-
-def _default_reward() -> Any:
-    from coscale.scoring.rewards import MathReward
-
-    return MathReward()

@@ -1,7 +1,7 @@
 """What both LightningModules share: the policy, its prompts, sampling, scoring and export.
 
 Evaluation (pass@k on held-out problems, pass-rate measurement for the pools) samples through
-the same rollout backend and reward as RL, so the numbers are comparable across stages.
+the same rollout backend and verifier as RL, so the numbers are comparable across stages.
 """
 
 from __future__ import annotations
@@ -22,19 +22,21 @@ from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
 from coscale.rollout.factory import Rollout
 from coscale.rollout.vllm_settings import with_dtype
 from coscale.scoring.metrics import PassAtK
+from coscale.scoring.reward_functions import RewardInputs, columns_of
+from coscale.scoring.reward_set import RewardSet, Scores
 
 
 class PolicyMixin:
     """Mixed into :class:`~coscale.modules.SFTModule` and :class:`~coscale.modules.GRPOModule`.
 
-    The host sets ``model_source``, ``prompt``, ``reward``, ``val_samples``, ``val_sampling`` and
-    calls :meth:`_init_policy`.
+    The host sets ``prompt``, ``rewards`` (its reward functions and verifier), ``val_samples``,
+    ``val_sampling`` and calls :meth:`_init_policy`.
     """
 
     policy: Any
     tokenizer: Any
     prompt: PromptFormat
-    reward: Any
+    rewards: RewardSet
     val_sampling: SamplingParams
     val_samples: int
 
@@ -88,23 +90,33 @@ class PolicyMixin:
     def prompts_for(self, questions: list[str]) -> list[str]:
         return [self.prompt(q, self.tokenizer) for q in questions]
 
+    @property
+    def verifier(self) -> Any:
+        """The callable that decides which completions are correct (score >= 1.0)."""
+        return self.rewards.verifier_fn
+
     def sample(
         self, problems: list[dict], n: int | list[int], sampling: SamplingParams
-    ) -> tuple[Rollouts, torch.Tensor]:
-        """Rollouts for ``problems`` (dicts with question and answer) and their rewards [R]."""
-        rollouts = self.backend.generate(
-            self.prompts_for([p["question"] for p in problems]), n, sampling
-        )
+    ) -> tuple[Rollouts, Scores]:
+        """Rollouts for ``problems`` (dicts with question, answer and optionally ``meta``, the
+        other dataset columns) with their reward and the verifier's verdict."""
+        rollouts, inputs = self.generate_for(problems, n, sampling)
+        return rollouts, self.rewards.score(inputs)
+
+    def generate_for(
+        self, problems: list[dict], n: int | list[int], sampling: SamplingParams
+    ) -> tuple[Rollouts, RewardInputs]:
+        """Rollouts for ``problems`` and what the reward functions read about them."""
+        prompts = self.prompts_for([p["question"] for p in problems])
+        rollouts = self.backend.generate(prompts, n, sampling)
         spend("rollouts", rollouts.num_rollouts)
-        answers = [problems[i]["answer"] for i in rollouts.prompt_index.tolist()]
-        rewards = torch.tensor(self.reward(rollouts.texts, answers), dtype=torch.float32)  # [R]
-        return rollouts, rewards
+        return rollouts, reward_inputs(problems, prompts, rollouts)
 
     def count_correct(self, problems: list[dict], n: int, sampling: SamplingParams) -> list[int]:
-        """Number of correct samples out of ``n`` per problem."""
-        rollouts, rewards = self.sample(problems, n, sampling)
+        """Number of correct samples (by the verifier alone) out of ``n`` per problem."""
+        rollouts, inputs = self.generate_for(problems, n, sampling)
         correct = torch.zeros(len(problems), dtype=torch.long)
-        correct.index_add_(0, rollouts.prompt_index, (rewards >= 1.0).long())
+        correct.index_add_(0, rollouts.prompt_index.cpu(), self.rewards.verify(inputs).long())
         return correct.tolist()
 
     def configure_model(self) -> None:
@@ -163,6 +175,19 @@ def shard_policy(policy: torch.nn.Module, mesh: Any) -> torch.nn.Module:
     fully_shard(root, mesh=mesh["data_parallel"])
     policy._is_fsdp_managed_module = True  # HF generate keeps ranks in lockstep
     return policy
+
+
+def reward_inputs(problems: list[dict], prompts: list[str], rollouts: Rollouts) -> RewardInputs:
+    """What the reward functions read about ``rollouts`` of ``problems`` (whose texts were
+    ``prompts``), one entry per rollout: its problem's answer and other columns (``meta``)."""
+    index = rollouts.prompt_index.tolist()
+    return RewardInputs(
+        prompts=[prompts[i] for i in index],
+        completions=rollouts.texts,
+        completion_ids=rollouts.kept_completion_ids(),
+        answers=[problems[i]["answer"] for i in index],
+        columns=columns_of([problems[i].get("meta") or {} for i in index]),
+    )
 
 
 def _pass_ks(samples: int) -> tuple[int, ...]:

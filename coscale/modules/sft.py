@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.policy_mixin import PolicyMixin
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.rollout.base import SamplingParams
+from coscale.scoring.reward_set import RewardSet
 from coscale.sft.batch import solution_loss, tokenize_pairs
 from coscale.sft.distill import Distillation, Teacher, distill_loss
 from coscale.sft.forgetting import (
@@ -61,7 +63,10 @@ class SFTModule(PolicyMixin, L.LightningModule):
         model: HF hub name or local folder of a causal LM (or a built model, in Python).
         tokenizer: Tokenizer name or folder; defaults to the model's.
         prompt: How a question becomes the prompt.
-        reward: Verifier used by validation (``class_path`` in YAML); default MathReward.
+        verifier: Decides which samples are correct (score >= 1.0) in validation, pass-rate
+            measurement and checkpoint selection: coscale-style ``f(completions, answers,
+            **columns)`` or TRL-style (``docs/rewards.md``; ``class_path`` or a dotted function
+            path in YAML). Default: MathReward.
         load: How the policy loads (dtype, gradient checkpointing, remote code).
         optimizer: AdamW and its learning-rate warm-up.
         max_length: Longest (prompt + solution) in tokens; longer pairs are cut.
@@ -92,7 +97,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         model: str | Any,
         tokenizer: str | None = None,
         prompt: PromptFormat | str = PromptFormat(),
-        reward: Any = None,
+        verifier: Callable[..., Any] | None = None,
         load: PolicyLoad = PolicyLoad(),
         optimizer: AdamW = AdamW(),
         max_length: int = 1024,
@@ -132,7 +137,10 @@ class SFTModule(PolicyMixin, L.LightningModule):
             optimizer,
             max_length,
         )
-        self.reward = reward if reward is not None else _default_reward()
+        try:
+            self.rewards = RewardSet(verifier=verifier)
+        except ValueError as err:
+            raise ValueError(f"SFTModule: {err}") from None
         self.padding_free, self.load = padding_free, load
         self.val_samples = validation.samples
         self.val_sampling = SamplingParams(
@@ -345,12 +353,6 @@ def settings_errors(**args: Any) -> list[str]:
     errors = at_least(2, max_length=args["max_length"]) if "max_length" in args else []
     groups = {k: as_group(GROUPS[k], v) for k, v in args.items() if k in GROUPS}
     return errors + group_errors(**groups)
-
-
-def _default_reward() -> Any:
-    from coscale.scoring.rewards import MathReward
-
-    return MathReward()
 
 
 def _token_share(n_tokens: int) -> float:

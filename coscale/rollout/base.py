@@ -142,6 +142,11 @@ class Rollouts:
         """[R, T] generated token ids (pad after the end)."""
         return self.input_ids[:, self.prompt_length :]
 
+    def kept_completion_ids(self) -> list[list[int]]:
+        """R lists of the kept completion token ids (the end token included, no padding)."""
+        mask = self.completion_mask.cpu() > 0  # [R, T]
+        return [row[keep].tolist() for row, keep in zip(self.completion_ids.cpu(), mask)]
+
     @property
     def prompt_ids(self) -> Tensor:
         """[R, P] left-padded prompt ids."""
