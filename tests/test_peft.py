@@ -224,7 +224,9 @@ def test_kl_reference_is_the_base_with_the_adapter_disabled(tiny_model_dir):
     base, _ = load_policy(str(tiny_model_dir))
     assert not torch.allclose(_logits(module.policy), _logits(base))  # the adapter matters
     assert module.policy.training
-    with module._reference() as ref:
+    from coscale.models.adapters import adapter_disabled
+
+    with adapter_disabled(module.policy) as ref:  # what the module's reference runs under
         assert ref is module.policy and not ref.training  # eval: no dropout in the reference
         assert torch.equal(_logits(ref), _logits(base))
     assert module.policy.training  # train mode and the adapter are back

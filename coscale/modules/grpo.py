@@ -13,10 +13,8 @@ micro-batches are a plain loop in :meth:`update`.
 
 from __future__ import annotations
 
-import copy
 import os
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +24,15 @@ from typing_extensions import override
 
 from coscale.checks import as_group, group_errors
 from coscale.distributed import all_gather_objects, max_over_ranks, sum_over_ranks
-from coscale.models.adapters import adapter_disabled, as_peft_config, config_fields
+from coscale.models.adapters import as_peft_config, config_fields
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.feed import curriculum_of, epoch_finished
 from coscale.modules.grpo_settings import Sampling, Update
+from coscale.modules.kl_reference import frozen_copy, reference_logprobs
 from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.policy_mixin import PolicyMixin
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
+from coscale.modules.step_log import log_step
 from coscale.rl.advantages import group_advantages
 from coscale.rl.logprobs import sequence_logprobs
 from coscale.rl.losses import GRPOLoss, PolicyLoss
@@ -158,7 +158,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         # same result, less work (tests/test_speed_paths.py compares them with the plain paths)
         self.sort_micro_batches = self.share_prompt_in_update = True
         kl = self.loss_fn.beta > 0  # its reference: a frozen copy, or the base under the adapter
-        self.ref_policy = _frozen_copy(self.policy) if kl and peft is None else None
+        self.ref_policy = frozen_copy(self.policy) if kl and peft is None else None
         self.base_is_reference = kl and peft is not None
 
     @property
@@ -183,7 +183,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             keep &= torch.tensor([r != "length" for r in rollouts.finish_reasons])
         gen_s = time.perf_counter() - start
         stats = self.update(rollouts, adv.advantages.to(self.device), keep.to(self.device))
-        self.log_step(batch, rollouts, scores, adv, stats, gen_s, time.perf_counter() - start)
+        log_step(self, batch, rollouts, scores, adv, stats, gen_s, time.perf_counter() - start)
         self.close_epoch_if_done()
 
     def update(
@@ -280,23 +280,12 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         under FSDP2 every rank must run as many (each one is a collective)."""
         return self.share_prompt_in_update and not in_lockstep(self.policy)
 
-    def _reference(self) -> AbstractContextManager[torch.nn.Module]:
-        """The KL reference model: the frozen copy, or the policy with its adapter disabled."""
-        if self.base_is_reference:
-            return adapter_disabled(self.policy)
-        return nullcontext(self.ref_policy)
-
     def _ref_logprobs(self, ro: Rollouts, rows: torch.Tensor) -> torch.Tensor | None:
+        """[R, T] log-probs under the KL reference, or None without one."""
         if self.ref_policy is None and not self.base_is_reference:
             return None
-        with torch.no_grad(), self._reference() as ref:
-            return sequence_logprobs(
-                ref,
-                ro.input_ids,
-                ro.attention_mask,
-                ro.prompt_length,
-                self.sampling.temperature,
-            )  # [R, T]
+        model = self.ref_policy if self.ref_policy is not None else self.policy
+        return reference_logprobs(model, ro, self.sampling.temperature, self.base_is_reference)
 
     def _clip(self) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
@@ -322,30 +311,6 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     def _step_seed(self) -> int:
         rank = self.global_rank if self._trainer is not None else 0
         return self.seed * 1_000_003 + self.global_step * 1_009 + rank
-
-    def log_step(self, batch, rollouts, scores, adv, stats, gen_s, step_s) -> None:
-        n, rewards = len(batch), scores.reward
-        self.log("train/reward", rewards.mean(), prog_bar=True, batch_size=n)
-        self.log("train/correct", scores.correct.float().mean(), batch_size=n)
-        for name, value in scores.means().items():
-            self.log(f"train/rewards/{name}", value, batch_size=n)
-        self.log("train/frac_zero_std", adv.zero_std_fraction, batch_size=n)
-        self.log("train/skipped", stats.pop("skipped", 0.0), batch_size=n)
-        self.log("train/completion_len", rollouts.lengths.float().mean(), batch_size=n)
-        self.log(
-            "train/truncated",
-            sum(r == "length" for r in rollouts.finish_reasons) / len(rewards),
-            batch_size=n,
-        )
-        self.log("train/rollouts", float(len(rewards)), batch_size=n, reduce_fx="sum")
-        for key, value in stats.items():
-            self.log(f"train/{key}", value, batch_size=n)
-        self.log("perf/step_s", step_s, batch_size=n)
-        self.log("perf/generation_frac", gen_s / max(step_s, 1e-9), batch_size=n)
-        if self.log_completions_every and self.global_step % self.log_completions_every == 0:
-            from coscale.modules.tables import log_completions
-
-            log_completions(self, batch, rollouts, rewards, adv.advantages)
 
     @override
     def on_train_start(self) -> None:
@@ -381,15 +346,6 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     @override
     def configure_optimizers(self) -> Any:
         return adamw_with_warmup(self.policy, self.optimizer)
-
-
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    # eval mode on purpose (no dropout in the KL reference); Lightning counts its modules in the
-    # "Found N module(s) in eval mode at the start of training" warning when beta > 0
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
 
 
 def settings_errors(**args: Any) -> list[str]:
