@@ -242,12 +242,17 @@ def test_modules_with_the_default_prompt_log_their_hparams_to_csv(tiny_model_dir
                       prompt=grpo.hparams_initial["prompt"]).prompt == grpo.prompt  # fmt: skip
 
 
-def test_grpo_fit_with_gspo_logs_entropy_every_step_to_csv(tiny_model_dir, tmp_path):
+def test_grpo_fit_with_gspo_and_two_rewards_logs_entropy_every_step_to_csv(
+    tiny_model_dir, tmp_path
+):
     from lightning.pytorch.loggers import CSVLogger
+    from reward_examples import format_bonus
 
     module = GRPOModule(
         model=str(tiny_model_dir),
-        reward=HalfReward(),
+        reward=[HalfReward(), format_bonus],  # coscale-style and TRL-style, weighted
+        reward_weights=[1.0, 0.5],
+        verifier=HalfReward(),
         loss=GSPOLoss(entropy_coef=0.01),
         optimizer={"lr": 0.01},
         sampling={"max_new_tokens": 6, "temperature": 1.0},
@@ -265,6 +270,11 @@ def test_grpo_fit_with_gspo_logs_entropy_every_step_to_csv(tiny_model_dir, tmp_p
     # one value a step; a random model's token entropy: above 0, at most log(vocab)
     assert len(entropies) == 2 and all(0 < h <= math.log(vocab) for h in entropies), entropies
     assert "train/is_ratio_mean" not in rows[0]  # the policy sampled: nothing to correct
+    # each function's mean: HalfReward 1/2; format_bonus 1.0 on odd rows, 4 rollouts a step: 1/2
+    assert [float(r["train/rewards/HalfReward"]) for r in rows] == [0.5, 0.5]
+    assert [float(r["train/rewards/format_bonus"]) for r in rows] == [0.5, 0.5]
+    # the weighted sum, 1.0 * 1/2 + 0.5 * 1/2 on average
+    assert [float(r["train/reward"]) for r in rows] == [0.75, 0.75]
 
 
 class _EngineRollouts(CachedDecodeBackend):
