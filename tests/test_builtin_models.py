@@ -44,3 +44,34 @@ def test_bad_builtin_model_specs(tmp_path):
         "intermediate_size, max_position_embeddings, seed (ints)"
     )
     assert not any(tmp_path.iterdir())  # nothing built
+
+
+def test_a_model_folder_being_built_is_never_handed_out_half_written(tmp_path):
+    """Ranks or jobs that start together all find a cached model missing. A build writes its
+    config first and its weights later; the second caller must never get the folder in between
+    (seen 2026-12-03: two pipelines started at once, one failed with 'no file named
+    model.safetensors'). Each builds privately and renames into place; the first one wins."""
+    import threading
+    import time
+
+    from coscale.models.cache_folder import build_once
+
+    folder, built = tmp_path / "models" / "m", []
+
+    def slow_build(tmp):
+        (tmp / "config.json").write_text("{}")
+        time.sleep(0.4)  # the weights come later
+        (tmp / "model.safetensors").write_text(str(len(built)))
+        built.append(tmp)
+
+    first = threading.Thread(target=build_once, args=(folder, slow_build))
+    first.start()
+    time.sleep(0.1)  # the first build has written its config by now
+    second = build_once(folder, slow_build)
+    assert (folder / "model.safetensors").exists() and second == str(folder)
+    first.join()
+    assert len(built) == 2 and sorted(p.name for p in folder.parent.iterdir()) == ["m"]
+    assert build_once(folder, lambda tmp: built.append(tmp)) == str(folder) and len(built) == 2
+    assert (policy.builtin_model("builtin:tiny?hidden_size=32", tmp_path) + "/").startswith(
+        str(tmp_path)
+    )

@@ -95,9 +95,12 @@ def _kill_points(labels: list[str]) -> list[str]:
     points = []
     for stage in ("warmup", "it1/sft", "it1/eval", "it1/rl", "final/retrain", "final"):
         steps = [x for x in labels if x.startswith(f"{stage} ckpt step")]
-        if stage == "it1/rl":  # after its first epoch's last step, before that epoch's end
-            points.append(_last_step_of_first_epoch(labels, stage))
-        if stage in ("warmup", "it1/rl", "final/retrain"):
+        if stage == "it1/rl":  # after its first epoch's last step, before that epoch's end,
+            first = _last_step_of_first_epoch(labels, stage)  # then inside the next epoch
+            later = steps[steps.index(first) + 1 : -1]
+            assert later, f"{stage}: no step inside its second epoch to kill at ({steps})"
+            points += [first, later[len(later) // 2]]
+        if stage in ("warmup", "final/retrain"):
             points.append(steps[len(steps) // 2])  # inside the stage
         if stage in ("it1/sft", "it1/rl"):
             points.append(steps[-1])  # right after its last-step checkpoint

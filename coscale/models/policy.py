@@ -19,6 +19,7 @@ import torch
 
 from coscale.models import gguf
 from coscale.models.adapters import is_adapter_folder, load_merged_adapter
+from coscale.models.cache_folder import build_once
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BUILTIN_PREFIX = "builtin:"
@@ -81,13 +82,13 @@ def builtin_model(spec: str, root: str | os.PathLike) -> str:
         raise ValueError(f"unknown builtin model {name!r} in {spec!r}; choices: {choices}")
     sizes = _tiny_sizes(spec, dict(parse_qsl(query)))
     folder = Path(root) / ("tiny-" + "-".join(f"{k}{v}" for k, v in sorted(sizes.items())))
-    if not (folder / "config.json").exists():
-        from coscale.models.tiny import (
-            save_tiny,  # loads transformers and tokenizers: only when needed
-        )
+    return build_once(folder, lambda tmp: _save_tiny(tmp, sizes))
 
-        save_tiny(folder, **sizes)
-    return str(folder)
+
+def _save_tiny(folder: Path, sizes: dict[str, int]) -> None:
+    from coscale.models.tiny import save_tiny  # loads transformers: only when needed
+
+    save_tiny(folder, **sizes)
 
 
 def _tiny_sizes(spec: str, settings: dict[str, str]) -> dict[str, int]:
