@@ -139,10 +139,13 @@ def test_the_lora_pipeline_runs_every_stage_on_two_processes_as_on_one(lora_runs
         assert ddp.keys() == fsdp2.keys(), file
         for name, tensor in ddp.items():
             assert torch.allclose(fsdp2[name], tensor, atol=2e-3), (file, name)
-    rl = load_file(
-        lora_runs["fsdp2"] / "it1" / "rl" / "model" / "adapter" / "adapter_model.safetensors"
-    )
-    assert any(torch.count_nonzero(v) for k, v in rl.items() if "lora_B" in k)  # RL trained it
+    trained = []  # an RL stage with signal (a group of 2 rollouts may have none) trains it
+    for stage in ("it1/rl", "it2/rl", "final/rl"):
+        rl = load_file(
+            lora_runs["fsdp2"] / stage / "model" / "adapter" / "adapter_model.safetensors"
+        )
+        trained.append(any(torch.count_nonzero(v) for k, v in rl.items() if "lora_B" in k))
+    assert any(trained), trained
     model = AutoModelForCausalLM.from_pretrained(lora_runs["fsdp2"] / "final" / "model")
     assert not any(hasattr(p, "full_tensor") for p in model.parameters())
 

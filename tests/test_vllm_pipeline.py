@@ -51,6 +51,9 @@ def _cmd(run_dir: Path) -> list[str]:
 
 def _run(run_dir: Path, **extra: str) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSCALE_KILL")}
+    # vLLM's own INFO lines show the engine ran; in the whole suite an earlier test's setting
+    # had left them out (the run itself was the same), so they are asked for here
+    env |= {"VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_LEVEL": "INFO"}
     with open(run_dir.parent / f"{run_dir.name}.log", "a") as log:
         cmd = _cmd(run_dir)
         return subprocess.run(cmd, env={**env, **extra}, stdout=log, stderr=log).returncode
