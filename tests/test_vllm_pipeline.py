@@ -51,8 +51,8 @@ def _cmd(run_dir: Path) -> list[str]:
 
 def _run(run_dir: Path, **extra: str) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSCALE_KILL")}
-    # vLLM's own INFO lines show the engine ran; in the whole suite an earlier test's setting
-    # had left them out (the run itself was the same), so they are asked for here
+    # vLLM's own INFO lines show the engine ran; importing TRL (the parity tests do, in this
+    # process) sets VLLM_LOGGING_LEVEL=ERROR, which the run would inherit: ask for them here
     env |= {"VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_LEVEL": "INFO"}
     with open(run_dir.parent / f"{run_dir.name}.log", "a") as log:
         cmd = _cmd(run_dir)
