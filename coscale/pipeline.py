@@ -20,7 +20,6 @@ started again with the same command ends with the same state and weights as an u
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import os
@@ -43,11 +42,11 @@ from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.modules.sft import settings_errors as sft_settings_errors
-from coscale.scoring.reward_set import default_verifier
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import measure_stage
 from coscale.stages.final import final_stage
 from coscale.stages.final_settings import FinalSettings
+from coscale.stages.module_args import instantiate, one_verifier
 from coscale.stages.plan import Stage, plan
 from coscale.stages.rl import rl_stage
 from coscale.stages.sft import sft_stage
@@ -206,30 +205,6 @@ def _plain(cfg: PipelineConfig) -> dict[str, Any]:
     if cfg.peft is not None:  # a dataclass too, with sets: PEFT's own plain form
         values["peft"] = config_fields(cfg.peft)
     return {k: asdict(v) if is_dataclass(v) else v for k, v in values.items()}
-
-
-def instantiate(value: Any) -> Any:
-    """``{"class_path": ..., "init_args": {...}}`` dicts (from YAML) become objects, recursively
-    (in lists too: a list of reward functions)."""
-    if isinstance(value, dict) and "class_path" in value:
-        module_name, _, cls_name = value["class_path"].rpartition(".")
-        cls = getattr(importlib.import_module(module_name), cls_name)
-        return cls(**instantiate(value.get("init_args", {})))
-    if isinstance(value, dict):
-        return {k: instantiate(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [instantiate(v) for v in value]
-    return value
-
-
-def one_verifier(sft: dict[str, Any], grpo: dict[str, Any], data: ProblemDataModule) -> None:
-    """Makes ``pipeline.grpo.verifier`` (or its default, :func:`default_verifier`) the run's one
-    verifier: the RL stages' and the SFT stages' (measurement, selection, the final judge), and
-    the teacher's when it has none of its own (the bank)."""
-    verifier = default_verifier(grpo.get("reward"), grpo.get("verifier"))
-    grpo["verifier"] = sft["verifier"] = verifier
-    if (teacher := data.curriculum.teacher) is not None and hasattr(teacher, "adopt_verifier"):
-        teacher.adopt_verifier(verifier)
 
 
 def _one_schedule(config: PipelineConfig, data: ProblemDataModule) -> NSchedule:
