@@ -44,14 +44,15 @@ def run_pipeline(configs: list[str], overrides: list[str], reuse: bool):
     init = parser.instantiate(parser.parse_args([*files, *overrides]))
     state = os.path.join(init.pipeline.run_dir, "pipeline_state.json")
     start = time.perf_counter()
-    if reuse and os.path.exists(state):
+    resumed = os.path.exists(state)  # a wall time of this call would not be the run's
+    if reuse and resumed:
         with open(state) as f:
             saved = json.load(f)
         return init.pipeline, saved["results"], saved["seconds"], None
     results = Pipeline(init.pipeline, init.data).run()
     with open(state) as f:
         seconds = json.load(f)["seconds"]
-    return init.pipeline, results, seconds, time.perf_counter() - start
+    return init.pipeline, results, seconds, None if resumed else time.perf_counter() - start
 
 
 def measure_models(cfg, results, n_test: int, k: int) -> dict:
@@ -104,7 +105,7 @@ def main(argv: list[str]) -> None:
     report = measure_models(cfg, results, args.n_test, args.k)
     precision, why = resolve_precision(dict(cfg.trainer))
     stages = "\n".join(f"| {name} | {s:.0f} |" for name, s in seconds.items())
-    total = f"{wall / 60:.1f} min" if wall is not None else "reused run"
+    total = f"{wall / 60:.1f} min" if wall is not None else "resumed or reused run, see the stage times"
     text = (
         f"# {cfg.model} through `{' + '.join(configs)}`\n\n"
         f"Measured {started}: `python benchmarks/real_model_pipeline.py {' '.join(argv)}`; "
