@@ -29,6 +29,7 @@ Run: `.venv/bin/python benchmarks/bench_sft.py [--tables sizes,paths,lora] [--si
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import random
 import statistics
@@ -91,6 +92,8 @@ def coscale_run(size: str, data: list[dict], args, padding_free: bool = True, pe
     )  # fmt: skip
 
     def run(steps: int = args.steps) -> float:
+        run.trainer = module.trainer = None  # the last fit's optimizer state goes before this
+        gc.collect()  # fit builds its own
         timer = LightningTimer()
         trainer = L.Trainer(
             max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[timer],
@@ -218,6 +221,8 @@ def lora_table(data: list[dict], args) -> None:
             f"{ckpts[1] / 2**20:,.2f} MiB ({ckpts[0] / ckpts[1]:,.0f}x smaller) |",
             flush=True,
         )
+        del full, lora, trl  # this model's three copies and optimizer state, before the next
+        gc.collect()
 
 
 def main() -> None:

@@ -105,7 +105,9 @@ def main(argv: list[str]) -> None:
     report = measure_models(cfg, results, args.n_test, args.k)
     precision, why = resolve_precision(dict(cfg.trainer))
     stages = "\n".join(f"| {name} | {s:.0f} |" for name, s in seconds.items())
-    total = f"{wall / 60:.1f} min" if wall is not None else "resumed or reused run, see the stage times"
+    total = (
+        f"{wall / 60:.1f} min" if wall is not None else "resumed or reused run, see the stage times"
+    )
     text = (
         f"# {cfg.model} through `{' + '.join(configs)}`\n\n"
         f"Measured {started}: `python benchmarks/real_model_pipeline.py {' '.join(argv)}`; "
