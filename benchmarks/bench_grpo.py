@@ -32,6 +32,7 @@ and the Qwen2.5-0.5B shape with short rollouts:
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import statistics
 import tempfile
@@ -105,6 +106,8 @@ def coscale_run(size: str, n: int, args, peft=None, **paths: bool):
     ]
 
     def run(steps: int = args.steps) -> float:
+        module.trainer = None  # the last fit's optimizer state goes before this fit builds its
+        gc.collect()  # own
         timer = LightningTimer()
         trainer = L.Trainer(
             max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[timer],
@@ -231,6 +234,8 @@ def lora_table(args) -> None:
             f"{' | '.join(mems)} |",
             flush=True,
         )
+        del full, lora, trl  # this model's three copies and optimizer state, before the next
+        gc.collect()
 
 
 def main() -> None:
