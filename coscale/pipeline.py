@@ -42,6 +42,7 @@ from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.modules.sft import settings_errors as sft_settings_errors
+from coscale.rollout.factory import Rollout
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import measure_stage
 from coscale.stages.final import final_stage
@@ -49,6 +50,7 @@ from coscale.stages.final_settings import FinalSettings
 from coscale.stages.module_args import instantiate, one_verifier
 from coscale.stages.plan import Stage, plan
 from coscale.stages.rl import rl_stage
+from coscale.stages.sampling import RunSampling, moved_errors
 from coscale.stages.sft import sft_stage
 
 if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves the name
@@ -112,9 +114,22 @@ class PipelineConfig:
             also its KL reference. Every stage's ``model`` folder stays a merged Hugging Face
             folder with its adapter in ``model/adapter`` (``docs/peft.md``). None: full
             fine-tunes.
-        sft: ``SFTModule`` arguments (the model and ``peft`` are the pipeline's).
+        sampling: The run's one sampling definition: the prompt, and the token limit and
+            temperature of every sample the run takes (RL rollouts, pool measurements,
+            checkpoint selection, the final judge; ``judge_temperature`` for the last two).
+            SFT trains on the same prompt. The modules' own copies (``sft.prompt``,
+            ``grpo.prompt``, ``grpo.sampling.max_new_tokens`` / ``temperature`` / ``top_p``,
+            ``validation.max_new_tokens`` / ``temperature``) are written from it and refused.
+        rollout: The run's one rollout engine (one per rank), used by every sample the run
+            takes: ``auto`` (vLLM where it is installed and the run is on CUDA, else the
+            cached decode), ``cached``, ``hf`` or ``vllm``, with the backend's options. A vLLM
+            engine starts at the first sample and stays up until the run ends; each stage's
+            model reaches it by a weight sync (:mod:`coscale.rollout.run_engine`).
+        sft: ``SFTModule`` arguments (the model and ``peft`` are the pipeline's; the prompt
+            and the judging settings ``sampling``'s).
         grpo: ``GRPOModule`` arguments (the model is the previous stage's, ``peft`` the
-            pipeline's). Its ``verifier`` (or that default) is the run's one verifier: every
+            pipeline's, the prompt, token limit and temperature ``sampling``'s, the backend
+            ``rollout``'s). Its ``verifier`` (or that default) is the run's one verifier: every
             stage's, the measurements' and the teacher's unless it sets its own.
         schedule: ``NSchedule`` arguments (Rollout N per difficulty group): the run's one
             schedule, built once and started afresh by every RL stage. Its only place in
@@ -142,6 +157,8 @@ class PipelineConfig:
     seed: int = 0
     trainer: dict[str, Any] = field(default_factory=dict)
     peft: PeftConfig | None = None
+    sampling: RunSampling = field(default_factory=RunSampling)
+    rollout: Rollout = field(default_factory=lambda: Rollout("auto"))
     sft: dict[str, Any] = field(default_factory=dict)
     grpo: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)
@@ -157,7 +174,11 @@ class PipelineConfig:
         errors += at_least(1, optional=True, sft_max_steps=self.sft_max_steps)
         self.selection = as_group(Selection, self.selection)
         self.final = as_group(FinalSettings, self.final)
-        errors += group_errors(selection=self.selection, final=self.final)
+        self.sampling, self.rollout = as_group(RunSampling, self.sampling), _rollout(self.rollout)
+        errors += group_errors(selection=self.selection, final=self.final, sampling=self.sampling)
+        errors += [f"rollout.{e}" for e in self.rollout.errors()]
+        self.sft, self.grpo = dict(self.sft), dict(self.grpo)
+        errors += moved_errors("sft", self.sft) + moved_errors("grpo", self.grpo)
         errors += at_least(1, optional=True, eval_max_problems=self.eval_max_problems)
         if not 0.0 <= self.distill_weight <= 1.0:
             errors.append(f"distill_weight must be in [0, 1]; got {self.distill_weight!r}")
@@ -197,6 +218,11 @@ def _typed_errors(name: str, cls: type, args: dict[str, Any], ranges) -> list[st
     return [f"{name}.{e}" for e in ranges(**args)]
 
 
+def _rollout(value: Any) -> Rollout:
+    """``pipeline.rollout`` as given (a ``Rollout`` or its mapping, from YAML or a state file)."""
+    return value if isinstance(value, Rollout) else Rollout(**dict(value))
+
+
 def _plain(cfg: PipelineConfig) -> dict[str, Any]:
     """``cfg`` for the state file: its groups as mappings, other fields as they are (JSON writes
     objects such as a strategy by their str). No ``asdict`` of the whole: it would deep-copy a
@@ -234,9 +260,11 @@ class Pipeline:
         self.results: dict[str, Any] = {}
         self.seconds: dict[str, float] = {}  # wall time per stage, not part of the results
         logger = make_logger(config.logger, os.path.join(config.run_dir, "logs"), config.project)
-        sft, grpo = instantiate(config.sft), instantiate(config.grpo)
+        sft = config.sampling.sft_args(instantiate(config.sft))
+        grpo = config.sampling.grpo_args(instantiate(config.grpo))
         one_verifier(sft, grpo, data)
         self.ctx = StageContext(config, self.curriculum, data, logger, sft, grpo)
+        grpo["rollout"] = self.ctx.engine.spec  # what the modules state; they borrow the engine
 
     @property
     def logger(self) -> Any:
@@ -248,8 +276,11 @@ class Pipeline:
         L.seed_everything(self.cfg.seed, workers=True)
         self.data.load()
         self._restore()
-        for stage in self.plan.values():
-            self.stage(stage.name, self._runner(stage))
+        try:
+            for stage in self.plan.values():
+                self.stage(stage.name, self._runner(stage))
+        finally:  # the run's engine (a vLLM engine's memory) ends with the run
+            self.ctx.engine.close()
         if close_logger:
             self.close_logger()
         return self.results

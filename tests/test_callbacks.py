@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+from counting import each_chunk, real_counts
 from lightning.pytorch.loggers import Logger
 
 from coscale.callbacks import (
@@ -492,13 +493,13 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
     policy = SFTModule(
         model=str(tiny_model_dir), verifier=ToyReward(), validation={"max_new_tokens": 8}
     )
-    measured, count_correct = [], policy.count_correct
+    measured, count_correct = [], real_counts(policy)
 
     def spy(problems, n, sampling):
         measured.append([p["id"] for p in problems])
         return count_correct(problems, n, sampling)
 
-    policy.count_correct = spy
+    each_chunk(policy, spy)
     before, trainer = _weights(policy), _trainer(dm, step=5)
     cb = FinalRetrain(sft=SFT, eval_k=2)
     results = cb.run(trainer, policy)
@@ -524,7 +525,7 @@ def test_final_retrain_keep_better_restores_the_fit_weights_when_the_retrain_is_
     policy = SFTModule(
         model=str(tiny_model_dir), verifier=ToyReward(), validation={"max_new_tokens": 8}
     )
-    calls, count_correct = [], policy.count_correct
+    calls, count_correct = [], real_counts(policy)
 
     def spy(problems, n, sampling):  # before: the real counts (all correct); after: as set
         calls.append(len(problems))
@@ -532,7 +533,7 @@ def test_final_retrain_keep_better_restores_the_fit_weights_when_the_retrain_is_
             return count_correct(problems, n, sampling)
         return [0] * len(problems)
 
-    policy.count_correct = spy
+    each_chunk(policy, spy)
     fit_end = _weights(policy)
     cb = FinalRetrain(sft=SFT, eval_k=2, keep="better")
     results = cb.run(_trainer(dm, step=1), policy)

@@ -13,17 +13,19 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_second_file_adds_to_the_first_files_mappings(tmp_path):
     fast = tmp_path / "fast.yaml"
     fast.write_text(
-        "pipeline:\n  grpo:\n    sampling: {temperature: 0.9}\n  trainer:\n    max_time: null\n"
+        "pipeline:\n  grpo:\n    optimizer: {warmup_steps: 3}\n  trainer:\n    max_time: null\n"
     )
     cfg = pipeline_parser().parse_args(["--config", str(ROOT / "configs/tiny.yaml")])
     both = pipeline_parser().parse_args(
         ["--config", str(ROOT / "configs/tiny.yaml"), "--config", str(fast)]
     )
-    assert both.pipeline.grpo.sampling.temperature == 0.9
-    assert cfg.pipeline.grpo.sampling.temperature == 1.0  # tiny.yaml's
-    both.pipeline.grpo.sampling.temperature = 1.0
-    assert both.pipeline.grpo == cfg.pipeline.grpo  # the rest kept (prompt, lr), not defaulted
+    assert both.pipeline.grpo.optimizer.warmup_steps == 3
+    assert cfg.pipeline.grpo.optimizer.warmup_steps == 0  # tiny.yaml leaves the default
+    assert both.pipeline.grpo.optimizer.lr == cfg.pipeline.grpo.optimizer.lr == 5.0e-4
+    both.pipeline.grpo.optimizer.warmup_steps = 0
+    assert both.pipeline.grpo == cfg.pipeline.grpo  # the rest kept (lr, update), not defaulted
     assert both.pipeline.sft == cfg.pipeline.sft  # untouched by the second file
+    assert both.pipeline.sampling == cfg.pipeline.sampling  # the run's prompt, kept
     assert both.pipeline.trainer == {**cfg.pipeline.trainer, "max_time": None}
 
 

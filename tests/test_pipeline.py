@@ -305,7 +305,27 @@ def test_settings_are_checked_before_any_work():
     with pytest.raises(ValueError, match=r"sft\.distill is chosen by the pipeline"):
         PipelineConfig(model="m", sft={"distill": {"teacher": "other"}})
     ok = {"loss": {"class_path": "coscale.rl.losses.DAPOLoss", "init_args": {"epsilon": 0.2}}}
-    PipelineConfig(model="m", grpo={**ok, "prompt": {"template": "Q:{question}"}})
+    PipelineConfig(model="m", grpo=ok, sampling={"prompt": {"template": "Q:{question}"}})
+    # the run's one sampling definition: a module's own copy is refused, naming where it goes
+    with pytest.raises(ValueError) as err:
+        PipelineConfig(
+            model="m",
+            sft={"prompt": "Q:{question}", "validation": {"max_new_tokens": 9}},
+            grpo={"rollout": {"backend": "vllm"}, "sampling": {"temperature": 0.5, "seed": 3}},
+        )
+    msg = str(err.value)
+    for key, where in (
+        ("sft.prompt", "pipeline.sampling.prompt"),
+        ("sft.validation.max_new_tokens", "pipeline.sampling.max_new_tokens"),
+        ("grpo.rollout", "pipeline.rollout"),
+        ("grpo.sampling.temperature", "pipeline.sampling.temperature"),
+    ):
+        assert f"{key} is the run's one sampling setting: set {where} instead" in msg
+    assert "seed" not in msg  # GRPO's own sampling seed stays its setting
+    with pytest.raises(ValueError, match=r"sampling\.max_new_tokens must be an int >= 1"):
+        PipelineConfig(model="m", sampling={"max_new_tokens": 0})
+    with pytest.raises(ValueError, match=r"rollout\.backend must be one of auto, cached"):
+        PipelineConfig(model="m", rollout={"backend": "fast"})
 
 
 class _StubGRPO:
@@ -331,7 +351,7 @@ def test_the_schedule_is_built_once_and_each_rl_stage_starts_it_afresh(tmp_path,
     pipe.curriculum.record_measurement({"a": (4, 1)})  # something solvable
     sched.n, sched.best, sched.bad = [9, 6], [0.5, None], [1, 0]  # as the last RL stage left it
     monkeypatch.setattr("coscale.stages.rl.GRPOModule", _StubGRPO)
-    pipe.ctx.fit = lambda *args, **kwargs: None
+    pipe.ctx.fit = pipe.ctx.attach = lambda *args, **kwargs: None
     rl_stage(pipe.ctx, "it2/rl", "m")
     assert pipe.curriculum.schedule is sched  # the same object, not a new one from the dict
     assert (sched.n, sched.best, sched.bad) == ([3, 3], [None, None], [0, 0])

@@ -6,6 +6,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file
+from counting import each_chunk
 from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
@@ -46,7 +47,7 @@ def _scripted(module: SFTModule, rates: list[float], k: int) -> list[int]:
         rate = next(calls)
         return [round(rate * n)] * len(problems)
 
-    module.count_correct = count_correct
+    each_chunk(module, count_correct)
     return seeds
 
 

@@ -21,13 +21,26 @@ MAPPINGS = ("pipeline.trainer",)
 settings are groups of typed arguments: a later file sets only the keys it names)."""
 
 PIPELINE_SETS = {
-    "sft": {"model", "distill", "peft", "verifier"},
-    "grpo": {"model", "peft"},
+    "sft": {"model", "distill", "peft", "verifier", "prompt"},
+    "grpo": {"model", "peft", "prompt", "rollout"},
     "schedule": set(),
 }
 """Arguments of ``pipeline.sft`` / ``grpo`` / ``schedule``'s class that the pipeline sets itself
 (every stage's model; the SFT's teacher for ``distill_weight``; every stage's adapter from
-``pipeline.peft``; the run's one verifier, ``pipeline.grpo.verifier``): not settings."""
+``pipeline.peft``; the run's one verifier, ``pipeline.grpo.verifier``; the prompt from
+``pipeline.sampling``, the backend from ``pipeline.rollout``): not settings."""
+
+FROM_RUN_SAMPLING = (
+    "grpo.sampling.max_new_tokens",
+    "grpo.sampling.temperature",
+    "grpo.sampling.top_p",
+    "grpo.validation.max_new_tokens",
+    "grpo.validation.temperature",
+    "sft.validation.max_new_tokens",
+    "sft.validation.temperature",
+)
+"""Fields inside the modules' groups that ``pipeline.sampling`` writes: unset (None) unless a
+config sets them, which ``PipelineConfig`` then refuses, naming the key to set instead."""
 
 
 def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTION):
@@ -55,6 +68,7 @@ def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTIO
         parser.add_class_arguments(cls, f"pipeline.{key}", skip=skip, instantiate=False)
     parser.add_class_arguments(ProblemDataModule, "data")
     parser.set_defaults({"data.bank_solutions": 0})
+    parser.set_defaults({f"pipeline.{key}": None for key in FROM_RUN_SAMPLING})
     return parser
 
 

@@ -15,6 +15,9 @@ SET_BY = {
     ("sft", "peft"): "pipeline.peft, for every stage",
     ("sft", "verifier"): "pipeline.grpo.verifier, for every stage",
     ("grpo", "peft"): "pipeline.peft, for every stage",
+    ("sft", "prompt"): "pipeline.sampling.prompt, the run's one prompt",
+    ("grpo", "prompt"): "pipeline.sampling.prompt, the run's one prompt",
+    ("grpo", "rollout"): "pipeline.rollout, the run's one engine",
 }
 """What a refusal of an argument the pipeline sets itself (``run_config.PIPELINE_SETS``) names
 instead (the models need no hint: ``pipeline.model`` is in ``--help``)."""

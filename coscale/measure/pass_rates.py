@@ -57,24 +57,41 @@ def measure(
 def sample_counts(
     module: Any, problems: list[dict], n: int, sampling: SamplingParams, chunk: int
 ) -> list[int]:
-    """Correct samples out of ``n`` per problem (``module.count_correct``), all ranks together.
+    """Correct samples out of ``n`` per problem (``module.count_correct_many``), all ranks
+    together.
 
     Chunks of ``chunk`` problems are dealt round-robin to the ranks, chunk ``j`` sampled with
-    ``sampling.seed + j``; the counts are gathered, and every rank returns the full list in the
-    order of ``problems``. Every rank makes as many calls (a sharded policy needs it).
+    ``sampling.seed + j``, so the counts do not depend on the number of ranks; each rank hands
+    all of its chunks to its backend in one call (a vLLM engine batches them all together). The
+    counts are gathered, and every rank returns the full list in the order of ``problems``.
+    Every rank samples as many chunks (a sharded policy needs it: a rank short of chunks
+    samples its first one again and drops it).
     """
     chunks = [problems[i : i + chunk] for i in range(0, len(problems), chunk)]
     rank, world = rank_world()
-    mine = []
-    for r in range(-(-len(chunks) // world)):
-        j = r * world + rank
-        real = j < len(chunks)
-        params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
-        counts = list(module.count_correct(chunks[j if real else 0], n, params))
-        if real:
-            mine.append((j, counts))
-    done = dict(all_gather_objects(mine))
+    rounds = -(-len(chunks) // world)
+    mine = [r * world + rank for r in range(rounds)]
+    real = [j for j in mine if j < len(chunks)]
+    padded = [chunks[j] if j < len(chunks) else chunks[real[0] if real else 0] for j in mine]
+    samplings = [_chunk_sampling(sampling, j) for j in mine]
+    counts = _count_many(module, padded, n, samplings) if padded else []
+    done = dict(all_gather_objects([(j, list(c)) for j, c in zip(mine, counts) if j in real]))
     return [c for j in range(len(chunks)) for c in done[j]]
+
+
+def _count_many(
+    module: Any, chunks: list[list[dict]], n: int, samplings: list[SamplingParams]
+) -> list[list[int]]:
+    """``module.count_correct_many`` (one backend call); an object with ``count_correct`` alone
+    (a user's own sampler) is asked chunk by chunk."""
+    many = getattr(module, "count_correct_many", None)
+    if many is not None:
+        return many(chunks, n, samplings)
+    return [module.count_correct(c, n, s) for c, s in zip(chunks, samplings)]
+
+
+def _chunk_sampling(sampling: SamplingParams, j: int) -> SamplingParams:
+    return sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
 
 
 def judged_problems(held_out: list[Any], curriculum: Curriculum) -> list[dict]:

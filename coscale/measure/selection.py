@@ -140,6 +140,8 @@ class SelectOnProblems(Callback):
     def score(self, trainer: Any, pl_module: Any, step: int) -> None:
         """pass@1 of the policy now; a new best is exported (every rank takes part)."""
         base = getattr(pl_module, "val_sampling", None) or SamplingParams()
+        # an engine with its own copy (the run's vLLM engine) gets this step's weights first
+        pl_module.backend.update_weights(pl_module.policy)
         counts = sample_counts(pl_module, self.problems, self.k, replace(base, seed=self.seed), 16)
         value = sum(counts) / (self.k * len(counts)) if counts else 0.0
         self.scores[step] = value

@@ -38,7 +38,7 @@ from coscale.rl.logprobs import sequence_logprobs
 from coscale.rl.losses import GRPOLoss, PolicyLoss
 from coscale.rl.micro_batches import merge_stats, micro_batches
 from coscale.rollout.base import Rollouts, SamplingParams
-from coscale.rollout.factory import Rollout, close_backend
+from coscale.rollout.factory import Rollout
 from coscale.rollout.lockstep import in_lockstep
 from coscale.scoring.reward_set import RewardSet, RewardSpec, reward_errors
 
@@ -318,9 +318,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     @override
     def teardown(self, stage: str) -> None:
-        # a vLLM engine's GPU memory, after any fit / validate / test; rebuilt (and synced) on
-        # the next use. Lightning skips this hook when the fit raises: rl_stage closes too.
-        close_backend(self._backend)
+        # the vLLM engine this module built (its GPU memory), after any fit / validate / test;
+        # rebuilt (and synced) on the next use. A lent engine (the run's) stays up.
+        self.close_own_backend()
 
     def close_epoch_if_done(self) -> None:
         """After the step that trains an epoch's last batch: closes that epoch in the curriculum

@@ -1,7 +1,10 @@
 """What both LightningModules share: the policy, its prompts, sampling, scoring and export.
 
-Evaluation (pass@k on held-out problems, pass-rate measurement for the pools) samples through
-the same rollout backend and verifier as RL, so the numbers are comparable across stages.
+A module samples through its ``backend``: the one its ``rollout`` setting builds (GRPOModule;
+an SFTModule, which has none, samples with HF ``generate``), or one assigned to it. In
+``coscale run`` every module is assigned the run's one engine (:mod:`coscale.rollout.run_engine`),
+so RL, the pool measurements, checkpoint selection and the final judge all sample with the
+backend ``pipeline.rollout`` chose, on the prompt and token limit of ``pipeline.sampling``.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from coscale.models.policy import export_policy, load_policy
 from coscale.models.prompting import PromptFormat
 from coscale.modules.settings import PolicyLoad
 from coscale.rollout import build_backend
-from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
-from coscale.rollout.factory import Rollout
-from coscale.rollout.vllm_settings import with_dtype
+from coscale.rollout.base import RolloutBackend, Rollouts, SampleCall, SamplingParams
+from coscale.rollout.factory import Rollout, close_backend
+from coscale.rollout.vllm_settings import precision_dtype, with_dtype
 from coscale.scoring.metrics import PassAtK
 from coscale.scoring.reward_functions import RewardInputs, columns_of
 from coscale.scoring.reward_set import RewardSet, Scores
@@ -57,13 +60,16 @@ class PolicyMixin:
                 raise ValueError(f"{type(self).__name__}: {err}") from None
         self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
         self._backend: RolloutBackend | None = None
+        self._owns_backend = False  # built here from ``rollout`` (closed here), or lent
         self.val_pass = PassAtK(k=_pass_ks(self.val_samples))
 
     @property
     def backend(self) -> RolloutBackend:
         """The rollout backend: the module's ``rollout`` setting (an SFTModule, which has none,
-        samples with HF ``generate``); assigning one replaces it."""
+        samples with HF ``generate``). Assigning one replaces it; an assigned backend is lent
+        (whoever assigned it closes it), a built one is closed at the fit's end."""
         if self._backend is None:
+            self._owns_backend = True
             spec = getattr(self, "rollout", None) or Rollout("hf")
             options = dict(spec.options)
             if spec.backend == "vllm":  # the engine samples in the trainer's compute dtype
@@ -77,15 +83,16 @@ class PolicyMixin:
         """The trainer's compute dtype as a vLLM ``dtype`` (``bf16-mixed``: ``bfloat16``);
         None outside a Trainer."""
         trainer = getattr(self, "_trainer", None)
-        precision = str(getattr(trainer, "precision", "")) if trainer is not None else ""
-        for prefix, dtype in (("bf16", "bfloat16"), ("16", "float16"), ("32", "float32")):
-            if precision.startswith(prefix):
-                return dtype
-        return None
+        return precision_dtype(getattr(trainer, "precision", None) if trainer else None)
 
     @backend.setter
     def backend(self, value: RolloutBackend) -> None:
-        self._backend = value
+        self._backend, self._owns_backend = value, False
+
+    def close_own_backend(self) -> None:
+        """Closes the backend this module built (a lent one stays open)."""
+        if self._owns_backend:
+            close_backend(self._backend)
 
     def prompts_for(self, questions: list[str]) -> list[str]:
         return [self.prompt(q, self.tokenizer) for q in questions]
@@ -114,10 +121,24 @@ class PolicyMixin:
 
     def count_correct(self, problems: list[dict], n: int, sampling: SamplingParams) -> list[int]:
         """Number of correct samples (by the verifier alone) out of ``n`` per problem."""
-        rollouts, inputs = self.generate_for(problems, n, sampling)
-        correct = torch.zeros(len(problems), dtype=torch.long)
-        correct.index_add_(0, rollouts.prompt_index.cpu(), self.rewards.verify(inputs).long())
-        return correct.tolist()
+        return self.count_correct_many([problems], n, [sampling])[0]
+
+    def count_correct_many(
+        self, chunks: list[list[dict]], n: int, samplings: list[SamplingParams]
+    ) -> list[list[int]]:
+        """:meth:`count_correct` of each chunk with its own sampling (seed), all sampled in one
+        backend call (`RolloutBackend.generate_many`: one engine call for a vLLM engine)."""
+        prompts = [self.prompts_for([p["question"] for p in chunk]) for chunk in chunks]
+        calls = [SampleCall(p, n, s) for p, s in zip(prompts, samplings)]
+        batches = self.backend.generate_many(calls)
+        counts = []
+        for chunk, texts, rollouts in zip(chunks, prompts, batches):
+            spend("rollouts", rollouts.num_rollouts)
+            verdicts = self.rewards.verify(reward_inputs(chunk, texts, rollouts)).long()
+            correct = torch.zeros(len(chunk), dtype=torch.long)
+            correct.index_add_(0, rollouts.prompt_index.cpu(), verdicts)
+            counts.append(correct.tolist())
+        return counts
 
     def configure_model(self) -> None:
         """FSDP2 under Lightning's ``ModelParallelStrategy`` (:func:`shard_policy` over its

@@ -204,6 +204,15 @@ class Rollouts:
             raise ValueError("Rollouts: " + "; ".join(problems))
 
 
+@dataclass(frozen=True)
+class SampleCall:
+    """One `RolloutBackend.generate` call's arguments, for `RolloutBackend.generate_many`."""
+
+    prompts: list[str]
+    n_per_prompt: list[int] | int
+    sampling: SamplingParams
+
+
 class RolloutBackend(ABC):
     """A generation engine that turns prompts into `Rollouts`."""
 
@@ -225,9 +234,27 @@ class RolloutBackend(ABC):
             R = sum(N) rollouts, grouped by prompt in prompt order.
         """
 
+    def generate_many(self, calls: Sequence[SampleCall]) -> list[Rollouts]:
+        """Several `generate` calls at once, each with its own prompts, N and sampling (seed).
+
+        The results are those of the calls made one by one, in order; an engine with continuous
+        batching (vLLM) overrides this to submit every call's requests together, so that a
+        measurement of thousands of problems x K fills the engine instead of arriving in slices.
+        """
+        return [self.generate(c.prompts, c.n_per_prompt, c.sampling) for c in calls]
+
     @abstractmethod
     def update_weights(self, model: nn.Module) -> None:
         """Makes the engine sample from `model`'s current weights."""
+
+    def follow(self, model: nn.Module) -> None:
+        """Makes `model` the policy the backend samples for from now on (a new stage's model).
+
+        A backend that samples on the model itself (HF ``generate``, the cached decode) points
+        at it; an engine with its own copy of the weights (vLLM) holds no valid weights until
+        the next `update_weights`, which the caller makes on every rank before sampling.
+        """
+        self.update_weights(model)
 
     def close(self) -> None:  # noqa: B027  (concrete: most backends hold nothing)
         """Frees what the backend holds outside Python's reach; nothing by default.

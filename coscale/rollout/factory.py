@@ -8,6 +8,7 @@ accepts a backend never built.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 from dataclasses import dataclass, field
@@ -19,8 +20,8 @@ from coscale.rollout.base import RolloutBackend
 from coscale.rollout.cached import CachedDecodeBackend
 from coscale.rollout.hf import HFGenerateBackend
 
-BACKENDS = ("cached", "hf", "vllm")
-"""Backend names `build_backend` accepts."""
+BACKENDS = ("auto", "cached", "hf", "vllm")
+"""Backend names `build_backend` accepts (``auto``: `resolve_backend` picks one)."""
 
 _BUILT_BY_US = {"model", "tokenizer", "policy"}  # arguments the factory passes itself
 
@@ -32,9 +33,11 @@ class Rollout:
     Attributes:
         backend: ``cached`` (coscale's decode loop on the policy: shared prompt prefill,
             finished rows dropped, a preallocated KV cache; the default), ``hf`` (HF
-            ``generate`` on the policy: the same distribution, slower) or ``vllm`` (a colocated
+            ``generate`` on the policy: the same distribution, slower), ``vllm`` (a colocated
             engine that gets the policy's weights after every optimiser step; needs
-            ``coscale[vllm]``, or vLLM's CPU build as ``./run.sh`` installs it).
+            ``coscale[vllm]``, or vLLM's CPU build as ``./run.sh`` installs it) or ``auto``
+            (`resolve_backend`: vLLM where it is installed and the policy is on a CUDA device,
+            else ``cached``).
         options: The backend's own arguments: ``cached``: ``compile`` (each decode step one
             ``torch.compile``d forward; full-attention models), ``batch_size``, ...; ``hf``:
             ``batch_size``; ``vllm``: ``VLLMBackend``'s groups and switches (``engine:
@@ -42,12 +45,14 @@ class Rollout:
             ``sync: {timeout_s, ...}``, ``parity: {every, atol, ...}``, ``logprobs``, ...).
     """
 
-    backend: Literal["cached", "hf", "vllm"] = "cached"
+    backend: Literal["auto", "cached", "hf", "vllm"] = "cached"
     options: dict[str, Any] = field(default_factory=dict)
 
     def errors(self) -> list[str]:
         if self.backend not in BACKENDS:
             return [f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"]
+        if self.backend == "auto":  # its options are those of the backend it resolves to
+            return []
         takes = set(inspect.signature(_backend_class(self.backend)).parameters) - _BUILT_BY_US
         errors = [
             f"options.{key} is not an option of the {self.backend} backend (it takes: "
@@ -79,6 +84,26 @@ def _backend_class(kind: str) -> type:
     return CachedDecodeBackend if kind == "cached" else HFGenerateBackend
 
 
+def resolve_backend(kind: str, cuda: bool) -> tuple[str, str]:
+    """``kind``, or for ``auto`` the backend this machine samples fastest with, and why.
+
+    vLLM where it is installed and the policy is on a CUDA device (continuous batching, paged
+    KV cache). Elsewhere the cached decode: on the CPUs here it sampled SmolLM2-135M at 124 and
+    199 tok/s against HF ``generate``'s 79 and 126 (``benchmarks/bench_backends.py``, issue 33),
+    and vLLM's CPU build, though faster still (179 / 481), costs 80-160 s of engine start and a
+    second copy of the weights, so it is chosen only when asked for.
+    """
+    if kind != "auto":
+        return kind, f"rollout.backend={kind}"
+    if cuda and importlib.util.find_spec("vllm") is not None:
+        return "vllm", "rollout auto -> vllm: vLLM is installed and the policy is on CUDA"
+    why = "no CUDA device" if not cuda else "vllm is not installed (pip install coscale[vllm])"
+    return "cached", (
+        f"rollout auto -> cached ({why}): the cached decode samples faster than HF generate "
+        "here; set rollout.backend: vllm to use vLLM's CPU build"
+    )
+
+
 def build_backend(
     kind: str | RolloutBackend,
     policy: nn.Module | None,
@@ -105,6 +130,9 @@ def build_backend(
     """
     if isinstance(kind, RolloutBackend):
         return kind
+    if kind == "auto":
+        on_cuda = policy is not None and next(policy.parameters()).device.type == "cuda"
+        kind = resolve_backend(kind, on_cuda)[0]
     if kind in ("cached", "hf"):
         if policy is None:
             raise ValueError(f"rollout.backend={kind!r} samples from the policy: give the policy")

@@ -34,7 +34,13 @@ from torch import nn
 
 from coscale.distributed import world_size
 from coscale.models.adapters import has_adapter
-from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
+from coscale.rollout.base import (
+    RolloutBackend,
+    Rollouts,
+    SampleCall,
+    SamplingParams,
+    normalize_n_per_prompt,
+)
 from coscale.rollout.vllm_cpu import check_head_size, check_sleep_level, kv_cache_bytes
 from coscale.rollout.vllm_engine import (
     build_engine,
@@ -135,6 +141,7 @@ class VLLMBackend(RolloutBackend):
         self.policy, self.model_path, self.sleep_level = policy, str(model), engine.sleep_level
         self.logprobs, self.honor_seed = logprobs, honor_seed
         self.eos_token_ids = eos_ids(policy, self.tokenizer, str(model))
+        self.starts, self.start_seconds = 0, 0.0  # engine builds of this backend, their time
         self._init_state(parity.every)
 
     def _init_state(self, parity_every: int) -> None:
@@ -152,8 +159,16 @@ class VLLMBackend(RolloutBackend):
     def engine(self) -> Any:
         """The engine, built on first use (and again after `close`)."""
         if self._engine is None:
+            started = time.perf_counter()
             self._engine = start_engine(self._factory, self._args, self.logprobs)
             self.vllm_version = getattr(self._engine, "version", None)
+            self.starts += 1
+            self.start_seconds += time.perf_counter() - started
+            print(
+                f"[coscale] vLLM engine started ({self.model_path}, start {self.starts} of this "
+                f"backend, {time.perf_counter() - started:.1f} s)",
+                flush=True,
+            )
         return self._engine
 
     def close(self) -> None:
@@ -181,17 +196,30 @@ class VLLMBackend(RolloutBackend):
         self, prompts: list[str], n_per_prompt: list[int] | int, sampling: SamplingParams
     ) -> Rollouts:
         """Samples N_i completions for prompt i; see `RolloutBackend.generate`."""
-        if not prompts:
+        return self.generate_many([SampleCall(prompts, n_per_prompt, sampling)])[0]
+
+    def generate_many(self, calls: Sequence[SampleCall]) -> list[Rollouts]:
+        """Every call's requests in one engine call (continuous batching over all of them); each
+        call's rollouts are those `generate` gives it alone (its seeds are its own)."""
+        if not calls or any(not c.prompts for c in calls):
             raise ValueError("prompts must hold at least one prompt, got []")
-        counts = normalize_n_per_prompt(n_per_prompt, len(prompts))
-        prompt_ids = [list(ids) for ids in self.tokenizer(list(prompts))["input_ids"]]
+        counts = [normalize_n_per_prompt(c.n_per_prompt, len(c.prompts)) for c in calls]
+        ids = [[list(x) for x in self.tokenizer(list(c.prompts))["input_ids"]] for c in calls]
         self._prepare()
-        rollouts = self._sample(prompt_ids, counts, sampling)
-        self._probe = prompt_ids[: self.parity_settings.samples]
+        batches = self._sample_many(ids, counts, [c.sampling for c in calls])
+        self._probe = ids[0][: self.parity_settings.samples]
         if self.sleep_level:
             self.engine.sleep(self.sleep_level)
             self._awake, self._weights_valid = set(), self.sleep_level == 1
-        return self._fill_logprobs(rollouts, sampling)
+        return [self._fill_logprobs(r, c.sampling) for r, c in zip(batches, calls)]
+
+    def follow(self, model: nn.Module) -> None:
+        """Samples for `model` from now on (a new stage's policy, or a model to measure): it is
+        the parity reference and log-prob recompute; the engine's weights are stale until the
+        next `update_weights(model)`, which every rank makes before sampling."""
+        self.policy, self._weights_valid = model, False
+        self._fingerprint = None
+        self.book.parity_pending = self.parity_settings.every > 0
 
     def update_weights(self, model: nn.Module) -> None:
         """Loads `model`'s weights into the engine (every rank at once under FSDP)."""
@@ -261,14 +289,34 @@ class VLLMBackend(RolloutBackend):
     def _sample(
         self, prompt_ids: list[list[int]], counts: list[int], sampling: SamplingParams
     ) -> Rollouts:
-        requests = build_requests(prompt_ids, counts, sampling, self.eos_token_ids, self.honor_seed)
-        with seeded_rng_guard(sampling.seed):  # a seeded call leaves the global RNG alone
+        return self._sample_many([prompt_ids], [counts], [sampling])[0]
+
+    def _sample_many(
+        self,
+        prompt_ids: list[list[list[int]]],
+        counts: list[list[int]],
+        samplings: list[SamplingParams],
+    ) -> list[Rollouts]:
+        """One engine call for every (prompts, counts, sampling) -> one `Rollouts` each."""
+        eos = self.eos_token_ids
+        requests = [
+            build_requests(ids, n, s, eos, self.honor_seed)
+            for ids, n, s in zip(prompt_ids, counts, samplings)
+        ]
+        flat = [r for call in requests for r in call]
+        with seeded_rng_guard(samplings[0].seed):  # a seeded call leaves the global RNG alone
             slot = None if self._adapters is None else self._adapters.slot
             lora = {} if slot is None else {"lora": slot}  # the base until the first sync
-            completions = collect_completions(requests, self.engine.generate(requests, **lora))
+            outputs = list(self.engine.generate(flat, **lora))
+        if len(outputs) != len(flat):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(flat)} requests")
         decode = partial(self.tokenizer.decode, skip_special_tokens=True)
-        pad, eos = self.tokenizer.pad_token_id, self.eos_token_ids
-        return assemble_rollouts(prompt_ids, completions, pad, eos, sampling.stop, decode)
+        pad, batches, start = self.tokenizer.pad_token_id, [], 0
+        for ids, call, s in zip(prompt_ids, requests, samplings):
+            done = collect_completions(call, outputs[start : start + len(call)])
+            start += len(call)
+            batches.append(assemble_rollouts(ids, done, pad, eos, s.stop, decode))
+        return batches
 
     def _fill_logprobs(self, rollouts: Rollouts, sampling: SamplingParams) -> Rollouts:
         """Engine log-probs where they match the contract, else the trainer's."""

@@ -196,6 +196,16 @@ def with_dtype(options: Mapping[str, Any], dtype: str | None) -> dict[str, Any]:
     return {**options, "engine": {**engine, "dtype": dtype}}
 
 
+def precision_dtype(precision: Any) -> str | None:
+    """A Lightning precision as a vLLM ``dtype`` (``bf16-mixed``: ``bfloat16``, ``16-mixed``:
+    ``float16``, ``32-true``: ``float32``); None where it names none (no trainer, ``auto``)."""
+    text = str(precision or "")
+    for prefix, dtype in (("bf16", "bfloat16"), ("16", "float16"), ("32", "float32")):
+        if text.startswith(prefix):
+            return dtype
+    return None
+
+
 def engine_dtype(policy: nn.Module) -> str:
     """The policy's parameter dtype as a vLLM ``dtype``: an engine that computes in the trainer's
     precision samples what the trainer scores (vLLM's ``auto`` may run a float32 checkpoint in

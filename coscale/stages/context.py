@@ -18,6 +18,8 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from coscale.datamodules.serving import CurriculumDataModule
 from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.loop.curriculum import Curriculum
+from coscale.rollout.run_engine import RunEngine
+from coscale.rollout.vllm_settings import precision_dtype
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
 from coscale.stages.epoch_counts import WholeEpochCounts
 from coscale.stages.precision import resolve_precision
@@ -44,6 +46,13 @@ class StageContext:
         self._strategy = copy.deepcopy(self.trainer_args.pop("strategy", "auto"))
         if why:
             print(f"[coscale] {why}", flush=True)
+        dtype = precision_dtype(self.trainer_args.get("precision", "32-true"))
+        self.engine = RunEngine(cfg.rollout, dtype, cuda=self.device().type == "cuda")
+        print(f"[coscale] {self.engine.why}", flush=True)
+
+    def attach(self, module: L.LightningModule, model: str) -> None:
+        """Lends the run's engine to ``module`` (whose weights are in folder ``model``)."""
+        module.backend = self.engine.attach(module.policy, module.tokenizer, model)
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.cfg.run_dir, *parts)

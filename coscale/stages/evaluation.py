@@ -1,10 +1,13 @@
 """Stages that sample but do not train: measure the pools, and judge a model's pass@k.
 
 Neither is a fit: a model is loaded into an SFTModule for its prompt, reward and sampling
-settings and sampled through :mod:`coscale.measure.pass_rates`, which spreads the work over ranks.
+settings (``pipeline.sampling``), lent the run's engine, and sampled through
+:mod:`coscale.measure.pass_rates`, which spreads the work over ranks.
 """
 
 from __future__ import annotations
+
+import time
 
 from coscale.measure import pass_rates
 from coscale.stages.context import StageContext
@@ -14,10 +17,24 @@ from coscale.stages.sft import load_for_sampling
 def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
     """``eval_k`` samples of every unfailed problem with ``model`` -> pools relabelled."""
     module = load_for_sampling(ctx, model)
-    _, metrics = pass_rates.measure(
-        module, ctx.curriculum, ctx.cfg.eval_k, max_problems=ctx.cfg.eval_max_problems
+    sampling = ctx.cfg.sampling
+    start = time.perf_counter()
+    results, metrics = pass_rates.measure(
+        module,
+        ctx.curriculum,
+        ctx.cfg.eval_k,
+        max_problems=ctx.cfg.eval_max_problems,
+        temperature=sampling.temperature,
+        max_new_tokens=sampling.max_new_tokens,
     )
-    ctx.log(metrics)
+    seconds = time.perf_counter() - start
+    samples = sum(r["n"] for r in results.values())
+    ctx.log(metrics | {"perf/measure_seconds": seconds, "perf/measure_samples": float(samples)})
+    print(
+        f"[coscale] {name}: {samples} samples on {ctx.engine.kind} in {seconds:.1f} s "
+        f"({samples / max(seconds, 1e-9):.1f}/s; engine starts so far: {ctx.engine.starts})",
+        flush=True,
+    )
     return ctx.curriculum.pools.counts()
 
 

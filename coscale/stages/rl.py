@@ -14,7 +14,6 @@ from __future__ import annotations
 from coscale.loop.pools import Pool
 from coscale.measure.pass_rate_evaluation import PassRateEvaluation
 from coscale.modules import GRPOModule
-from coscale.rollout.factory import close_backend
 from coscale.stages.context import StageContext
 
 
@@ -26,6 +25,7 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
         print(f"[coscale] {name}: no solvable problems, RL skipped", flush=True)
         return None
     module = GRPOModule(model=model, peft=ctx.cfg.peft, **ctx.grpo_args)
+    ctx.attach(module, model)  # the run's engine: synced from the policy at the fit's start
     if not resuming and cur.schedule is not None:  # the run's one schedule, afresh
         cur.schedule.reset()
         ctx.log(cur.assign_groups(module.lr))
@@ -33,11 +33,12 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
     if cfg.rl_eval_every:
         callbacks.append(
             PassRateEvaluation(
-                k=cfg.eval_k, max_problems=cfg.eval_max_problems, every_n_epochs=cfg.rl_eval_every
+                k=cfg.eval_k,
+                max_problems=cfg.eval_max_problems,
+                every_n_epochs=cfg.rl_eval_every,
+                temperature=cfg.sampling.temperature,
+                max_new_tokens=cfg.sampling.max_new_tokens,
             )
         )
-    try:
-        ctx.fit(name, module, ctx.view(), callbacks, cfg.rl_epochs)
-    finally:  # free the stage's vLLM engine (GPU memory) for the next stage; never build one here
-        close_backend(module._backend)
+    ctx.fit(name, module, ctx.view(), callbacks, cfg.rl_epochs)
     return module.export(ctx.path(name, "model"))

@@ -43,6 +43,8 @@ def sft_stage(
     module = SFTModule(model=start or ctx.cfg.model, peft=ctx.cfg.peft, **ctx.sft_args, **distill)
     select = selection(ctx, name) if start is None else None
     callbacks = [select] if select is not None else []
+    if select is not None:  # the scorings sample with the run's engine
+        ctx.attach(module, start or ctx.cfg.model)
     epochs = epochs or ctx.cfg.sft_epochs
     ctx.fit(name, module, view, callbacks, epochs, max_steps=ctx.cfg.sft_max_steps)
     out = ctx.path(name, "model")
@@ -68,5 +70,10 @@ def copy_model(src: str, dst: str) -> str:
 
 
 def load_for_sampling(ctx: StageContext, model: str) -> SFTModule:
-    """``model`` in an SFTModule (its prompt, reward and sampling settings), on the device."""
-    return SFTModule(model=model, **ctx.sft_args).to(ctx.device())
+    """``model`` in an SFTModule (its prompt, reward and sampling settings), on the device,
+    sampling with the run's engine, which holds its weights (every rank syncs them)."""
+    module = SFTModule(model=model, **ctx.sft_args).to(ctx.device())
+    ctx.attach(module, model)
+    if getattr(module.backend, "needs_sync", False):  # an engine that sampled another model
+        module.backend.update_weights(module.policy)
+    return module
