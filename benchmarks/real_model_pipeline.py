@@ -25,9 +25,6 @@ from paired import cpu_line
 
 from coscale.app.cli import pipeline_parser
 from coscale.app.demo import _measure, stage_models
-from coscale.checks import as_group
-from coscale.models.prompting import as_prompt_format
-from coscale.modules.grpo_settings import Sampling
 from coscale.pipeline import Pipeline
 from coscale.stages.precision import resolve_precision
 from coscale.tasks import tiers
@@ -57,8 +54,7 @@ def run_pipeline(configs: list[str], overrides: list[str], reuse: bool):
 
 def measure_models(cfg, results, n_test: int, k: int) -> dict:
     """pass@1 / pass@k of every stage's model on every set, prompted as the run was."""
-    fmt = as_prompt_format(cfg.grpo.get("prompt"))  # the RL stage's prompt, as the run used it
-    tokens = (as_group(Sampling, cfg.grpo.get("sampling")) or Sampling()).max_new_tokens
+    fmt, tokens = cfg.sampling.prompt, cfg.sampling.max_new_tokens  # the run's, as it sampled
     sets = {name: tiers.problems(name, n_test, seed=1, held_out=True) for name in HELD_OUT}
     sets[EASY] = tiers.problems(EASY, n_test, seed=1, held_out=True)
     report: dict = {}

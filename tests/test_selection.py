@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from counting import each_chunk
 from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file
-from counting import each_chunk
 from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule

@@ -28,6 +28,7 @@ from coscale.rl.logprobs import sequence_logprobs
 from coscale.rollout import HFGenerateBackend, SamplingParams, build_backend
 from coscale.rollout import vllm_engine as ve
 from coscale.rollout import vllm_launch as vl
+from coscale.rollout.base import SampleCall
 from coscale.rollout.factory import close_backend
 from coscale.rollout.vllm import VLLMBackend
 from coscale.rollout.vllm_parity import fill_logprobs, parity_verdict
@@ -1012,3 +1013,42 @@ def test_only_the_expected_failed_to_load_lines_are_dropped(caplog):
         ):
             logger.warning("%s: Failed to load weights", layer)
     assert [r.getMessage() for r in caplog.records] == ["QKVParallelLinear: Failed to load weights"]
+
+
+def test_generate_many_sends_every_call_in_one_engine_call_with_each_calls_own_seeds(
+    policy, char_tokenizer
+):
+    backend = _backend(policy, char_tokenizer, parity=Parity(every=0))
+    fake = backend.fake()
+    calls = [
+        SampleCall(PROMPTS[:2], [2, 1], SamplingParams(max_new_tokens=5, seed=10)),
+        SampleCall(PROMPTS[2:], 3, SamplingParams(max_new_tokens=5, seed=11)),
+    ]
+    engine_calls = []
+    generate = fake.generate
+    fake.generate = lambda prompts, params, **kw: (
+        engine_calls.append(len(prompts)) or generate(prompts, params, **kw)
+    )
+    together = backend.generate_many(calls)
+    assert engine_calls == [3 + 3]  # one engine call: 2 + 1 and 3 seeded single requests
+    for call, got in zip(calls, together):  # as each call made alone
+        alone = backend.generate(call.prompts, call.n_per_prompt, call.sampling)
+        assert torch.equal(got.input_ids, alone.input_ids) and got.texts == alone.texts
+        assert torch.equal(got.prompt_index, alone.prompt_index)
+    assert engine_calls == [6, 3, 3]
+
+
+def test_follow_makes_a_new_model_the_policy_and_the_next_sample_syncs_it_first(
+    policy, char_tokenizer
+):
+    backend = _backend(policy, char_tokenizer, parity={"tokens": 4})
+    fake = backend.fake()
+    other = copy.deepcopy(policy)
+    _perturb(other)
+    backend.follow(other)
+    assert backend.needs_sync and backend.policy is other and backend.book.parity_pending
+    backend.update_weights(other)  # what every rank does before sampling (the run engine)
+    assert _same_weights(fake.model, other) and not backend.needs_sync
+    backend.generate(PROMPTS, 1, SamplingParams(max_new_tokens=4, seed=0))
+    assert backend.last_parity.ok  # checked against the new model
+    assert backend.starts == 1  # the same engine throughout

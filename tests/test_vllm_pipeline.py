@@ -1,11 +1,18 @@
-"""The tiny pipeline with ``rollout.backend: vllm`` on the real engine, end to end and resumed.
+"""The tiny pipeline on one vLLM engine (``pipeline.rollout.backend: vllm``), end to end and
+killed anywhere it samples.
 
-`coscale run --config configs/tiny.yaml --config tests/configs/vllm_tiny.yaml`: the GRPO rollouts
-from vLLM (its CPU build here), on the same random tiny Llama with 2 heads of size 32 (vLLM's
-CPU attention refuses size 16), shorter SFT stages, and a checkpoint every step. Then the same
-command SIGKILLed inside the RL stage (between its two epochs) and restarted: the new engine starts from the stage's first model and must get the
-trained weights before its first rollout (the resumed fit syncs at its start, and the parity
-check follows), so the final state file and weights equal the uninterrupted run's.
+`coscale run --config configs/tiny.yaml --config tests/configs/vllm_tiny.yaml` with the run's
+engine on vLLM (its CPU build here), on the same random tiny Llama with 2 heads of size 32
+(vLLM's CPU attention refuses size 16), shorter SFT stages, checkpoint selection in every SFT
+from the initial model, and a checkpoint every step. Every sample the run takes (the pool
+measurements, the selection scorings, RL, the final judge) goes to that one engine, started once
+per process; each stage's model reaches it by a weight sync.
+
+Then the same command SIGKILLed where it samples (after a measurement sampled, before its state
+file: nothing of a measurement is kept until then; inside the RL stage; after the final judge)
+and restarted: the restarted process starts its engine once, from the first model it samples,
+and syncs the right weights before each sample, so the final state file and weights equal the
+uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -33,13 +40,17 @@ pytestmark = [
     ),
 ]
 CONFIGS = (ROOT / "configs" / "tiny.yaml", ROOT / "tests" / "configs" / "vllm_tiny.yaml")
+STARTED = "[coscale] vLLM engine started"
 
 
 VLLM = (  # eager: on these 2 cores the engine's torch.compile warm-up took 88 s of a 295 s stage
     *(
-        "--pipeline.grpo.rollout",
+        "--pipeline.rollout",
         '{"backend": "vllm", "options": {"engine": {"kwargs": {"enforce_eager": true}}}}',
     ),
+    # one scoring at each SFT's end (ties keep the earliest step, and the tiny model scores 0
+    # early on): the selection samples on the engine, and RL still finds solvable problems
+    *("--pipeline.selection", "{problems: 8, every: 40, k: 2}"),
 )
 
 
@@ -49,14 +60,14 @@ def _cmd(run_dir: Path) -> list[str]:
     return [*run, "--pipeline.run_dir", str(run_dir)]
 
 
-def _run(run_dir: Path, **extra: str) -> int:
+def _run(run_dir: Path, log: Path, **extra: str) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSCALE_KILL")}
     # vLLM's own INFO lines show the engine ran; importing TRL (the parity tests do, in this
     # process) sets VLLM_LOGGING_LEVEL=ERROR, which the run would inherit: ask for them here
     env |= {"VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_LEVEL": "INFO"}
-    with open(run_dir.parent / f"{run_dir.name}.log", "a") as log:
+    with open(log, "a") as out:
         cmd = _cmd(run_dir)
-        return subprocess.run(cmd, env={**env, **extra}, stdout=log, stderr=log).returncode
+        return subprocess.run(cmd, env={**env, **extra}, stdout=out, stderr=out).returncode
 
 
 def _final(run_dir: Path) -> tuple[dict, dict]:
@@ -67,31 +78,51 @@ def _final(run_dir: Path) -> tuple[dict, dict]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("vllm_full") / "run"
-    commits = run_dir.parent / "commits.tsv"
-    assert _run(run_dir, COSCALE_COMMIT_LOG=str(commits)) == 0
+    commits, log = run_dir.parent / "commits.tsv", run_dir.parent / "run.log"
+    assert _run(run_dir, log, COSCALE_COMMIT_LOG=str(commits)) == 0, log.read_text()[-3000:]
     labels = [line.split("\t", 1)[1] for line in commits.read_text().splitlines()]
-    log = (run_dir.parent / "run.log").read_text()
-    return run_dir, _final(run_dir), labels, log
+    return run_dir, _final(run_dir), labels, log.read_text()
 
 
-def test_the_tiny_pipeline_runs_its_rl_stages_on_vllm(uninterrupted):
+def test_every_sample_of_the_run_goes_to_one_vllm_engine_started_once(uninterrupted):
     from transformers import AutoModelForCausalLM
 
     run_dir, (state, _), labels, log = uninterrupted
-    assert "LLM engine (v" in log  # vLLM's own start line: the rollouts came from it
+    assert log.count(STARTED) == 1 and log.count("LLM engine (v") == 1  # vLLM's own start line
+    spend = state["results"]["spend"]
+    sampled = {name for name, s in spend.items() if s["rollouts"] > 0}
+    # the warm-up's and it1's measurements, it1/sft's and final/retrain's selection scorings,
+    # RL, the final judge: all of them, and only on the engine
+    assert {"warmup", "it1/sft", "it1/eval", "it1/rl", "final/retrain", "final"} <= sampled
+    for name in sampled:
+        assert spend[name]["rollouts_on_vllm"] == spend[name]["rollouts"], (name, spend[name])
+    assert "rollout.backend=vllm" in log and "it1/eval: " in log and "samples on vllm" in log
     assert "it1/rl ckpt epoch 0 end" in labels
     assert state["done"][-1] == "final"
     model = AutoModelForCausalLM.from_pretrained(run_dir / "final" / "model")
     assert model.config.head_dim == 32
 
 
-def test_killed_inside_the_rl_stage_resumes_to_the_same_result(uninterrupted, tmp_path):
-    _, (want_state, want_weights), labels, _ = uninterrupted
+def _inside_rl(labels: list[str]) -> str:
     inside = [x for x in labels if x.startswith("it1/rl ckpt")]
-    point = inside[len(inside) // 2]  # its 2 epochs are 1 step each: after the first
+    return inside[len(inside) // 2]  # its 2 epochs are 1 step each: after the first
+
+
+@pytest.mark.parametrize(
+    "where", ["a measurement", "the RL stage", "the final judge"], ids=["measure", "rl", "judge"]
+)
+def test_killed_where_it_samples_resumes_to_the_same_result(uninterrupted, tmp_path, where):
+    _, (want_state, want_weights), labels, _ = uninterrupted
+    point = {
+        "a measurement": "it1/eval end, before the state file",
+        "the RL stage": _inside_rl(labels),
+        "the final judge": "final judged, before the copy",
+    }[where]
+    assert point in labels
     run_dir = tmp_path / "run"
-    assert _run(run_dir, COSCALE_KILL_AT=point) == -signal.SIGKILL
-    assert _run(run_dir) == 0
+    assert _run(run_dir, tmp_path / "killed.log", COSCALE_KILL_AT=point) == -signal.SIGKILL
+    assert _run(run_dir, tmp_path / "resumed.log") == 0
+    assert (tmp_path / "resumed.log").read_text().count(STARTED) == 1
     state, weights = _final(run_dir)
     for key in ("done", "curriculum", "results"):
         assert state[key] == want_state[key], f"{key} differs after the kill at {point!r}"

@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections import Counter
 
 BUDGET: Counter[str] = Counter()
-"""Running totals: ``sft_examples`` and ``rollouts`` (generated completions, any purpose)."""
+"""Running totals: ``sft_examples``, ``rollouts`` (generated completions, any purpose) and, of
+those, ``rollouts_on_<backend>`` per rollout backend (``cached``, ``hf``, ``vllm``)."""
 
 REPORTED = ("sft_examples", "rollouts")
+ON = "rollouts_on_"
+"""Prefix of the per-backend rollout counts, reported where a stage sampled on that backend."""
 
 
 def spend(kind: str, amount: int) -> None:
@@ -30,7 +33,12 @@ def snapshot() -> dict[str, int]:
 
 def since(before: dict[str, int], kinds: tuple[str, ...] | None = REPORTED) -> dict[str, int]:
     """What was spent after ``before`` (a :func:`snapshot`): of ``kinds`` (None: every kind)."""
-    kinds = tuple(set(BUDGET) | set(before)) if kinds is None else kinds
+    if kinds is None:
+        kinds = tuple(set(BUDGET) | set(before))
+    elif kinds == REPORTED:  # with the backends that sampled
+        kinds += tuple(
+            sorted(k for k in BUDGET if k.startswith(ON) and BUDGET[k] != before.get(k, 0))
+        )
     return {k: BUDGET.get(k, 0) - before.get(k, 0) for k in kinds}
 
 

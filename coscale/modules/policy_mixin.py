@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from coscale.loop.budget import spend
+from coscale.loop.budget import ON, spend
 from coscale.models.adapter_checkpoint import drop_frozen_base, restore_frozen_base
 from coscale.models.adapters import export_with_adapter, has_adapter, with_adapter
 from coscale.models.policy import export_policy, load_policy
@@ -116,7 +116,7 @@ class PolicyMixin:
         """Rollouts for ``problems`` and what the reward functions read about them."""
         prompts = self.prompts_for([p["question"] for p in problems])
         rollouts = self.backend.generate(prompts, n, sampling)
-        spend("rollouts", rollouts.num_rollouts)
+        self._spend(rollouts.num_rollouts)
         return rollouts, reward_inputs(problems, prompts, rollouts)
 
     def count_correct(self, problems: list[dict], n: int, sampling: SamplingParams) -> list[int]:
@@ -133,12 +133,17 @@ class PolicyMixin:
         batches = self.backend.generate_many(calls)
         counts = []
         for chunk, texts, rollouts in zip(chunks, prompts, batches):
-            spend("rollouts", rollouts.num_rollouts)
+            self._spend(rollouts.num_rollouts)
             verdicts = self.rewards.verify(reward_inputs(chunk, texts, rollouts)).long()
             correct = torch.zeros(len(chunk), dtype=torch.long)
             correct.index_add_(0, rollouts.prompt_index.cpu(), verdicts)
             counts.append(correct.tolist())
         return counts
+
+    def _spend(self, rollouts: int) -> None:
+        """Counts ``rollouts`` in the run's budget, and on the backend that sampled them."""
+        spend("rollouts", rollouts)
+        spend(ON + getattr(self.backend, "name", type(self.backend).__name__), rollouts)
 
     def configure_model(self) -> None:
         """FSDP2 under Lightning's ``ModelParallelStrategy`` (:func:`shard_policy` over its

@@ -216,6 +216,9 @@ class SampleCall:
 class RolloutBackend(ABC):
     """A generation engine that turns prompts into `Rollouts`."""
 
+    name: str = "custom"
+    """The backend's name in the run's spend (``rollouts_on_<name>``)."""
+
     @abstractmethod
     def generate(
         self,

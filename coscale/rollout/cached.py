@@ -68,6 +68,8 @@ class CachedDecodeBackend(HFGenerateBackend):
             attention models only; finished rows stay in the batch).
     """
 
+    name = "cached"
+
     def __init__(
         self,
         model: nn.Module,

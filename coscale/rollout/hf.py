@@ -43,6 +43,8 @@ class HFGenerateBackend(RolloutBackend):
             Seeded results depend on it (same seed + same batch_size = same tokens).
     """
 
+    name = "hf"
+
     def __init__(
         self,
         model: nn.Module,

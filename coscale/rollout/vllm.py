@@ -104,6 +104,8 @@ class VLLMBackend(RolloutBackend):
     ValueError (``rollout.options.parity.every must be ...``).
     """
 
+    name = "vllm"
+
     def __init__(
         self,
         model: str,

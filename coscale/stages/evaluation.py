@@ -40,4 +40,11 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
 
 def judge(ctx: StageContext, model: str, problems: list[dict], tag: str, k: int) -> dict:
     """``val/final_<tag>_pass@1`` and ``@k`` of the model in folder ``model``."""
-    return pass_rates.judge(load_for_sampling(ctx, model), problems, tag, k, ctx.cfg.seed)
+    start = time.perf_counter()
+    results = pass_rates.judge(load_for_sampling(ctx, model), problems, tag, k, ctx.cfg.seed)
+    print(
+        f"[coscale] judged {tag}: {k * len(problems)} samples on {ctx.engine.kind} in "
+        f"{time.perf_counter() - start:.1f} s (engine starts so far: {ctx.engine.starts})",
+        flush=True,
+    )
+    return results

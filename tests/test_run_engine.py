@@ -1,0 +1,95 @@
+"""The run's one sampling definition and its one engine (`coscale.stages.sampling`,
+`coscale.rollout.run_engine`), without an engine process: the vLLM path runs on the real engine
+in tests/test_vllm_pipeline.py."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from coscale.models.prompting import PromptFormat
+from coscale.rollout.base import SamplingParams
+from coscale.rollout.cached import CachedDecodeBackend
+from coscale.rollout.factory import Rollout, resolve_backend
+from coscale.rollout.run_engine import RunEngine
+from coscale.stages.sampling import RunSampling, moved_errors
+
+
+def test_one_definition_is_written_into_both_modules_settings():
+    run = RunSampling(prompt="Q:{question}\nA:", max_new_tokens=40, temperature=0.7)
+    assert run.prompt == PromptFormat(template="Q:{question}\nA:")
+    sft = run.sft_args({"max_length": 96, "validation": {"samples": 4}})
+    grpo = run.grpo_args({"sampling": {"seed": 3}})
+    assert sft["prompt"] == grpo["prompt"] == run.prompt and sft["max_length"] == 96
+    assert sft["validation"] == {"samples": 4, "max_new_tokens": 40, "temperature": 0.7}
+    assert grpo["sampling"] == {"seed": 3, "max_new_tokens": 40, "temperature": 0.7, "top_p": 1.0}
+    judged = RunSampling(temperature=1.0, judge_temperature=0.2)
+    assert judged.grpo_args({})["validation"]["temperature"] == 0.2  # selection and the judge
+    assert judged.grpo_args({})["sampling"]["temperature"] == 1.0  # RL and the measurements
+    assert RunSampling(max_new_tokens=0, top_p=0).errors() == [
+        "max_new_tokens must be an int >= 1, got 0",
+        "top_p must be in (0, 1], got 0",
+    ]
+
+
+def test_the_clis_unset_copies_are_dropped_and_set_ones_refused():
+    grpo = {"sampling": {"max_new_tokens": None, "temperature": None, "top_p": None, "seed": 1}}
+    assert moved_errors("grpo", grpo) == [] and grpo == {"sampling": {"seed": 1}}
+    sft = {"validation": {"temperature": 0.3, "samples": 2}, "max_length": 64}
+    (error,) = moved_errors("sft", sft)
+    assert error.startswith("sft.validation.temperature is the run's one sampling setting: set ")
+    assert "pipeline.sampling.judge_temperature" in error
+    assert sft == {"validation": {"samples": 2}, "max_length": 64}
+
+
+def test_auto_takes_vllm_only_on_cuda_where_it_is_installed(monkeypatch):
+    kind, why = resolve_backend("auto", cuda=False)
+    assert kind == "cached" and "no CUDA device" in why
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())
+    assert resolve_backend("auto", cuda=True)[0] == "vllm"
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    assert resolve_backend("auto", cuda=True)[0] == "cached"
+    assert resolve_backend("hf", cuda=True) == ("hf", "rollout.backend=hf")
+
+
+def test_on_a_gpu_the_vllm_engine_sleeps_at_level_2_unless_told(monkeypatch):
+    gpu = RunEngine(Rollout("vllm"), dtype="bfloat16", cuda=True)
+    assert gpu.options["engine"] == {"sleep_level": 2, "dtype": "bfloat16"}
+    told = RunEngine(Rollout("vllm", {"engine": {"sleep_level": 1}}), "float32", cuda=True)
+    assert told.options["engine"] == {"sleep_level": 1, "dtype": "float32"}
+    cpu = RunEngine(Rollout("vllm"), "float32", cuda=False)  # vLLM's CPU build has no sleep mode
+    assert cpu.options["engine"] == {"dtype": "float32"}
+    assert cpu.spec == Rollout("vllm", {"engine": {"dtype": "float32"}})
+
+
+def test_one_backend_follows_each_stages_model(tiny_model, tiny_model_dir, char_tokenizer):
+    engine = RunEngine(Rollout("auto"), cuda=False)
+    first, second = copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in second.parameters():
+            p.mul_(0.0)  # a model that samples otherwise
+    backend = engine.attach(first, char_tokenizer, tiny_model_dir)
+    assert isinstance(backend, CachedDecodeBackend) and backend.model is first
+    assert engine.attach(second, char_tokenizer, tiny_model_dir) is backend
+    assert backend.model is second and engine.starts == 0  # no engine process to start
+    sampling = SamplingParams(max_new_tokens=6, seed=0)
+    theirs = CachedDecodeBackend(second, char_tokenizer).generate(["1+2="], 2, sampling)
+    ours = backend.generate(["1+2="], 2, sampling)
+    assert torch.equal(ours.input_ids, theirs.input_ids)
+
+
+def test_a_lent_backend_is_not_closed_by_the_module(tiny_model_dir):
+    from coscale.modules import GRPOModule
+
+    closed = []
+
+    class Lent(CachedDecodeBackend):
+        def close(self):
+            closed.append(True)
+
+    module = GRPOModule(model=str(tiny_model_dir))
+    module.backend = Lent(module.policy, module.tokenizer)
+    module.teardown("fit")
+    assert closed == []
+    assert Rollout("fast").errors() == ["backend must be one of auto, cached, hf, vllm; got 'fast'"]
