@@ -236,8 +236,10 @@ def test_8gpu_fsdp_pipeline_config_instantiates_with_a_tiny_model():
     for spec in (data.train_source, data.val_source):
         assert parse_source(spec).name in ("openmathreasoning", "math500")
     # the module settings are accepted as they are (a tiny model stands in for Qwen)
-    assert GRPOModule(model=TINY, **pipe.grpo).sampling.max_new_tokens == 4096
-    assert SFTModule(model=TINY, **pipe.sft).max_length == 4096
+    grpo, sft = pipe.sampling.grpo_args(pipe.grpo), pipe.sampling.sft_args(pipe.sft)
+    assert GRPOModule(model=TINY, **grpo).sampling.max_new_tokens == 4096
+    assert SFTModule(model=TINY, **sft).val_sampling.max_new_tokens == 4096  # measured as RL samples
+    assert SFTModule(model=TINY, **sft).max_length == 4096
 
 
 # --- GRPO with a vLLM-style backend: GRPOModule keeps the engine in sync ---------------
@@ -268,3 +270,21 @@ def test_grpo_steps_keep_a_colocated_engine_in_sync(tiny_model_dir):
     assert backend.book.version == 3 and backend.last_parity.ok
     assert _same_weights(backend.fake().model, module.policy)  # the engine follows the policy
     assert any(not torch.equal(p, initial[n]) for n, p in module.policy.named_parameters())
+
+
+def test_a_runs_models_are_evaluated_with_the_runs_sampling_definition(tmp_path):
+    from coscale.app.evaluate import EvalConfig
+
+    sampling = {"prompt": {"template": "Q:{question}\nA:", "chat": False, "system": None},
+                "max_new_tokens": 40, "temperature": 1.0, "top_p": 0.9, "judge_temperature": 0.5}  # fmt: skip
+    state = {"config": {"sampling": sampling, "rollout": {"backend": "cached", "options": {}}}}
+    (tmp_path / "pipeline_state.json").write_text(json.dumps(state))
+    cfg = EvalConfig(model="m", run=str(tmp_path), logger="none")
+    assert cfg.prompt.template == "Q:{question}\nA:" and cfg.max_new_tokens == 40
+    assert (cfg.temperature, cfg.top_p, cfg.backend) == (0.5, 0.9, "cached")  # the judge's
+    mine = EvalConfig(model="m", run=str(tmp_path), max_new_tokens=8, backend="hf", logger="none")
+    assert (mine.max_new_tokens, mine.backend, mine.temperature) == (8, "hf", 0.5)
+    plain = EvalConfig(model="m", logger="none")  # no run: the defaults
+    assert (plain.max_new_tokens, plain.temperature, plain.backend) == (4096, 0.6, "auto")
+    with pytest.raises(ValueError, match=r"eval\.run=.* holds no pipeline_state\.json"):
+        EvalConfig(model="m", run=str(tmp_path / "nothing"))

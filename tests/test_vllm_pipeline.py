@@ -128,3 +128,18 @@ def test_killed_where_it_samples_resumes_to_the_same_result(uninterrupted, tmp_p
         assert state[key] == want_state[key], f"{key} differs after the kill at {point!r}"
     for name, tensor in want_weights.items():
         assert torch.equal(weights[name], tensor), name
+
+
+def test_ddp_on_two_cpu_ranks_runs_every_stage_on_one_engine_per_rank(two_rank_runs):
+    """tests/configs/two_ranks.yaml (selection in every SFT from the initial model, the final
+    retrain's own measurement and RL) under DDP on 2 processes, its engine on vLLM."""
+    run_dir, _ = two_rank_runs("ddp", ROOT / "tests" / "configs" / "two_ranks_vllm.yaml")
+    log = (run_dir.parent / "run.log").read_text()
+    assert log.count(STARTED) == 2  # one engine per rank, each started once
+    state = json.loads((run_dir / "pipeline_state.json").read_text())
+    assert state["done"][-1] == "final" and "it2/rl" in state["models"]
+    spend = state["results"]["spend"]
+    sampled = [name for name, s in spend.items() if s["rollouts"] > 0]
+    assert {"warmup", "it1/sft", "it1/eval", "it1/rl", "final/eval", "final"} <= set(sampled)
+    for name in sampled:  # rank 0's count: its share of every stage's samples, all on vLLM
+        assert spend[name]["rollouts_on_vllm"] == spend[name]["rollouts"], (name, spend[name])

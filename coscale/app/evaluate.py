@@ -1,7 +1,7 @@
 """``coscale eval --config eval.yaml``: pass@1 / pass@k of a model on named benchmarks.
 
-Every problem gets ``samples`` completions from the chosen rollout backend (HF ``generate``
-or vLLM), scored by the same `MathReward` as training; pass@k is the unbiased estimator of
+Every problem gets ``samples`` completions from the chosen rollout backend (the cached decode,
+HF ``generate`` or vLLM), scored by the same `MathReward` as training; pass@k is the unbiased estimator of
 `coscale.scoring.metrics.pass_at_k`, averaged over a benchmark's problems. The result is a table on
 stdout, a JSON file, and (``logger: wandb``) ``eval/<benchmark>/pass@<k>`` metrics plus a
 results table in W&B (offline without an API key). Lightning-free: plain PyTorch.
@@ -34,14 +34,21 @@ class EvalConfig:
         tokenizer: Tokenizer name or folder; defaults to the model's.
         benchmarks: Problem source specs (`coscale.tasks.benchmarks`), e.g. ``math500``,
             ``amc``, ``olymmath-en-easy``, ``mine?path=data/test.jsonl``.
-        prompt: How a question becomes the prompt (as in training).
+        run: A ``coscale run`` folder whose models are evaluated: its one sampling definition
+            (``pipeline.sampling``: the prompt, the token limit, the judge's temperature, top-p)
+            and its engine (``pipeline.rollout``) fill whatever of ``prompt``,
+            ``max_new_tokens``, ``temperature``, ``top_p``, ``backend`` is not set here.
+        prompt: How a question becomes the prompt (as in training; unset: the run's, else the
+            question alone).
         samples: Completions per problem (n of pass@k).
         k: The pass@k budgets reported, each <= samples.
-        max_new_tokens: Token limit of a completion.
-        temperature: Sampling temperature (0: greedy).
-        top_p: Nucleus sampling.
+        max_new_tokens: Token limit of a completion (unset: the run's, else 4096).
+        temperature: Sampling temperature, 0 greedy (unset: the run's judge temperature, else
+            0.6).
+        top_p: Nucleus sampling (unset: the run's, else 1.0).
         batch_size: Problems per backend call.
-        backend: ``hf`` or ``vllm``.
+        backend: ``auto`` (vLLM where it is installed and the model is on CUDA, else the cached
+            decode), ``cached``, ``hf`` or ``vllm`` (unset: the run's, else ``auto``).
         backend_options: Arguments of the backend class (vLLM: ``engine: {gpu_memory_utilization:
             0.85}``, ...; see `coscale.rollout.vllm_settings`).
         reward: `MathReward` arguments (``extract``, ``timeout``, ``num_workers``).
@@ -57,14 +64,15 @@ class EvalConfig:
     model: str
     tokenizer: str | None = None
     benchmarks: list[str] = field(default_factory=lambda: ["math500"])
-    prompt: PromptFormat = PromptFormat()
+    run: str | None = None
+    prompt: PromptFormat | None = None
     samples: int = 16
     k: list[int] = field(default_factory=lambda: [1, 8, 16])
-    max_new_tokens: int = 4096
-    temperature: float = 0.6
-    top_p: float = 1.0
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
     batch_size: int = 64
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["auto", "cached", "hf", "vllm"] | None = None
     backend_options: dict[str, Any] = field(default_factory=dict)
     reward: dict[str, Any] = field(default_factory=dict)
     dtype: str = "bfloat16"
@@ -76,6 +84,11 @@ class EvalConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name, value in {**UNSET_DEFAULTS, **_run_sampling(self.run)}.items():
+            if getattr(self, name) is None:  # the run's first, then the defaults
+                setattr(self, name, value)
+        if isinstance(self.prompt, dict):
+            self.prompt = PromptFormat(**self.prompt)
         counts = {"samples": self.samples, "max_new_tokens": self.max_new_tokens}
         counts["batch_size"] = self.batch_size
         errors = [f"{n} must be >= 1, got {v}" for n, v in counts.items() if v < 1]
@@ -88,6 +101,39 @@ class EvalConfig:
             errors.append(f"device must be one of auto, cpu, cuda; got {self.device!r}")
         if errors:
             raise ValueError("eval: " + "; ".join(errors))
+
+
+UNSET_DEFAULTS = {
+    "prompt": PromptFormat(),
+    "max_new_tokens": 4096,
+    "temperature": 0.6,
+    "top_p": 1.0,
+    "backend": "auto",
+}
+"""What ``eval`` samples with where neither its own settings nor ``eval.run`` say."""
+
+
+def _run_sampling(run: str | None) -> dict[str, Any]:
+    """The sampling settings of the ``coscale run`` folder ``run`` (its state file's config)."""
+    if run is None:
+        return {}
+    path = os.path.join(run, "pipeline_state.json")
+    if not os.path.exists(path):
+        raise ValueError(f"eval.run={run!r} holds no pipeline_state.json: not a coscale run folder")
+    with open(path) as f:
+        config = json.load(f)["config"]
+    sampling, rollout = config.get("sampling") or {}, config.get("rollout") or {}
+    if not sampling:
+        raise ValueError(f"eval.run={run!r} was run before pipeline.sampling existed: set "
+                         "eval.prompt, eval.max_new_tokens and eval.temperature")  # fmt: skip
+    judge = sampling.get("judge_temperature")
+    found = {
+        "prompt": PromptFormat(**sampling["prompt"]),
+        "max_new_tokens": sampling["max_new_tokens"],
+        "temperature": sampling["temperature"] if judge is None else judge,
+        "top_p": sampling["top_p"],
+    }
+    return found | ({"backend": rollout["backend"]} if rollout.get("backend") else {})
 
 
 def log_to_wandb(rows: Sequence[dict[str, Any]], config: EvalConfig) -> None:
@@ -164,10 +210,15 @@ def build_eval_backend(config: EvalConfig) -> tuple[RolloutBackend, Any]:
     """
     from coscale.models.adapters import is_adapter_folder
     from coscale.models.policy import load_policy, load_tokenizer, resolve_model_path
-    from coscale.rollout.factory import build_backend
+    from coscale.rollout.factory import build_backend, resolve_backend
 
     path = resolve_model_path(config.model)
-    if config.backend == "vllm":
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    kind, why = resolve_backend(config.backend, device == "cuda")
+    print(f"[coscale] {why}", flush=True)
+    if kind == "vllm":
         if is_adapter_folder(path):  # vLLM loads a whole model folder
             raise ValueError(
                 f"eval.model={config.model!r} is an adapter folder: with eval.backend=vllm give "
@@ -176,11 +227,8 @@ def build_eval_backend(config: EvalConfig) -> tuple[RolloutBackend, Any]:
         tokenizer = load_tokenizer(config.tokenizer or path)
         return build_backend("vllm", None, tokenizer, path, **config.backend_options), tokenizer
     policy, tokenizer = load_policy(path, config.tokenizer, config.dtype)
-    device = config.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     policy = policy.to(device).eval()
-    return build_backend("hf", policy, tokenizer, **config.backend_options), tokenizer
+    return build_backend(kind, policy, tokenizer, **config.backend_options), tokenizer
 
 
 def eval_parser():
