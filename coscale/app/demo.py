@@ -13,6 +13,7 @@ import os
 from importlib import resources
 from typing import Any
 
+from coscale.app.report_engine import ReportEngine
 from coscale.models.prompting import PromptFormat
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.stats import Estimate, mean_of_sets, paired_difference, pass_at_k_estimate
@@ -100,12 +101,23 @@ def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, k: int) -> d
     curve: pass@1 of every stage's model (intermediate ones on half the problems, k/2 samples)."""
     sets = {name: tiers.problems(name, n_test, seed=1, held_out=True) for name in SETS}
     report: dict[str, Any] = {"k": k, "n_test": n_test, "models": {}, "curve": {}}
+    engine = ReportEngine(cfg)  # the run's engine kind and sampling definition
+    try:
+        _evaluate_models(cfg, results, sets, report, engine)
+    finally:
+        engine.close()
+    report["temperature"] = engine.temperature
+    return report
+
+
+def _evaluate_models(cfg, results, sets, report, engine) -> None:
+    n_test, k = report["n_test"], report["k"]
     for label, path in stage_models(cfg, results).items():
         full = label in ("base", "final")
         kk, use = (
             (k, sets) if full else (max(1, k // 2), {n: p[: n_test // 2] for n, p in sets.items()})
         )
-        row = {name: _measure(path, probs, kk) for name, probs in use.items()}
+        row = {name: _measure(path, probs, kk, engine=engine) for name, probs in use.items()}
         if full:
             report["models"][label] = row
         report["curve"][label] = {name: est["pass@1"] for name, est in row.items()}
@@ -114,13 +126,19 @@ def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, k: int) -> d
             + ", ".join(f"{n} {v['pass@1'].mean * 100:.1f}" for n, v in row.items()),
             flush=True,
         )
-    return report
 
 
 def _measure(
-    path: str, problems: list, k: int, fmt: PromptFormat | None = None, max_new_tokens: int = 96
+    path: str,
+    problems: list,
+    k: int,
+    fmt: PromptFormat | None = None,
+    max_new_tokens: int | None = None,
+    engine: ReportEngine | None = None,
 ) -> dict[str, Estimate]:
-    correct = correct_counts(path, problems, k, fmt=fmt, max_new_tokens=max_new_tokens)
+    correct = correct_counts(
+        path, problems, k, fmt=fmt, max_new_tokens=max_new_tokens, engine=engine
+    )
     return {
         "pass@1": pass_at_k_estimate(k, correct, 1),
         f"pass@{k}": pass_at_k_estimate(k, correct, k),
@@ -133,28 +151,34 @@ def correct_counts(
     k: int,
     seed: int = 0,
     fmt: PromptFormat | None = None,
-    max_new_tokens: int = 96,
+    max_new_tokens: int | None = None,
+    engine: ReportEngine | None = None,
 ) -> list[int]:
-    """Correct samples out of ``k`` (temperature 1.0) of the model at ``path`` per problem,
-    prompted with ``fmt`` (default: the demo task's plain prompt; a chat format uses the
-    model's own chat template)."""
-    from coscale.models.policy import load_policy
-    from coscale.rollout.hf import HFGenerateBackend
+    """Correct samples out of ``k`` of the model at ``path`` per problem, sampled with
+    ``engine`` (default: the machine's ``auto`` backend, the demo task's plain prompt, 96
+    tokens, temperature 1.0); ``fmt`` and ``max_new_tokens`` override its prompt and limit (a
+    chat format uses the model's own chat template)."""
     from coscale.scoring.rewards import MathReward
 
-    model, tok = load_policy(path)
-    backend, fmt = HFGenerateBackend(model, tok), fmt or PromptFormat(template=tiers.PROMPT)
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
+    own = engine is None
+    engine = engine or ReportEngine()
+    fmt, limit = fmt or engine.fmt, max_new_tokens or engine.max_new_tokens
+    sampling = SamplingParams(max_new_tokens=limit, temperature=engine.temperature, seed=seed)
     correct: list[int] = []
-    with MathReward() as reward:
-        for start in range(0, len(problems), 64):
-            chunk = problems[start : start + 64]
-            ro = backend.generate([fmt(p.question, tok) for p in chunk], k, sampling)
-            scores = reward(ro.texts, [chunk[i].answer for i in ro.prompt_index.tolist()])
-            counts = [0] * len(chunk)
-            for i, s in zip(ro.prompt_index.tolist(), scores):
-                counts[i] += int(s >= 1.0)
-            correct += counts
+    try:
+        backend, tok = engine.backend_for(path)
+        with MathReward() as reward:
+            for start in range(0, len(problems), 64):
+                chunk = problems[start : start + 64]
+                ro = backend.generate([fmt(p.question, tok) for p in chunk], k, sampling)
+                scores = reward(ro.texts, [chunk[i].answer for i in ro.prompt_index.tolist()])
+                counts = [0] * len(chunk)
+                for i, s in zip(ro.prompt_index.tolist(), scores):
+                    counts[i] += int(s >= 1.0)
+                correct += counts
+    finally:
+        if own:
+            engine.close()
     return correct
 
 
@@ -212,7 +236,8 @@ def write_report(run_dir: str, results: dict[str, Any], report: dict[str, Any]) 
     with open(os.path.join(run_dir, "results.md"), "w") as f:
         f.write(
             f"pass@1 / pass@{report['k']} in %, {report['n_test']} held-out problems per set, "
-            f"{report['k']} samples each at temperature 1.0, 95% bootstrap intervals.\n\n{text}\n"
+            f"{report['k']} samples each at temperature {report.get('temperature', 1.0)}, 95% "
+            f"bootstrap intervals.\n\n{text}\n"
         )
     plain = {
         label: {s: {m: e.plain() for m, e in row.items()} for s, row in rows.items()}
