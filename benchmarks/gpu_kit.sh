@@ -37,7 +37,8 @@ fi
 git check-ignore -q "$KIT/x.whl" || echo "[gpu_kit] WARNING: $KIT/ is not ignored by git" >&2
 echo "[gpu_kit] $(ls "$KIT"/*.whl | wc -l) wheels, $((bytes / 1024)) KiB in $KIT/"
 cat <<'EOF'
-[gpu_kit] The device call (one; about 8 minutes of the 15; needs no other preparation):
+[gpu_kit] The device call (one; about 8 minutes of the 15; needs no other preparation). The
+tool sends the checkout the session was started in, with .whl/: build the kit there.
   run(command="bash benchmarks/gpu_kit_run.sh", carry=[".whl"], timeout_s=540)
 It installs the kit with pip --no-index --no-deps --target /tmp/coscale_site, puts that and the
 checkout on PYTHONPATH, runs benchmarks/gpu_check.sh (every check, 420 s budget, killed at 450 s)

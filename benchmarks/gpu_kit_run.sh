@@ -58,7 +58,7 @@ rc=${PIPESTATUS[0]}
   grep -E '^\[gpu_check\] (PASS|FAIL|SKIP|all passed|FAILED|torch|speed|matmul|median)' \
     "$OUT/gpu_check.log"
   grep -E 'PROBLEM|MISSING' "$OUT/versions.txt"
-  echo "[gpu_kit] exit code $rc after $((SECONDS - start)) s (124: gpu_check.sh timed out)"
+  echo "[gpu_kit] exit code $rc after $((SECONDS - start)) s$( ((rc == 124)) && echo ': timed out')"
 } > "$OUT/summary.txt"
 (cd "$WORK" 2>/dev/null && tar czf "$OUT/check_logs.tar.gz" -- *.log pipeline/pipeline_state.json \
   2>/dev/null)
