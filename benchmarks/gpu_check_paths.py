@@ -36,9 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 CONFIG = TESTS / "configs" / "two_ranks.yaml"
 STAGES = ["warmup", "it1/scale", "it1/sft", "it1/eval", "it1/rl", "it1/redistill",
-          "it2/scale", "it2/sft", "it2/eval", "it2/rl", "final"]  # fmt: skip
+          "it2/scale", "it2/sft", "it2/eval", "it2/rl",
+          "final/retrain", "final/eval", "final/rl", "final"]  # fmt: skip
 """What two_ranks.yaml runs (the same list as tests/test_multiprocess.py)."""
-LIMITS = {"speed": 120, "lockstep": 90, "fits": 150, "pipeline": 240, "vllm": 300}
+LIMITS = {"speed": 180, "lockstep": 90, "fits": 150, "pipeline": 240, "vllm": 300, "matmul": 90}
 """Seconds each check's worker may run (less when the overall budget has less left)."""
 
 
@@ -202,7 +203,8 @@ LOCKSTEP_BATCH = 2  # rows per chunk: rank 0 (1 prompt x 2) has 1 chunk, the oth
 def lockstep(setup: Setup) -> str:
     """Cached decode on a sharded policy, rank 0 done at once; see the module doc."""
     if setup.devices < 2:
-        raise Skipped(f"needs 2 or more devices ({setup.devices} here): no rank to wait for")
+        lent = "one GPU was lent" if setup.accelerator != "cpu" else "1 CPU process"
+        raise Skipped(f"a multi-GPU check: needs 2 or more devices, {lent}")
     model_dir, out = _tiny_model(setup.work), _fresh(setup.work / "lockstep")
     cmd = [sys.executable, __file__, "lockstep-worker", str(model_dir), str(out),
            setup.backend, str(setup.devices)]  # fmt: skip
