@@ -40,7 +40,7 @@ class StageContext:
     def __init__(self, cfg, curriculum: Curriculum, data, logger, sft_args, grpo_args) -> None:
         self.cfg, self.curriculum, self.data, self.logger = cfg, curriculum, data, logger
         self.sft_args, self.grpo_args = sft_args, grpo_args
-        self.trainer_args, why = resolve_precision(dict(cfg.trainer))
+        self.trainer_args, why = resolve_precision(dict(cfg.trainer), cfg.model, cfg.run_dir)
         # a strategy object (from YAML's class_path) holds its fit's model: each fit gets a
         # copy of it taken before any fit used it
         self._strategy = copy.deepcopy(self.trainer_args.pop("strategy", "auto"))

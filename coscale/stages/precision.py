@@ -1,17 +1,34 @@
-"""``precision: auto``: bf16 where the machine computes it natively, float32 elsewhere.
+"""``precision: auto``: the faster of float32 and bf16-mixed, measured on the model's own shapes.
 
-On a CPU without native bf16 kernels, bf16 is emulated and an SFT step runs many times slower
-than in float32 (docs/results.md). So the choice comes from the machine, never from a constant:
-CUDA devices that support bf16, and CPUs whose flags list ``avx512_bf16`` or ``amx_bf16``, get
-``bf16-mixed``; everything else ``32-true``. Any other value of ``trainer.precision`` is passed to Lightning.
+CPU flags do not tell which is faster: on a CPU without native bf16 kernels bf16 is emulated and
+an SFT step ran ~15x slower than in float32 (docs/results.md), but on an AMD EPYC (Zen 4) with
+``avx512_bf16`` bf16-mixed also ran the demo's stages 20-45% slower (issue 33). So on the CPU
+``auto`` times one training step of the model in each (:mod:`coscale.stages.precision_timing`,
+about a second for a small model) and takes the faster; bf16-mixed only when it is faster. A
+CPU whose flags list neither ``avx512_bf16`` nor ``amx_bf16`` gets ``32-true`` untimed (bf16 would
+be emulated). On a CUDA device nothing is timed: ``bf16-mixed`` where the device supports bf16
+(tensor cores make it the faster there), else ``32-true``.
+
+The decision is made once per run and kept in ``<run_dir>/precision.json``
+(:mod:`coscale.stages.precision_record`): every rank and every resume reads it back instead of
+timing again. Only ``auto`` reads it: any other value of ``trainer.precision`` is passed to
+Lightning as it is, and the record is left alone. Delete the file to measure again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+
+from coscale.stages import precision_record as records
+from coscale.stages.precision_timing import Timings, time_fwd_bwd
 
 AUTO = "auto"
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+Timer = Callable[[str], Timings]
+"""Times a training step of a model (its spec) in both precisions."""
 
 
 def cpu_flags() -> set[str]:
@@ -24,23 +41,79 @@ def cpu_flags() -> set[str]:
     return set(lines[0].split(":", 1)[1].split()) if lines else set()
 
 
-def native_bf16(accelerator: str) -> tuple[bool, str]:
-    """Whether ``accelerator`` computes bf16 natively here, and the evidence."""
+def training_device(accelerator: str) -> str:
+    """``cuda`` or ``cpu``: where a Trainer with ``accelerator`` trains here."""
     cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    if cuda:
+    return "cuda" if cuda else "cpu"
+
+
+def decide(device: str, model: str, timer: Timer | None = None) -> tuple[str, str]:
+    """The precision ``auto`` means for ``model`` on ``device``, and why (times, when timed)."""
+    if device == "cuda":
         ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        return ok, f"CUDA device {'supports' if ok else 'lacks'} bf16"
-    found = sorted(set(NATIVE_BF16_FLAGS) & cpu_flags())
-    if found:
-        return True, f"CPU flags include {', '.join(found)}"
-    return False, f"CPU flags lack {' and '.join(NATIVE_BF16_FLAGS)} (bf16 would be emulated)"
+        return ("bf16-mixed" if ok else "32-true"), (
+            f"CUDA device {'supports' if ok else 'lacks'} bf16 (not timed)"
+        )
+    if not set(NATIVE_BF16_FLAGS) & cpu_flags():
+        flags = " and ".join(NATIVE_BF16_FLAGS)
+        return "32-true", f"CPU flags lack {flags} (bf16 would be emulated; not timed)"
+    t = (timer or time_fwd_bwd)(model)
+    chosen = "bf16-mixed" if t.bf16 < t.fp32 else "32-true"
+    return chosen, (
+        f"fp32 {t.fp32 * 1e3:.1f} ms, bf16-mixed {t.bf16 * 1e3:.1f} ms per fwd+bwd of {model} "
+        f"(batch {t.batch} x {t.tokens} tokens)"
+    )
 
 
-def resolve_precision(trainer_args: dict) -> tuple[dict, str | None]:
-    """``trainer_args`` with ``precision: auto`` replaced by the machine's choice, and a line
-    saying what was chosen and why (None when nothing was resolved)."""
+def resolve_precision(
+    trainer_args: dict[str, Any],
+    model: str,
+    run_dir: str | None = None,
+    timer: Timer | None = None,
+) -> tuple[dict[str, Any], str | None]:
+    """``trainer_args`` with ``precision: auto`` replaced by the run's choice.
+
+    Args:
+        trainer_args: ``lightning.Trainer`` arguments (``pipeline.trainer``).
+        model: The run's model spec, timed when the choice is made here.
+        run_dir: The run folder holding the record; None decides without one.
+        timer: What times ``model``; None: :func:`~coscale.stages.precision_timing.time_fwd_bwd`.
+
+    Returns:
+        The arguments, and the line to print (``precision auto -> <choice>: <why>``; None when
+        ``precision`` is not ``auto``).
+
+    Raises:
+        ValueError: The record was made for another device or model (names the file and the
+            setting), or the model's config cannot be read for the timing.
+        TimeoutError: A rank other than 0 found no record from rank 0 in time.
+    """
     if str(trainer_args.get("precision")) != AUTO:
         return trainer_args, None
-    ok, why = native_bf16(str(trainer_args.get("accelerator", "auto")))
-    chosen = "bf16-mixed" if ok else "32-true"
+    device = training_device(str(trainer_args.get("accelerator", "auto")))
+    chosen, why = _run_choice(device, model, run_dir, timer)
     return {**trainer_args, "precision": chosen}, f"precision auto -> {chosen}: {why}"
+
+
+def _run_choice(
+    device: str, model: str, run_dir: str | None, timer: Timer | None
+) -> tuple[str, str]:
+    """The run's recorded choice; made, timed and recorded here by rank 0 when there is none."""
+    if run_dir is None:
+        return decide(device, model, timer)
+    path = records.record_path(run_dir)
+    record = records.read_record(path) if records.is_rank_zero() else records.wait_for_record(path)
+    if record is None:
+        chosen, why = decide(device, model, timer)
+        records.write_record(
+            path, {"precision": chosen, "device": device, "model": model, "why": why}
+        )
+        return chosen, why
+    made_for = (record.get("device"), record.get("model"))
+    if made_for != (device, model):
+        raise ValueError(
+            f"pipeline.trainer.precision: auto was decided as {record.get('precision')} for "
+            f"{made_for[1]!r} on {made_for[0]} ({path}), but this run trains {model!r} on "
+            f"{device}; delete {path} to measure again, or set pipeline.trainer.precision"
+        )
+    return record["precision"], f"{record['why']}; recorded in {path}"

@@ -1,0 +1,104 @@
+"""How long one training step of a model takes in float32 and under bf16 autocast, on the CPU.
+
+``precision: auto`` (:mod:`coscale.stages.precision`) decides from this measurement, not from the
+CPU's flags: on an AMD EPYC (Zen 4) with ``avx512_bf16``, bf16-mixed ran the demo's stages
+20-45% slower than float32 (issue 33). The model is built from its own config with random
+weights (its shapes are what matters, not its values), and each step is a forward pass with the
+labels and a backward pass of one small batch, the way Lightning runs it: ``32-true`` plainly,
+``bf16-mixed`` with the forward under ``torch.autocast("cpu", dtype=torch.bfloat16)`` and
+float32 weights. One warm-up step of each, then the median of three to five, interleaved so
+that a change of the machine's load falls on both; other jobs on the machine still disturb the
+times (time a run alone, as any benchmark).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from coscale.models import policy
+
+MIN_ROUNDS = 3
+"""Timed steps per precision at least (fewer only when ``repeats`` asks for fewer)."""
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Median seconds per forward and backward pass of one batch, in each precision."""
+
+    fp32: float
+    """``32-true``: float32 throughout."""
+    bf16: float
+    """``bf16-mixed``: the forward under bf16 autocast, float32 weights and backward."""
+    batch: int
+    """Sequences in the batch."""
+    tokens: int
+    """Tokens per sequence."""
+
+
+def time_fwd_bwd(
+    model: str, batch: int = 4, tokens: int = 64, repeats: int = 5, budget_s: float = 2.0
+) -> Timings:
+    """Times a training step of ``model``'s architecture in both precisions on the CPU.
+
+    Args:
+        model: Anything :func:`coscale.models.policy.resolve_model_path` takes (hub name,
+            folder, ``builtin:`` spec); only its config is read.
+        batch: Sequences per step.
+        tokens: Tokens per sequence (at most the model's ``max_position_embeddings``).
+        repeats: At most this many timed steps per precision after the warm-up.
+        budget_s: No round of timed steps starts after this many seconds of them, once
+            :data:`MIN_ROUNDS` are done (a median of three outvotes one disturbed step).
+
+    Returns:
+        The median seconds per step in each precision. The global RNG is left as it was.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = random_model(model)
+        tokens = min(tokens, getattr(net.config, "max_position_embeddings", None) or tokens)
+        vocab = net.get_input_embeddings().num_embeddings
+        ids = torch.randint(0, vocab, (batch, tokens))  # B x T
+        for bf16 in (False, True):  # warm-up: kernels chosen, memory allocated
+            _step(net, ids, bf16)
+        seen: dict[bool, list[float]] = {False: [], True: []}
+        rounds, spent = 0, 0.0
+        while rounds < max(repeats, 1) and (rounds < MIN_ROUNDS or spent < budget_s):
+            for bf16 in (False, True):  # interleaved: a burst of load falls on both
+                seen[bf16].append(_step(net, ids, bf16))
+            rounds, spent = rounds + 1, spent + seen[False][-1] + seen[True][-1]
+    return Timings(statistics.median(seen[False]), statistics.median(seen[True]), batch, tokens)
+
+
+def random_model(model: str) -> Any:
+    """``model``'s architecture with random float32 weights, in training mode.
+
+    Raises:
+        ValueError: ``model``'s config cannot be read (names ``pipeline.trainer.precision``,
+            whose explicit value skips the measurement).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(policy.resolve_model_path(model))
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"pipeline.trainer.precision: auto times a training step of the model, but the "
+            f"config of {model!r} could not be read ({err}); set pipeline.trainer.precision to "
+            "32-true or bf16-mixed to skip the measurement"
+        ) from err
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
+
+
+def _step(net: Any, ids: torch.Tensor, bf16: bool) -> float:
+    """Seconds of one forward (with the labels) and backward pass of ``ids``."""
+    start = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = net(input_ids=ids, labels=ids).loss
+    loss.backward()
+    net.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
