@@ -104,9 +104,10 @@ class PipelineConfig:
         project: W&B project name.
         seed: Global seed.
         trainer: Extra ``lightning.Trainer`` arguments for every stage (accelerator, devices,
-            strategy, precision, ...). ``precision: auto`` takes bf16-mixed where the machine
-            computes bf16 natively, else 32-true, and prints which and why
-            (:mod:`coscale.stages.precision`).
+            strategy, precision, ...). ``precision: auto`` times a training step of the model in
+            32-true and bf16-mixed on the CPU and takes the faster (CUDA: bf16-mixed where
+            supported), prints both times, and keeps the choice for every rank and resume in
+            ``<run_dir>/precision.json`` (:mod:`coscale.stages.precision`).
         peft: Train a PEFT adapter (a ``peft.PeftConfig`` such as ``peft.LoraConfig``; YAML
             ``class_path: peft.LoraConfig`` with ``init_args``) in every stage instead of every
             weight. Each SFT from the initial model trains a new adapter on the untouched base;
