@@ -167,14 +167,16 @@ def test_stage_context_prints_the_one_line_and_records_it(tmp_path, monkeypatch,
 
 
 @pytest.mark.parametrize(
-    ("seconds", "repeats", "rounds"), [(0.01, 5, 5), (0.2, 5, 4), (1.0, 5, 3), (1.0, 1, 1)]
+    ("seconds", "repeats", "rounds"),
+    [(0.01, 5, 5), (0.2, 5, 4), (0.5, 5, 2), (1.0, 5, 1), (0.01, 1, 1)],
 )
 def test_timing_takes_the_median_after_a_warm_up_within_its_budget(
     monkeypatch, seconds, repeats, rounds
 ):
     """A fake step takes ``seconds`` in fp32, twice that in bf16 (plus its index in us). After
-    the warm-up, rounds go on up to ``repeats`` while the timed steps took under ``budget_s``
-    (2 s), at least three: 0.2 s -> rounds of 0.6 s -> a fourth starts at 1.8 s."""
+    the warm-up, rounds go on up to ``repeats`` while the rounds before took under ``budget_s``
+    (2 s), at least one: 0.2 s -> rounds of 0.6 s -> a fourth starts at 1.8 s; 0.5 s -> a
+    second starts at 1.5 s; 1.0 s -> 3 s after the first, no second."""
     net = SimpleNamespace(
         config=SimpleNamespace(max_position_embeddings=32),
         get_input_embeddings=lambda: SimpleNamespace(num_embeddings=10),
@@ -206,7 +208,7 @@ def test_a_real_timing_of_the_tiny_model_is_quick_and_leaves_the_rng_alone():
     assert torch.equal(torch.get_rng_state(), rng)
     assert (t.batch, t.tokens) == (4, 64)
     assert all(math.isfinite(s) and s > 0 for s in (t.fp32, t.bf16))
-    assert took < 15, f"timing took {took:.1f} s; it should take a few (budget_s=4 plus a warm-up)"
+    assert took < 20, f"timing took {took:.1f} s; it should take a few (budget_s=2 plus a warm-up)"
 
 
 def test_an_unreadable_model_config_names_the_setting(tmp_path):

@@ -6,9 +6,10 @@ CPU's flags: on an AMD EPYC (Zen 4) with ``avx512_bf16``, bf16-mixed ran the dem
 weights (its shapes are what matters, not its values), and each step is a forward pass with the
 labels and a backward pass of one small batch, the way Lightning runs it: ``32-true`` plainly,
 ``bf16-mixed`` with the forward under ``torch.autocast("cpu", dtype=torch.bfloat16)`` and
-float32 weights. One warm-up step of each, then the median of three to five, interleaved so
-that a change of the machine's load falls on both; other jobs on the machine still disturb the
-times (time a run alone, as any benchmark).
+float32 weights. One warm-up step of each, then the median of up to five, interleaved so that
+a change of the machine's load falls on both, within a budget of about two seconds. Other jobs
+on the machine still disturb the times, many-fold on a loaded 2-core machine (time a run alone,
+as any benchmark).
 """
 
 from __future__ import annotations
@@ -21,9 +22,6 @@ from typing import Any
 import torch
 
 from coscale.models import policy
-
-MIN_ROUNDS = 3
-"""Timed steps per precision at least (fewer only when ``repeats`` asks for fewer)."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +49,8 @@ def time_fwd_bwd(
         batch: Sequences per step.
         tokens: Tokens per sequence (at most the model's ``max_position_embeddings``).
         repeats: At most this many timed steps per precision after the warm-up.
-        budget_s: No round of timed steps starts after this many seconds of them, once
-            :data:`MIN_ROUNDS` are done (a median of three outvotes one disturbed step).
+        budget_s: No round of timed steps (one in each precision) starts after the rounds
+            before it took this many seconds; the first always runs.
 
     Returns:
         The median seconds per step in each precision. The global RNG is left as it was.
@@ -67,7 +65,7 @@ def time_fwd_bwd(
             _step(net, ids, bf16)
         seen: dict[bool, list[float]] = {False: [], True: []}
         rounds, spent = 0, 0.0
-        while rounds < max(repeats, 1) and (rounds < MIN_ROUNDS or spent < budget_s):
+        while rounds < max(repeats, 1) and (rounds == 0 or spent < budget_s):
             for bf16 in (False, True):  # interleaved: a burst of load falls on both
                 seen[bf16].append(_step(net, ids, bf16))
             rounds, spent = rounds + 1, spent + seen[False][-1] + seen[True][-1]
