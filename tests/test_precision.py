@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from coscale.rollout.factory import Rollout
 from coscale.stages import precision, precision_record, precision_timing
 from coscale.stages.context import StageContext
 from coscale.stages.precision_timing import Timings
@@ -156,13 +157,16 @@ def test_rank_zero_is_read_from_the_launchers_variables(monkeypatch, variable, v
 
 def test_stage_context_prints_the_one_line_and_records_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(precision, "time_fwd_bwd", fixed(41.2, 63.0))
-    cfg = SimpleNamespace(trainer=dict(CPU_AUTO), model="builtin:demo", run_dir=str(tmp_path))
+    cfg = SimpleNamespace(
+        trainer=dict(CPU_AUTO), model="builtin:demo", run_dir=str(tmp_path), rollout=Rollout("hf")
+    )
     ctx = StageContext(cfg, None, None, False, {}, {})
     assert ctx.trainer_args["precision"] == "32-true"
-    assert capsys.readouterr().out == (
+    lines = [line for line in capsys.readouterr().out.splitlines() if "precision" in line]
+    assert lines == [
         "[coscale] precision auto -> 32-true: fp32 41.2 ms, bf16-mixed 63.0 ms per fwd+bwd of "
-        "builtin:demo (batch 4 x 64 tokens)\n"
-    )
+        "builtin:demo (batch 4 x 64 tokens)"
+    ]
     assert (tmp_path / "precision.json").exists()
 
 
