@@ -149,7 +149,15 @@ def test_waiting_for_a_record_that_never_comes_names_the_setting(tmp_path):
     assert time.monotonic() - start < 5
 
 
-@pytest.mark.parametrize(("variable", "value", "zero"), [("RANK", "2", False), ("RANK", "0", True)])
+@pytest.mark.parametrize(
+    ("variable", "value", "zero"),
+    [
+        ("RANK", "2", False),
+        ("RANK", "0", True),
+        ("NODE_RANK", "1", False),
+        ("SLURM_PROCID", "1", False),
+    ],
+)
 def test_rank_zero_is_read_from_the_launchers_variables(monkeypatch, variable, value, zero):
     monkeypatch.setenv(variable, value)
     assert precision_record.is_rank_zero() is zero
