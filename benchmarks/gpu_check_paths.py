@@ -247,7 +247,7 @@ def _lockstep_rank(rank: int, world: int, pg_backend: str, model_dir: str, out: 
 
     from coscale.models.policy import load_policy
     from coscale.rollout.base import SamplingParams
-    from coscale.rollout.cached import CachedDecodeBackend
+    from coscale.rollout.cached.backend import CachedDecodeBackend
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device("cuda", rank) if pg_backend == "nccl" else torch.device("cpu")

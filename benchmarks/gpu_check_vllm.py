@@ -97,8 +97,8 @@ def _worker(model_dir: str, out: str, accelerator: str, dtype: str, steps: str) 
 
     from coscale.models.policy import load_policy
     from coscale.rollout import HFGenerateBackend, SamplingParams
-    from coscale.rollout.vllm import VLLMBackend
-    from coscale.rollout.vllm_sync import ParityError
+    from coscale.rollout.vllm.backend import VLLMBackend
+    from coscale.rollout.vllm.sync import ParityError
 
     device = torch.device("cuda", 0) if accelerator != "cpu" else torch.device("cpu")
     policy, tok = load_policy(model_dir, None, "float32")
@@ -156,7 +156,7 @@ def _greedy(backend, trainer, sampling_params) -> dict:
 
 def _drift(backend, initial, sampling_params) -> float:
     """Mean |engine log-prob - initial model's| of freshly sampled tokens (the trained engine)."""
-    from coscale.rollout.vllm_parity import trainer_logprobs
+    from coscale.rollout.vllm.parity import trainer_logprobs
 
     rollouts = backend.generate(PROMPTS, 2, sampling_params(max_new_tokens=16, temperature=1.0))
     before = trainer_logprobs(initial, rollouts, 1.0, 16)

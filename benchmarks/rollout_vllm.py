@@ -72,7 +72,7 @@ def build_sides(args, folder: str, policy, tok, report: Report) -> tuple[list[Si
     """The sides named by --sides, and the vLLM backend (built once; None if not asked for)."""
     vllm = None
     if any(s.startswith("vllm") for s in args.sides):
-        from coscale.rollout.vllm import VLLMBackend
+        from coscale.rollout.vllm.backend import VLLMBackend
 
         options = engine_options(args.dtype, args.max_model_len, args.kv_cache_gib, args.eager)
         # parity is checked explicitly after each timed sync, never inside a timed call

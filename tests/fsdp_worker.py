@@ -108,7 +108,7 @@ def _lockstep_rank(rank: int, model_dir: str, out: str, port: int) -> None:
 
     from coscale.models.policy import load_policy
     from coscale.rollout.base import SamplingParams
-    from coscale.rollout.cached import CachedDecodeBackend
+    from coscale.rollout.cached.backend import CachedDecodeBackend
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     timeout = datetime.timedelta(seconds=30)

@@ -91,3 +91,17 @@ def test_room_graph_on_a_toy_package(tmp_path):
     assert graph["c"] == {"top": "toy/c/w.py:1"} and graph["top"] == {}
     (found,) = room_cycles(pkg)
     assert "a -> b (toy/a/x.py:1)" in found and "b -> a (toy/b/y.py:2)" in found
+
+
+def test_only_the_rollout_factory_imports_the_vllm_backend():
+    """``coscale.rollout.vllm`` (whose engine needs vllm) is reached through the factory alone,
+    so a backend is chosen in one place and no other module depends on vLLM's layout."""
+    allowed = ("coscale.rollout.factory", "coscale.rollout.vllm")
+    found = [
+        f"{module} imports {target} ({where})"
+        for module, imports in import_graph(PACKAGE_DIR, deferred=True).items()
+        if not module.startswith(allowed)
+        for target, where in imports.items()
+        if target == "coscale.rollout.vllm" or target.startswith("coscale.rollout.vllm.")
+    ]
+    assert not found, "\n".join(found)

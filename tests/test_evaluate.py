@@ -238,7 +238,9 @@ def test_8gpu_fsdp_pipeline_config_instantiates_with_a_tiny_model():
     # the module settings are accepted as they are (a tiny model stands in for Qwen)
     grpo, sft = pipe.sampling.grpo_args(pipe.grpo), pipe.sampling.sft_args(pipe.sft)
     assert GRPOModule(model=TINY, **grpo).sampling.max_new_tokens == 4096
-    assert SFTModule(model=TINY, **sft).val_sampling.max_new_tokens == 4096  # measured as RL samples
+    assert (
+        SFTModule(model=TINY, **sft).val_sampling.max_new_tokens == 4096
+    )  # measured as RL samples
     assert SFTModule(model=TINY, **sft).max_length == 4096
 
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from transformers import LlamaConfig, MistralConfig
 
 from coscale.modules import SFTModule
-from coscale.rollout.kv_cache import full_attention_only
+from coscale.rollout.cached.kv_cache import full_attention_only
 from coscale.sft import packing
 from coscale.sft.batch import IGNORE, solution_loss, token_mean_loss, tokenize_pairs
 

@@ -69,6 +69,26 @@ def _pipeline(tmp_path, data=None, **settings):
     return Pipeline(cfg, ProblemDataModule(train=rows, **(data or {})))
 
 
+def test_the_run_closes_its_one_engine_at_its_end_and_when_a_stage_fails(tmp_path):
+    pipe = _pipeline(tmp_path)
+    closed = []
+    pipe.ctx.engine.close = lambda: closed.append("close")
+
+    def fails(name):
+        raise RuntimeError("stage failed")
+
+    pipe.warmup = fails  # the runner is looked up when the stage runs
+    with pytest.raises(RuntimeError, match="stage failed"):
+        pipe.run()
+    assert closed == ["close"]  # a vLLM engine's memory is not left behind
+    done = _pipeline(tmp_path / "done")
+    done.ctx.engine.close = lambda: closed.append("end")
+    for kind in ("warmup", "scale", "sft", "measure", "rl", "final"):
+        setattr(done, kind, lambda name: None)
+    done.run()
+    assert closed == ["close", "end"]
+
+
 class _StubSFT:
     """Stands in for SFTModule in stage tests: records how it was built, exports a folder."""
 

@@ -52,7 +52,7 @@ def _cached(policy, tokenizer, model_dir) -> RolloutBackend:
 
 
 def _vllm(policy, tokenizer, model_dir) -> RolloutBackend:
-    vllm_backend = pytest.importorskip("coscale.rollout.vllm", reason="no vLLM backend yet")
+    vllm_backend = pytest.importorskip("coscale.rollout.vllm.backend", reason="no vLLM backend")
     return vllm_backend.VLLMBackend(
         str(model_dir),
         tokenizer,

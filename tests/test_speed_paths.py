@@ -24,7 +24,7 @@ from coscale.modules import grpo as grpo_module
 from coscale.rl.logprobs import position_ids_from_mask, sequence_logprobs, token_entropy
 from coscale.rl.micro_batches import micro_batches
 from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, SamplingParams
-from coscale.rollout.cached import filter_logits, pick_tokens
+from coscale.rollout.cached.backend import filter_logits, pick_tokens
 
 PROMPTS = ["Compute 2+3.", "What is 7*6?\n", "x"]
 COUNTS = [4, 6, 2]  # R = 12, prompts of different lengths (left padding), N per prompt

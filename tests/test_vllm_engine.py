@@ -2,7 +2,7 @@
 trainer's process left as found, CPU options. Skipped only where vllm is not installed.
 
 The policy is the tiny Llama with head size 32 (vLLM's CPU attention refuses 16) and tied
-embeddings, so every sync also exercises the tied LM head (`coscale.rollout.vllm_reload`).
+embeddings, so every sync also exercises the tied LM head (`coscale.rollout.vllm.reload`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def model32_dir(model_folder, policy32, char_tokenizer):
 
 def _backend(model_dir, tokenizer, policy, **engine):
     """A float32 engine on `model_dir`; ``engine`` adds `vllm_settings.Engine` fields."""
-    from coscale.rollout.vllm import VLLMBackend
+    from coscale.rollout.vllm.backend import VLLMBackend
 
     return VLLMBackend(str(model_dir), tokenizer, policy, engine={"dtype": "float32", **engine})
 
@@ -91,7 +91,7 @@ def test_the_engine_leaves_the_trainer_process_as_it_found_it(model32_dir, char_
 
 
 def test_cpu_options_sleep_refused_and_kv_cache_sized_from_the_model(model32_dir, char_tokenizer):
-    from coscale.rollout.vllm_cpu import KV_MIN_GIB, on_cpu
+    from coscale.rollout.vllm.cpu import KV_MIN_GIB, on_cpu
 
     if not on_cpu():
         pytest.skip("vLLM runs on a GPU here: sleep mode exists and the cache follows its memory")
@@ -108,7 +108,7 @@ def test_cpu_options_sleep_refused_and_kv_cache_sized_from_the_model(model32_dir
 
 
 def test_a_head_size_the_cpu_engine_cannot_run_is_refused_by_name(tiny_model_dir, char_tokenizer):
-    from coscale.rollout.vllm_cpu import on_cpu
+    from coscale.rollout.vllm.cpu import on_cpu
 
     if not on_cpu():
         pytest.skip("vLLM runs on a GPU here")
@@ -119,8 +119,8 @@ def test_a_head_size_the_cpu_engine_cannot_run_is_refused_by_name(tiny_model_dir
 def test_a_stale_tied_head_fails_parity_and_the_refreshed_one_passes(
     model32_dir, char_tokenizer, policy32, monkeypatch
 ):
-    from coscale.rollout import vllm_reload
-    from coscale.rollout.vllm_sync import ParityError
+    from coscale.rollout.vllm import reload as vllm_reload
+    from coscale.rollout.vllm.sync import ParityError
 
     policy = copy.deepcopy(policy32)
     backend = _backend(model32_dir, char_tokenizer, policy)

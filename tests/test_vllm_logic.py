@@ -26,13 +26,13 @@ from torch import nn
 
 from coscale.rl.logprobs import sequence_logprobs
 from coscale.rollout import HFGenerateBackend, SamplingParams, build_backend
-from coscale.rollout import vllm_engine as ve
-from coscale.rollout import vllm_launch as vl
 from coscale.rollout.base import SampleCall
 from coscale.rollout.factory import close_backend
-from coscale.rollout.vllm import VLLMBackend
-from coscale.rollout.vllm_parity import fill_logprobs, parity_verdict
-from coscale.rollout.vllm_requests import (
+from coscale.rollout.vllm import engine as ve
+from coscale.rollout.vllm import launch as vl
+from coscale.rollout.vllm.backend import VLLMBackend
+from coscale.rollout.vllm.parity import fill_logprobs, parity_verdict
+from coscale.rollout.vllm.requests import (
     Completion,
     Request,
     assemble_rollouts,
@@ -43,15 +43,15 @@ from coscale.rollout.vllm_requests import (
     logprobs_trusted,
     sampled_logprobs,
 )
-from coscale.rollout.vllm_settings import Engine, Parity, Sync, with_dtype
-from coscale.rollout.vllm_sync import (
+from coscale.rollout.vllm.settings import Engine, Parity, Sync, with_dtype
+from coscale.rollout.vllm.sync import (
     ParityError,
     SyncBook,
     WeightSyncError,
     WeightSyncTimeout,
     call_with_timeout,
 )
-from coscale.rollout.vllm_versions import (
+from coscale.rollout.vllm.versions import (
     applies_temperature,
     check_logprobs_source,
     parse_version,
@@ -641,7 +641,7 @@ def test_bad_settings_and_choices_are_named(char_tokenizer, tiny_model):
                        r"\(it takes: every, samples, tokens, atol, recompute_batch_size\)"):  # fmt: skip
         VLLMBackend("m", char_tokenizer, parity={"evry": 2}, engine_factory=object)
     with pytest.raises(
-        ValueError, match=r"rollout\.backend must be one of cached, hf, vllm, got 'sglang'"
+        ValueError, match=r"rollout\.backend must be one of auto, cached, hf, vllm, got 'sglang'"
     ):
         build_backend("sglang", tiny_model, char_tokenizer)
     with pytest.raises(ValueError, match=r"rollout\.backend='vllm' needs model_path"):
@@ -691,8 +691,8 @@ def test_settings_default_once_and_the_engine_dtype_follows_the_policy(policy, c
 def test_importing_coscale_never_imports_vllm():
     # a fresh interpreter: other tests of this process may have imported the installed vllm
     code = (
-        "import sys, coscale.app.evaluate, coscale.rollout.vllm, coscale.modules.grpo\n"
-        "assert coscale.rollout.vllm.VLLMBackend\n"
+        "import sys, coscale.app.evaluate, coscale.rollout.vllm.backend, coscale.modules.grpo\n"
+        "assert coscale.rollout.vllm.backend.VLLMBackend is coscale.rollout.VLLMBackend\n"
         "print('vllm' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -881,35 +881,6 @@ def test_stop_llm_uses_the_hook_each_version_has():
     assert calls == ["core", "exec", "llm"]  # one hook each, the newest API first
 
 
-def test_rl_stage_closes_the_backend_even_when_the_fit_fails(monkeypatch):
-    from coscale.stages import rl
-
-    closed = []
-
-    class Module:
-        def __init__(self, **_):
-            self._backend = SimpleNamespace(close=lambda: closed.append("close"))
-
-        def export(self, path):
-            return f"exported {path}"
-
-    def ctx(fail):
-        def fit(*_):
-            if fail:
-                raise RuntimeError("fit failed")
-
-        cfg = SimpleNamespace(rl_eval_every=0, rl_epochs=1, peft=None)
-        return SimpleNamespace(curriculum=None, cfg=cfg,
-                               resumable=lambda name: True, grpo_args={}, view=lambda: None,
-                               fit=fit, path=lambda *parts: "/".join(parts))  # fmt: skip
-
-    monkeypatch.setattr(rl, "GRPOModule", Module)
-    assert rl.rl_stage(ctx(False), "rl1", "m") == "exported rl1/model" and closed == ["close"]
-    with pytest.raises(RuntimeError, match="fit failed"):
-        rl.rl_stage(ctx(True), "rl2", "m")
-    assert closed == ["close", "close"]
-
-
 # --- real sharding: 2 CPU ranks (gloo) ------------------------------------------------------
 
 
@@ -924,7 +895,7 @@ def _sharded_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     from coscale.models.tiny import build_char_tokenizer, build_tiny_model
-    from coscale.rollout.vllm_parity import trainer_logprobs
+    from coscale.rollout.vllm.parity import trainer_logprobs
     from coscale.rollout.weights import full_tensor
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -998,7 +969,7 @@ def test_the_vllm_extra_allows_only_versions_whose_logprobs_apply_the_temperatur
 def test_only_the_expected_failed_to_load_lines_are_dropped(caplog):
     import logging
 
-    from coscale.rollout import vllm_reload
+    from coscale.rollout.vllm import reload as vllm_reload
 
     vllm_reload.quiet_expected_warnings()
     vllm_reload.quiet_expected_warnings()  # once a process, however often an engine starts

@@ -11,8 +11,8 @@ import pytest
 peft = pytest.importorskip("peft", reason="install coscale[peft]")
 
 from coscale.models.adapters import with_adapter  # noqa: E402
-from coscale.rollout.vllm import VLLMBackend  # noqa: E402
-from coscale.rollout.vllm_lora import AdapterSync, lora_engine_kwargs, lora_errors  # noqa: E402
+from coscale.rollout.vllm.backend import VLLMBackend  # noqa: E402
+from coscale.rollout.vllm.lora import AdapterSync, lora_engine_kwargs, lora_errors  # noqa: E402
 
 
 def _lora(tiny_model, **config):
@@ -96,7 +96,7 @@ class _Engine:
 def test_each_sync_loads_the_saved_adapter_under_a_new_id_and_drops_the_old_one(tiny_model):
     from safetensors.torch import load_file
 
-    from coscale.rollout.vllm_sync import SyncBook
+    from coscale.rollout.vllm.sync import SyncBook
 
     policy, engine, book, sync = _lora(tiny_model), _Engine(), SyncBook(), AdapterSync()
     first = sync.push(engine, policy, book, deadline=None)
@@ -110,3 +110,12 @@ def test_each_sync_loads_the_saved_adapter_under_a_new_id_and_drops_the_old_one(
     assert sync.slot.id == 2 and not os.path.exists(old)
     sync.forget_engine()  # the engine shut down: the next sync loads anew
     assert sync.slot is None
+
+
+def test_modules_to_save_over_tied_embeddings_is_refused_by_name(tiny_model):
+    from coscale.models.adapter_weights import adapter_sync_errors
+
+    assert tiny_model.config.tie_word_embeddings
+    (error,) = adapter_sync_errors(_lora(tiny_model, modules_to_save=["embed_tokens", "lm_head"]))
+    assert "peft.modules_to_save=['embed_tokens', 'lm_head'] trains its own copy" in error
+    assert adapter_sync_errors(_lora(tiny_model)) == []

@@ -143,3 +143,19 @@ def test_ddp_on_two_cpu_ranks_runs_every_stage_on_one_engine_per_rank(two_rank_r
     assert {"warmup", "it1/sft", "it1/eval", "it1/rl", "final/eval", "final"} <= set(sampled)
     for name in sampled:  # rank 0's count: its share of every stage's samples, all on vLLM
         assert spend[name]["rollouts_on_vllm"] == spend[name]["rollouts"], (name, spend[name])
+
+
+def test_a_lora_run_syncs_each_stages_merged_weights_into_one_engine(two_rank_runs):
+    """tests/configs/two_ranks.yaml with a LoRA adapter in every stage
+    (tests/configs/two_ranks_lora.yaml), one process, on one vLLM engine: it samples each
+    stage's merged weights, parity-checked after every sync."""
+    lora, vllm = (ROOT / "tests" / "configs" / f"two_ranks_{x}.yaml" for x in ("lora", "vllm"))
+    run_dir, _ = two_rank_runs("single", lora, vllm)
+    log = (run_dir.parent / "run.log").read_text()
+    assert log.count(STARTED) == 1
+    state = json.loads((run_dir / "pipeline_state.json").read_text())
+    assert state["done"][-1] == "final"
+    assert (run_dir / "it1" / "rl" / "model" / "adapter").is_dir()  # RL trained an adapter
+    spend = state["results"]["spend"]
+    for name in ("warmup", "it1/sft", "it1/eval", "it1/rl", "final"):
+        assert spend[name]["rollouts_on_vllm"] == spend[name]["rollouts"] > 0, name

@@ -50,7 +50,7 @@ class EvalConfig:
         backend: ``auto`` (vLLM where it is installed and the model is on CUDA, else the cached
             decode), ``cached``, ``hf`` or ``vllm`` (unset: the run's, else ``auto``).
         backend_options: Arguments of the backend class (vLLM: ``engine: {gpu_memory_utilization:
-            0.85}``, ...; see `coscale.rollout.vllm_settings`).
+            0.85}``, ...; see `coscale.rollout.vllm.settings`).
         reward: `MathReward` arguments (``extract``, ``timeout``, ``num_workers``).
         dtype: Weights' dtype of the HF model.
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.

@@ -57,7 +57,24 @@ def adapter_sync_errors(model: nn.Module) -> list[str]:
         errors.append(f"peft: one adapter to sync, the model has {sorted(model.peft_config)}")
     if is_sharded(model):
         errors.append("peft with the vLLM backend runs unsharded (one device or DDP), not FSDP2")
+    if untied := _untied_copies(model, config):
+        errors.append(
+            f"peft.modules_to_save={sorted(untied)} trains its own copy of the model's tied "
+            "embeddings / output head, which a vLLM engine of this model holds as one tensor "
+            "(tie_word_embeddings): leave them out of modules_to_save, or untie them first"
+        )
     return errors
+
+
+def _untied_copies(model: nn.Module, config: Any) -> set[str]:
+    """The ``modules_to_save`` entries that name a tied input embedding or output head."""
+    base = model.get_base_model()
+    saved = set(getattr(config, "modules_to_save", None) or ())
+    if not saved or not getattr(getattr(base, "config", None), "tie_word_embeddings", False):
+        return set()
+    tied = [base.get_input_embeddings(), base.get_output_embeddings()]
+    names = {n.rpartition(".")[2] for n, m in base.named_modules() if any(m is t for t in tied)}
+    return saved & names
 
 
 def merged_named_weights(model: nn.Module) -> list[tuple[str, Any]]:

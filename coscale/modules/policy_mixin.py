@@ -22,8 +22,8 @@ from coscale.models.prompting import PromptFormat
 from coscale.modules.settings import PolicyLoad
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SampleCall, SamplingParams
+from coscale.rollout.dtype import precision_dtype
 from coscale.rollout.factory import Rollout, close_backend
-from coscale.rollout.vllm_settings import precision_dtype, with_dtype
 from coscale.scoring.metrics import PassAtK
 from coscale.scoring.reward_functions import RewardInputs, columns_of
 from coscale.scoring.reward_set import RewardSet, Scores
@@ -71,11 +71,13 @@ class PolicyMixin:
         if self._backend is None:
             self._owns_backend = True
             spec = getattr(self, "rollout", None) or Rollout("hf")
-            options = dict(spec.options)
-            if spec.backend == "vllm":  # the engine samples in the trainer's compute dtype
-                options = with_dtype(options, self._compute_dtype())
             self._backend = build_backend(
-                spec.backend, self.policy, self.tokenizer, self.model_source, **options
+                spec.backend,
+                self.policy,
+                self.tokenizer,
+                self.model_source,
+                dtype=self._compute_dtype(),  # an engine samples in the trainer's compute dtype
+                **spec.options,
             )
         return self._backend
 

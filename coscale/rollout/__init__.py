@@ -1,8 +1,12 @@
 """Generation backends behind one interface (`RolloutBackend.generate -> Rollouts`).
 
-`HFGenerateBackend` (HF `generate`, CPU or GPU) is the default. `VLLMBackend` (a colocated
-vLLM engine) is loaded on first access of the name and imports vllm only when an engine is
-built; `build_backend("hf" | "vllm", ...)` picks one by name.
+This folder holds the contract (`base`), the factory that builds a backend by name
+(`factory.build_backend`, ``auto`` resolved there), the run's one engine (`run_engine`), the
+engine dtype (`dtype`) and the helpers the backends share (`text`, `weights`, `lockstep`), beside
+HF ``generate`` (`hf`). One folder per other backend: `cached/` (coscale's decode loop, the
+default) and `vllm/` (a colocated vLLM engine), which only the factory imports:
+``coscale.rollout.VLLMBackend`` resolves through it, and vllm itself is imported only when an
+engine is built.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """``coscale.rollout.VLLMBackend`` without importing the vLLM modules up front."""
     if name == "VLLMBackend":
-        from coscale.rollout.vllm import VLLMBackend
+        from coscale.rollout.factory import backend_class
 
-        return VLLMBackend
+        return backend_class("vllm")
     raise AttributeError(f"module 'coscale.rollout' has no attribute {name!r}")

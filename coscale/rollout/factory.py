@@ -53,14 +53,14 @@ class Rollout:
             return [f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"]
         if self.backend == "auto":  # its options are those of the backend it resolves to
             return []
-        takes = set(inspect.signature(_backend_class(self.backend)).parameters) - _BUILT_BY_US
+        takes = set(inspect.signature(backend_class(self.backend)).parameters) - _BUILT_BY_US
         errors = [
             f"options.{key} is not an option of the {self.backend} backend (it takes: "
             f"{', '.join(sorted(takes))}){_grouped_as(self.backend, key)}"
             for key in sorted(set(self.options) - takes)
         ]
         if self.backend == "vllm":  # its groups' values, without building an engine
-            from coscale.rollout.vllm_settings import settings_errors
+            from coscale.rollout.vllm.settings import settings_errors
 
             errors += [f"options.{e}" for e in settings_errors(self.options)]
         return errors
@@ -70,15 +70,15 @@ def _grouped_as(kind: str, key: str) -> str:
     """``; set options.engine.max_model_len`` for a vLLM setting given outside its group."""
     if kind != "vllm":
         return ""
-    from coscale.rollout.vllm_settings import group_of
+    from coscale.rollout.vllm.settings import group_of
 
     where = group_of(key)
     return "" if where is None else f"; set options.{where}"
 
 
-def _backend_class(kind: str) -> type:
+def backend_class(kind: str) -> type:
     if kind == "vllm":  # by its module's name: importing it needs no vllm, building it does
-        from coscale.rollout.vllm import VLLMBackend
+        from coscale.rollout.vllm.backend import VLLMBackend
 
         return VLLMBackend
     return CachedDecodeBackend if kind == "cached" else HFGenerateBackend
@@ -109,6 +109,7 @@ def build_backend(
     policy: nn.Module | None,
     tokenizer: Any,
     model_path: str | os.PathLike | None = None,
+    dtype: str | None = None,
     **options: Any,
 ) -> RolloutBackend:
     """The rollout backend `kind`, sampling from `policy`.
@@ -121,8 +122,10 @@ def build_backend(
         tokenizer: The policy's tokenizer.
         model_path: Hub name or folder of the policy's current weights (``builtin:`` specs are
             resolved); the vLLM engine starts from it.
-        **options: Arguments of the backend's class (`HFGenerateBackend` or `VLLMBackend`);
-            a vLLM engine without ``engine.dtype`` computes in the policy's.
+        dtype: The compute dtype of an engine with its own weights (vLLM) where its options
+            leave ``engine.dtype`` unset (`coscale.rollout.dtype.engine_dtype`: the trainer's
+            precision); None: the policy's parameter dtype.
+        **options: Arguments of the backend's class (`HFGenerateBackend` or `VLLMBackend`).
 
     Raises:
         ValueError: For an unknown `kind`, or ``vllm`` without `model_path`.
@@ -136,7 +139,7 @@ def build_backend(
     if kind in ("cached", "hf"):
         if policy is None:
             raise ValueError(f"rollout.backend={kind!r} samples from the policy: give the policy")
-        return _backend_class(kind)(policy, tokenizer, **options)
+        return backend_class(kind)(policy, tokenizer, **options)
     if kind == "vllm":
         if model_path is None:
             raise ValueError(
@@ -144,9 +147,11 @@ def build_backend(
                 "loads (export the policy with save_pretrained first)"
             )
         from coscale.models.policy import resolve_model_path
-        from coscale.rollout.vllm import VLLMBackend
+        from coscale.rollout.vllm.backend import VLLMBackend
+        from coscale.rollout.vllm.settings import with_dtype
 
         path = resolve_model_path(os.fspath(model_path))
+        options = with_dtype(options, dtype)
         return VLLMBackend(path, tokenizer=tokenizer, policy=policy, **options)
     raise ValueError(f"rollout.backend must be one of {', '.join(BACKENDS)}, got {kind!r}")
 

@@ -18,7 +18,7 @@ Shapes: B prompts, R rollouts, P prompt tokens, T completion tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -27,10 +27,10 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from coscale.distributed import max_over_ranks
-from coscale.models.prompting import end_of_turn_id
 from coscale.rl.logprobs import token_logprobs
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
 from coscale.rollout.lockstep import in_lockstep
+from coscale.rollout.text import eos_token_ids, stop_cut
 
 
 class HFGenerateBackend(RolloutBackend):
@@ -60,7 +60,7 @@ class HFGenerateBackend(RolloutBackend):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.eos_token_ids = _eos_token_ids(model, tokenizer)
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
 
     def update_weights(self, model: nn.Module) -> None:
         """Points the backend at `model` (a no-op when it is already the same module)."""
@@ -143,7 +143,7 @@ class HFGenerateBackend(RolloutBackend):
         eos_end = torch.where(has_eos, is_eos.int().argmax(-1) + 1, tokens.shape[1])  # [R]
         ends, texts, reasons = [], [], []
         for row, end, eos in zip(tokens.tolist(), eos_end.tolist(), has_eos.tolist()):
-            cut = _stop_cut(row[:end], sampling.stop, self._decode)
+            cut = stop_cut(row[:end], sampling.stop, self._decode)
             ends.append(end if cut is None else cut)
             # the end token stays in the ids (it was sampled: it has a log-prob), not in the text
             texts.append(self._decode(row[: end - 1] if eos and cut is None else row[: ends[-1]]))
@@ -166,41 +166,6 @@ class HFGenerateBackend(RolloutBackend):
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def _eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
-    """The ids that end a completion: the tokenizer's EOS, any EOS ids in the model's generation
-    config, and the chat template's end-of-turn token (``<|im_end|>``), which a chat model emits
-    to close its answer even where its EOS is another token (``<|endoftext|>``)."""
-    ids = [tokenizer.eos_token_id, end_of_turn_id(tokenizer)]
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids += configured if isinstance(configured, list) else [configured]
-    found = tuple(dict.fromkeys(i for i in ids if i is not None))
-    if not found:
-        raise ValueError(
-            "no EOS token id: set tokenizer.eos_token or generation_config.eos_token_id"
-        )
-    return found
-
-
-def _stop_cut(
-    ids: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]
-) -> int | None:
-    """Shortest prefix length of `ids` whose text holds a stop string; None if none does.
-
-    Binary search over prefixes: a prefix's text contains a stop string once any shorter
-    one does, so O(log T) decodes instead of one per token.
-    """
-    if not stop or not any(s in decode(ids) for s in stop):
-        return None
-    low, high = 1, len(ids)
-    while low < high:
-        mid = (low + high) // 2
-        if any(s in decode(ids[:mid]) for s in stop):
-            high = mid
-        else:
-            low = mid + 1
-    return low
 
 
 def _pad_cat(pieces: list[Tensor], value: float) -> Tensor:

@@ -25,7 +25,6 @@ from torch import nn
 
 from coscale.rollout.base import RolloutBackend
 from coscale.rollout.factory import Rollout, build_backend, close_backend, resolve_backend
-from coscale.rollout.vllm_settings import with_dtype
 
 GPU_SLEEP_LEVEL = 2
 """A run engine's sleep level on a GPU unless set: weights dropped, the next sync loads them."""
@@ -37,18 +36,16 @@ class RunEngine:
     Args:
         spec: ``pipeline.rollout``: the backend (``auto`` resolved here) and its options.
         dtype: The engine's compute dtype when its options leave it unset (the trainer's
-            precision as a vLLM dtype, `vllm_settings.precision_dtype`).
+            precision as a vLLM dtype, `coscale.rollout.dtype.precision_dtype`).
         cuda: Whether the run's models sample on a CUDA device.
     """
 
     def __init__(self, spec: Rollout, dtype: str | None = None, cuda: bool = False) -> None:
         self.kind, self.why = resolve_backend(spec.backend, cuda)
         options = dict(spec.options)
-        if self.kind == "vllm":
-            options = with_dtype(options, dtype)
-            if cuda:
-                options = _with_sleep(options, GPU_SLEEP_LEVEL)
-        self.options = options
+        if self.kind == "vllm" and cuda:
+            options = _with_sleep(options, GPU_SLEEP_LEVEL)
+        self.options, self.dtype = options, dtype
         self.backend: RolloutBackend | None = None
 
     @property
@@ -72,7 +69,8 @@ class RunEngine:
         """The run's backend, sampling for ``policy`` from now on (``model_path``: the folder or
         hub name of its weights, which a vLLM engine built now starts from)."""
         if self.backend is None:
-            self.backend = build_backend(self.kind, policy, tokenizer, model_path, **self.options)
+            kind, options = self.kind, self.options
+            self.backend = build_backend(kind, policy, tokenizer, model_path, self.dtype, **options)
         else:
             self.backend.follow(policy)
         return self.backend

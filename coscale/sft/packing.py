@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from transformers import AttentionInterface
 
 from coscale.rl.logprobs import _takes, unwrapped
-from coscale.rollout.kv_cache import full_attention_only
+from coscale.rollout.cached.kv_cache import full_attention_only
 
 ATTENTION = "coscale_varlen_sdpa"
 """The attention implementation name a packed forward runs under."""

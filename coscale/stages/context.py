@@ -18,8 +18,8 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from coscale.datamodules.serving import CurriculumDataModule
 from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.loop.curriculum import Curriculum
+from coscale.rollout.dtype import precision_dtype
 from coscale.rollout.run_engine import RunEngine
-from coscale.rollout.vllm_settings import precision_dtype
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
 from coscale.stages.epoch_counts import WholeEpochCounts
 from coscale.stages.precision import resolve_precision

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, StaticCache
 
 from coscale.rl.logprobs import cache_kwargs, keep_last_logits
-from coscale.rollout.kv_cache import full_attention_only
+from coscale.rollout.cached.kv_cache import full_attention_only
 
 
 class CompiledDecodeStep:

@@ -19,9 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-import torch
-from torch import nn
-
 from coscale.checks import as_group, at_least, group_errors, is_number, one_of
 
 LOGPROB_SOURCES = ("auto", "engine", "trainer")
@@ -38,7 +35,7 @@ class Engine:
     Attributes:
         gpu_memory_utilization: Share of the GPU memory vLLM may use (weights + KV cache).
         kv_cache_gib: KV cache size in GiB (vLLM's ``kv_cache_memory_bytes``); None: on CPU
-            from the model and ``max_model_len`` (`vllm_cpu.default_kv_cache_bytes`), on GPU
+            from the model and ``max_model_len`` (`coscale.rollout.vllm.cpu.default_kv_cache_bytes`), on GPU
             from ``gpu_memory_utilization``.
         dtype: Engine dtype (``auto``, ``bfloat16``, ``float16``, ``float32``); None: the
             trainer's compute dtype in a fit (``bf16-mixed``: ``bfloat16``), else the policy's
@@ -88,7 +85,7 @@ class Sync:
             the adapter merged in (the base's names, one tensor at a time; any LoRA);
             ``lora`` sends the adapter alone as a vLLM LoRA request (the engine keeps its base;
             a sync costs the adapter's size; no ``modules_to_save``, unsharded policies;
-            `vllm_lora`). Ignored without an adapter.
+            `coscale.rollout.vllm.lora`). Ignored without an adapter.
     """
 
     timeout_s: float | None = 600.0
@@ -114,7 +111,7 @@ class Parity:
         samples: Prompts in a probe (the last call's first ones).
         tokens: Tokens sampled per probe prompt.
         atol: Largest mean |engine - trainer| log-prob difference accepted; None: by the
-            engine's dtype (`vllm_parity.PARITY_ATOL`: 0.01 float32, 0.1 float16, 0.15 bfloat16
+            engine's dtype (`coscale.rollout.vllm.parity.PARITY_ATOL`: 0.01 float32, 0.1 float16, 0.15 bfloat16
             and ``auto``, which may run a float32 checkpoint in 16 bits), loosened to the
             trainer's autocast dtype's bound while the check runs under autocast.
         recompute_batch_size: Rollouts per forward pass when the trainer computes log-probs
@@ -194,23 +191,3 @@ def with_dtype(options: Mapping[str, Any], dtype: str | None) -> dict[str, Any]:
     if dtype is None or engine.get("dtype") is not None:
         return dict(options)
     return {**options, "engine": {**engine, "dtype": dtype}}
-
-
-def precision_dtype(precision: Any) -> str | None:
-    """A Lightning precision as a vLLM ``dtype`` (``bf16-mixed``: ``bfloat16``, ``16-mixed``:
-    ``float16``, ``32-true``: ``float32``); None where it names none (no trainer, ``auto``)."""
-    text = str(precision or "")
-    for prefix, dtype in (("bf16", "bfloat16"), ("16", "float16"), ("32", "float32")):
-        if text.startswith(prefix):
-            return dtype
-    return None
-
-
-def engine_dtype(policy: nn.Module) -> str:
-    """The policy's parameter dtype as a vLLM ``dtype``: an engine that computes in the trainer's
-    precision samples what the trainer scores (vLLM's ``auto`` may run a float32 checkpoint in
-    16 bits, which on a CPU without native bf16 is also slow)."""
-    dtype = next(policy.parameters()).dtype
-    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(
-        dtype, "auto"
-    )

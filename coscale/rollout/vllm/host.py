@@ -12,7 +12,7 @@ While it samples, vLLM draws from the global torch RNG even for requests that ca
 seed: `seeded_rng_guard` keeps a seeded call from moving it (as the HF backend does).
 
 `HostState.capture()` records all of it before the engine is built (before coscale sets the
-variables vLLM reads, `vllm_launch.prepare_environment`). `restore` puts the RNG states,
+variables vLLM reads, `coscale.rollout.vllm.launch.prepare_environment`). `restore` puts the RNG states,
 ``torch.set_num_threads``, the thread count and the CPU affinity back once the engine runs
 (coscale seeds each of its requests, so the engine does not need the global RNG) and notes
 which variables the start set; `restore_environment` (after shutdown) puts those back: vLLM

@@ -86,7 +86,7 @@ def stop_llm(llm: Any) -> None:
     (``llm_engine.engine_core.shutdown``: stops the executor and its worker); else the V0
     executor (``llm_engine.model_executor.shutdown``). Recent versions (0.32 seen) destroy
     vLLM's own process groups there, and the default one too, which under external_launcher
-    is the trainer's: call it inside `vllm_launch.keep_trainer_group`.
+    is the trainer's: call it inside `coscale.rollout.vllm.launch.keep_trainer_group`.
     """
     engine = getattr(llm, "llm_engine", None)
     owners = (llm, engine, getattr(engine, "engine_core", None))

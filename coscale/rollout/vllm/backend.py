@@ -5,12 +5,12 @@ Chosen with `coscale.rollout.build_backend("vllm", ...)`; without vllm installed
 vllm. Per training step:
 
 1. ``generate``: wake the engine, run a pending parity check, sample (per-prompt N: see
-   `vllm_requests`), put the engine back to sleep (``engine.sleep_level`` 1 or 2) for the update.
+   `coscale.rollout.vllm.requests`), put the engine back to sleep (``engine.sleep_level`` 1 or 2) for the update.
 2. ``update_weights(model)`` after the optimiser step, on every rank (FSDP: pass the FSDP root,
    outside any forward pass): gather full weights, load them in buckets, each engine call
-   under ``sync.timeout_s``, reset the prefix cache, book the sync (`vllm_sync.SyncBook`).
+   under ``sync.timeout_s``, reset the prefix cache, book the sync (`coscale.rollout.vllm.sync.SyncBook`).
    A LoRA policy with ``sync.adapter: lora``: the adapter alone, as a LoRA request
-   (`vllm_lora`), which every later sampling call names.
+   (`coscale.rollout.vllm.lora`), which every later sampling call names.
 3. Parity check after the 1st sync and every ``parity.every``-th one, at the start of the next
    ``generate`` (where the policy's forward pass is allowed under FSDP): engine and trainer
    log-probs of freshly sampled tokens (temperature 1) must agree within ``parity.atol``.
@@ -41,23 +41,24 @@ from coscale.rollout.base import (
     SamplingParams,
     normalize_n_per_prompt,
 )
-from coscale.rollout.vllm_cpu import check_head_size, check_sleep_level, kv_cache_bytes
-from coscale.rollout.vllm_engine import (
+from coscale.rollout.dtype import engine_dtype
+from coscale.rollout.vllm.cpu import check_head_size, check_sleep_level, kv_cache_bytes
+from coscale.rollout.vllm.engine import (
     build_engine,
     engine_args,
     eos_ids,
     resolve_tokenizer,
     start_engine,
 )
-from coscale.rollout.vllm_host import seeded_rng_guard
-from coscale.rollout.vllm_launch import check_installed
-from coscale.rollout.vllm_lora import (
+from coscale.rollout.vllm.host import seeded_rng_guard
+from coscale.rollout.vllm.launch import check_installed
+from coscale.rollout.vllm.lora import (
     AdapterSync,
     check_lora_policy,
     lora_engine_kwargs,
     lora_policy,
 )
-from coscale.rollout.vllm_parity import (
+from coscale.rollout.vllm.parity import (
     ParityResult,
     check_verdict,
     default_parity_atol,
@@ -66,9 +67,9 @@ from coscale.rollout.vllm_parity import (
     trainer_logprobs,
     trainer_parity_atol,
 )
-from coscale.rollout.vllm_requests import assemble_rollouts, build_requests, collect_completions
-from coscale.rollout.vllm_settings import Engine, Parity, Sync, check_settings, engine_dtype
-from coscale.rollout.vllm_sync import (
+from coscale.rollout.vllm.requests import assemble_rollouts, build_requests, collect_completions
+from coscale.rollout.vllm.settings import Engine, Parity, Sync, check_settings
+from coscale.rollout.vllm.sync import (
     SyncBook,
     WeightSyncError,
     call_with_timeout,
@@ -89,11 +90,11 @@ class VLLMBackend(RolloutBackend):
             with it, so prompt tokens match the HF backend's exactly.
         policy: The trainer's model: parity reference and log-prob recompute. Adopted from the
             first ``update_weights`` call when that passes an HF model.
-        engine: How the engine is built and sized (`vllm_settings.Engine`: memory, KV cache,
+        engine: How the engine is built and sized (`coscale.rollout.vllm.settings.Engine`: memory, KV cache,
             dtype, length, sleep level, seed, extra `vllm.LLM` arguments).
-        sync: How weights reach the engine (`vllm_settings.Sync`: deadline, bucket size,
+        sync: How weights reach the engine (`coscale.rollout.vllm.settings.Sync`: deadline, bucket size,
             parameter prefix, what a stale policy does).
-        parity: The engine-vs-trainer log-prob check (`vllm_settings.Parity`: schedule, probe
+        parity: The engine-vs-trainer log-prob check (`coscale.rollout.vllm.settings.Parity`: schedule, probe
             size, tolerance, recompute batch size).
         logprobs: ``auto`` (engine's when they match the contract), ``engine`` (refused on vLLM
             < 0.10.2), ``trainer``.
@@ -122,7 +123,7 @@ class VLLMBackend(RolloutBackend):
             engine=engine, sync=sync, parity=parity, logprobs=logprobs
         )
         if engine.dtype is None:  # the trainer's precision, as far as the policy tells
-            engine = replace(engine, dtype="auto" if policy is None else engine_dtype(policy))
+            engine = replace(engine, dtype=engine_dtype(policy=policy))
         self._adapters = None  # sync.adapter=lora: the adapter alone, as a LoRA request
         if sync.adapter == "lora" and policy is not None and has_adapter(policy):
             lora = lora_engine_kwargs(check_lora_policy(policy))

@@ -1,7 +1,7 @@
 """Pure logic of the vLLM backend: prompts and N out as engine requests, `Rollouts` back.
 
 Nothing here imports vLLM, so all of it runs in CI. A request carries the keyword arguments
-of `vllm.SamplingParams` as a plain dict; the engine adapter (`vllm_engine.py`) turns it into
+of `vllm.SamplingParams` as a plain dict; the engine adapter (`coscale.rollout.vllm.engine.py`) turns it into
 the real object.
 
 How per-prompt N becomes requests (the outputs come back in request order, so mapping them
@@ -33,7 +33,7 @@ import torch
 
 from coscale.rl.logprobs import effective_temperature
 from coscale.rollout.base import Rollouts, SamplingParams
-from coscale.rollout.hf import _stop_cut
+from coscale.rollout.text import stop_cut
 
 MAX_SEED = 2**31 - 1
 
@@ -235,7 +235,7 @@ def _kept(
     elif c.finish == "stop" and isinstance(c.stop_reason, int) and c.stop_reason in eos:
         tokens, values = [*tokens, c.stop_reason], [*values, math.nan]  # EOS left out by vLLM
         ends = [len(tokens) - 1]
-    cut = _stop_cut(tokens, stop, decode)
+    cut = stop_cut(tokens, stop, decode)
     if cut is not None:
         tokens, values = tokens[:cut], values[:cut]
     reason = "stop" if ends or cut is not None or c.finish == "stop" else "length"

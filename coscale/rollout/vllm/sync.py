@@ -6,13 +6,13 @@ guard that need no engine and no GPU:
 
 - `push_weights`: gathers the full weights (`coscale.rollout.weights`) and loads them into the
   engine bucket by bucket, between the engine's ``begin_load`` and ``end_load``
-  (`vllm_reload`); an error of any engine step reaches the caller as `WeightSyncError`.
+  (`coscale.rollout.vllm.reload`); an error of any engine step reaches the caller as `WeightSyncError`.
 - `call_with_timeout`: every engine-side step of a sync runs under a deadline.
 - `SyncBook`: what each sync sent and what the engine said it loaded; a sync that sends other
   names than the first, or that the engine reports as loading nothing (or a different number
   of tensors than the first time), is an error, never a silent no-op.
 
-The parity check itself (engine vs trainer log-probs after a sync) is in `vllm_parity`.
+The parity check itself (engine vs trainer log-probs after a sync) is in `coscale.rollout.vllm.parity`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from coscale.distributed import max_over_ranks
 from coscale.rl.logprobs import sequence_logprobs
 from coscale.rollout.base import Rollouts
-from coscale.rollout.vllm_sync import ParityError
+from coscale.rollout.vllm.sync import ParityError
 from coscale.rollout.weights import is_sharded
 
 PARITY_ATOL = {"float32": 0.01, "float16": 0.1, "bfloat16": 0.15}

@@ -13,7 +13,7 @@ speed path is a switch, on by default, and none changes what is computed:
   place (`kv_cache.PreallocatedLayer`), instead of HF `DynamicCache`'s `torch.cat`, which
   copies the whole cache on every token.
 - `compile`: off by default. Decode steps run as one `torch.compile`d forward over HF's
-  `StaticCache` (`coscale.rollout.compiled`); rows stay in the batch until the chunk ends
+  `StaticCache` (`coscale.rollout.cached.compiled`); rows stay in the batch until the chunk ends
   (a changing row count would recompile), so `drop_finished` is ignored. The first calls
   compile (seconds to a minute); it pays on long runs of small, overhead-bound models.
 
@@ -43,9 +43,9 @@ from coscale.rl.logprobs import (
     token_logprobs,
 )
 from coscale.rollout.base import SamplingParams
-from coscale.rollout.compiled import CompiledDecodeStep
+from coscale.rollout.cached.compiled import CompiledDecodeStep
+from coscale.rollout.cached.kv_cache import new_cache
 from coscale.rollout.hf import HFGenerateBackend
-from coscale.rollout.kv_cache import new_cache
 from coscale.rollout.lockstep import all_finished, in_lockstep
 
 DROP_FRACTION = 8

@@ -4,23 +4,23 @@
 end_load, add_lora / remove_lora, sleep, wake_up, reset_prefix_cache, logprobs_mode,
 logprobs_match, version, shutdown). `VLLMBackend`
 talks only to those (and `start_engine` builds one), so a test can hand it a fake engine, and an
-API change of vLLM is fixed here (or in `vllm_versions`, for what differs between versions).
+API change of vLLM is fixed here (or in `coscale.rollout.vllm.versions`, for what differs between versions).
 vLLM is imported when an engine is built, never when coscale is imported.
 
 Choices (vLLM's API as of 0.10.2-0.33; every default can be overridden through ``engine.kwargs``):
 - The engine runs in the training process, one per rank under torch.distributed (vLLM's
-  ``external_launcher``); `vllm_launch` prepares the process for it.
+  ``external_launcher``); `coscale.rollout.vllm.launch` prepares the process for it.
 - ``generation_config="vllm"``: the checkpoint's sampling defaults are ignored, as in the HF
   backend; only coscale's `SamplingParams` shape the distribution.
 - ``logprobs_mode="processed_logprobs"`` where vLLM knows the option (>= 0.10.0): log-probs
-  after temperature from 0.10.2 (`vllm_versions`), which match the trainer's whenever top-k /
+  after temperature from 0.10.2 (`coscale.rollout.vllm.versions`), which match the trainer's whenever top-k /
   top-p are off. Older versions reject the option; the engine is then built without it.
 - `VLLMEngine.shutdown` stops the engine and frees its memory: an engine left to the garbage
   collector may never be freed (recent vLLM freezes its startup heap out of the collector's
   reach), and the next stage's engine would not fit.
 - Weights are loaded in place through vLLM's layerwise reload where it has one
-  (`vllm_reload`), the same code on CPU and GPU.
-- The engine leaves the trainer's process as it found it (`vllm_host`): RNG states, torch
+  (`coscale.rollout.vllm.reload`), the same code on CPU and GPU.
+- The engine leaves the trainer's process as it found it (`coscale.rollout.vllm.host`): RNG states, torch
   threads and CPU affinity after the start, the environment after shutdown.
 """
 
@@ -35,26 +35,26 @@ from typing import Any
 from torch import Tensor
 
 from coscale.rollout.base import SamplingParams
-from coscale.rollout.hf import _eos_token_ids
-from coscale.rollout.vllm_cpu import cpu_environment, on_cpu
-from coscale.rollout.vllm_host import HostState
-from coscale.rollout.vllm_launch import (
+from coscale.rollout.text import eos_token_ids
+from coscale.rollout.vllm.cpu import cpu_environment, on_cpu
+from coscale.rollout.vllm.host import HostState
+from coscale.rollout.vllm.launch import (
     keep_trainer_group,
     prepare_environment,
     replica_args,
     require_vllm,
     restore_lazy_environment,
 )
-from coscale.rollout.vllm_reload import (
+from coscale.rollout.vllm.reload import (
     finish_load,
     load_bucket,
     quiet_expected_warnings,
     reload_api,
     start_load,
 )
-from coscale.rollout.vllm_requests import Request, logprobs_trusted
-from coscale.rollout.vllm_settings import Engine
-from coscale.rollout.vllm_versions import (
+from coscale.rollout.vllm.requests import Request, logprobs_trusted
+from coscale.rollout.vllm.settings import Engine
+from coscale.rollout.vllm.versions import (
     applies_temperature,
     check_logprobs_source,
     describe,
@@ -92,7 +92,7 @@ def engine_args(
 ) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for a colocated engine (see the module docstring) with
     `engine`'s settings (a dtype left None: ``auto``); `kv_cache_bytes` sizes its KV cache
-    (`vllm_cpu.kv_cache_bytes`)."""
+    (`coscale.rollout.vllm.cpu.kv_cache_bytes`)."""
     args: dict[str, Any] = {
         "model": model,
         "tokenizer": tokenizer or model,
@@ -115,9 +115,9 @@ def build_engine(**kwargs: Any) -> VLLMEngine:
     """A `VLLMEngine` over `vllm.LLM(**kwargs)`, in this process.
 
     Raises:
-        ImportError: Without vllm installed (`vllm_launch.INSTALL_HINT`).
+        ImportError: Without vllm installed (`coscale.rollout.vllm.launch.INSTALL_HINT`).
         RuntimeError: Under ``external_launcher`` when the ranks cannot be told
-            (`vllm_launch.prepare_environment`).
+            (`coscale.rollout.vllm.launch.prepare_environment`).
     """
     vllm = require_vllm()
     host = HostState.capture()
@@ -151,7 +151,7 @@ class VLLMEngine:
         llm: A `vllm.LLM` (or anything with its methods).
         sampling_params_cls: `vllm.SamplingParams` (built from each request's dict).
         version: ``vllm.__version__`` (None: unknown, so its log-probs are never trusted).
-        layerwise: Load weights through vLLM's layerwise reload (`vllm_reload`); False: plain
+        layerwise: Load weights through vLLM's layerwise reload (`coscale.rollout.vllm.reload`); False: plain
             ``model.load_weights`` (vLLM versions without it, and fakes).
         host: The trainer's process state from before the start, put back at `shutdown`.
     """
@@ -170,7 +170,7 @@ class VLLMEngine:
         self.layerwise, self.host = layerwise, host
 
     def generate(self, requests: Sequence[Request], lora: Any = None) -> list[Any]:
-        """One `RequestOutput` per request, in request order; ``lora`` (a `vllm_lora.LoraSlot`
+        """One `RequestOutput` per request, in request order; ``lora`` (a `coscale.rollout.vllm.lora.LoraSlot`
         added with `add_lora`) samples with that adapter on the base."""
         prompts = [{"prompt_token_ids": list(r.token_ids)} for r in requests]
         params = [self.sampling_params_cls(**r.params) for r in requests]
@@ -187,7 +187,7 @@ class VLLMEngine:
         return bool(self.llm.llm_engine.remove_lora(lora_id))
 
     def begin_load(self) -> None:
-        """Opens a weight load on every worker (`vllm_reload.start_load`)."""
+        """Opens a weight load on every worker (`coscale.rollout.vllm.reload.start_load`)."""
         if self.layerwise:
             self.llm.collective_rpc(start_load)
 
@@ -277,4 +277,4 @@ def eos_ids(policy: Any, tokenizer: Any, model: str) -> tuple[int, ...]:
             policy = SimpleNamespace(generation_config=GenerationConfig.from_pretrained(model))
         except (OSError, ValueError):
             policy = None
-    return _eos_token_ids(policy, tokenizer)
+    return eos_token_ids(policy, tokenizer)

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from coscale.rollout.vllm_settings import Engine
+from coscale.rollout.vllm.settings import Engine
 
 KV_SEQUENCES = 32
 """Full-length sequences the default CPU KV cache holds."""

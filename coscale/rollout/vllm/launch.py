@@ -5,7 +5,7 @@
   Importing vllm sets variables in ``os.environ`` (``TORCHINDUCTOR_COMPILE_THREADS=1``, ...)
   that would also change the trainer's own ``torch.compile``: `require_vllm` takes them back
   out and keeps them in `IMPORT_ENVIRONMENT`; `prepare_environment` sets them for an engine's
-  lifetime (`vllm_host` removes them after its shutdown).
+  lifetime (`coscale.rollout.vllm.host` removes them after its shutdown).
 - The engine runs in the training process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set unless
   the user set it, `prepare_environment`), so ``LLM.apply_model`` hands the live model to
   ``load_weights`` without copying tensors across processes.
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from coscale.distributed import distributed
-from coscale.rollout.vllm_versions import check_logprobs_source, installed_version
+from coscale.rollout.vllm.versions import check_logprobs_source, installed_version
 
 IMPORT_ENVIRONMENT: dict[str, str] = {}
 """The variables the first ``import vllm`` of this process set (see the module docstring)."""

@@ -31,7 +31,7 @@ from torch import nn
 
 from coscale.models.adapter_weights import adapter_sync_errors
 from coscale.models.adapters import has_adapter
-from coscale.rollout.vllm_sync import SyncBook, SyncRecord, engine_step
+from coscale.rollout.vllm.sync import SyncBook, SyncRecord, engine_step
 
 SETTING = "rollout.options.sync.adapter"
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
