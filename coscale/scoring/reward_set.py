@@ -16,11 +16,15 @@ And with a verifier but no reward, the verifier's score is the reward. A verifie
 one of the reward functions (the same object) is called once. ``async def`` functions of one
 step run concurrently on one event loop (:mod:`.async_loop`); the others run in turn, in the
 caller's thread, before them.
+
+Each scoring call may carry the step's context (:mod:`.reward_context`): given to
+:meth:`RewardSet.score`, or set for a block of code with :meth:`RewardSet.using`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +33,7 @@ from torch import Tensor
 
 from coscale.checks import is_number
 from coscale.scoring.async_loop import run_concurrently
+from coscale.scoring.reward_context import RewardContext
 from coscale.scoring.reward_functions import RewardFunction, RewardInputs
 
 RewardSpec = Callable[..., Any]
@@ -85,7 +90,7 @@ def reward_errors(reward: Any, reward_weights: Any, verifier: Any = None) -> lis
     errors = [
         f"{name} must be callable (or a class_path), got {type(fn).__name__} {fn!r}"
         for name, fn in named
-        if fn is not None and not (callable(fn) or (isinstance(fn, dict) and "class_path" in fn))
+        if fn is not None and not (callable(fn) or _is_class_path(fn))
     ]
     if reward_weights is None:
         return errors
@@ -107,6 +112,10 @@ def reward_errors(reward: Any, reward_weights: Any, verifier: Any = None) -> lis
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def _is_class_path(value: Any) -> bool:
+    return isinstance(value, dict) and "class_path" in value
 
 
 def default_verifier(reward: Any, verifier: Any = None) -> Any:
@@ -151,20 +160,41 @@ class RewardSet:
         same = [i for i, fn in enumerate(raw) if fn is self.verifier_fn]
         self._verifier_column = same[0] if same else None
         self.verifier = RewardFunction(self.verifier_fn, "verifier")
+        self._context: RewardContext | None = None
 
-    def score(self, inputs: RewardInputs) -> Scores:
-        """Every reward function and the verifier on ``inputs`` (the verifier once)."""
+    @contextmanager
+    def using(self, context: RewardContext) -> Iterator[RewardContext]:
+        """Scoring calls inside the block that are given no context use ``context``: how a
+        training step hands its state and log sinks to the scoring its sampling does."""
+        self._context = context
+        try:
+            yield context
+        finally:
+            self._context = None
+
+    def score(self, inputs: RewardInputs, context: RewardContext | None = None) -> Scores:
+        """Every reward function and the verifier on ``inputs`` (the verifier once).
+
+        Args:
+            inputs: What the functions read about the R completions.
+            context: The step's state, log sinks and device (:mod:`.reward_context`); None: the
+                one set by :meth:`using`, else a fresh one.
+        """
         extra = [self.verifier] if self._verifier_column is None else []
-        columns = run_all([*self.functions, *extra], inputs)
+        columns = run_all([*self.functions, *extra], inputs, self._context_for(context))
         per_function = torch.tensor(columns[: len(self.functions)], dtype=torch.float32)
         per_function = per_function.reshape(len(self.functions), len(inputs)).T  # [R, F]
         verdict = columns[-1] if extra else columns[self._verifier_column]
         reward = (per_function * self.weights.unsqueeze(0)).nansum(dim=1)  # [R] TRL's sum
         return Scores(reward, per_function, tuple(self.names), _correct(verdict))
 
-    def verify(self, inputs: RewardInputs) -> Tensor:
+    def verify(self, inputs: RewardInputs, context: RewardContext | None = None) -> Tensor:
         """``[R]`` bool: the verifier alone (measurement needs no shaped reward)."""
-        return _correct(run_all([self.verifier], inputs)[0])
+        return _correct(run_all([self.verifier], inputs, self._context_for(context))[0])
+
+    def _context_for(self, context: RewardContext | None) -> RewardContext:
+        """The call's context."""
+        return context or self._context or RewardContext()
 
 
 def _correct(scores: Sequence[float]) -> Tensor:
@@ -181,15 +211,18 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def run_all(functions: Sequence[RewardFunction], inputs: RewardInputs) -> list[list[float]]:
+def run_all(
+    functions: Sequence[RewardFunction], inputs: RewardInputs, context: RewardContext | None = None
+) -> list[list[float]]:
     """Each function's scores: sync ones in turn, then the async ones together on the loop."""
+    context = context or RewardContext()
     out: list[list[float] | None] = [None] * len(functions)
     pending = [(i, f) for i, f in enumerate(functions) if f.is_async]
     for i, f in enumerate(functions):
         if not f.is_async:
-            out[i] = f.score(inputs)
+            out[i] = f.score(inputs, context)
     if pending:
-        results = run_concurrently([f.ascore(inputs) for _, f in pending])
+        results = run_concurrently([f.ascore(inputs, context) for _, f in pending])
         for (i, _), scores in zip(pending, results):
             out[i] = scores
     return out  # type: ignore[return-value]
