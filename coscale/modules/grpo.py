@@ -60,7 +60,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         reward: The shaped reward the advantages use: one function or a list, each coscale-style
             ``f(completions, answers, **columns)`` or TRL-style ``f(prompts, completions,
             completion_ids, **columns)``, sync or ``async def``, a score or None ("no opinion")
-            per completion (``docs/rewards.md``; YAML: ``class_path`` or a dotted function path).
+            per completion (``docs/rewards.md``; YAML: ``class_path`` or a dotted function path),
+            or a reward model (``RewardModel``, or its folder or hub id in Python). TRL-style
+            functions also get ``trainer_state``, ``log_extra`` and ``log_metric``.
             None: the verifier's score.
         reward_weights: One weight per reward function; the reward is the weighted sum of their
             scores, Nones left out (TRL's rule). None: all 1.0.
@@ -100,7 +102,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         model: str | Any,
         tokenizer: str | None = None,
         prompt: PromptFormat | str = PromptFormat(),
-        reward: RewardSpec | list[RewardSpec] | None = None,
+        reward: RewardSpec | list[RewardSpec | str] | str | None = None,
         reward_weights: list[float] | None = None,
         verifier: RewardSpec | None = None,
         loss: PolicyLoss | None = None,

@@ -17,8 +17,9 @@ one of the reward functions (the same object) is called once. ``async def`` func
 step run concurrently on one event loop (:mod:`.async_loop`); the others run in turn, in the
 caller's thread, before them.
 
-Each scoring call may carry the step's context (:mod:`.reward_context`): given to
-:meth:`RewardSet.score`, or set for a block of code with :meth:`RewardSet.using`.
+A reward model is one entry of the list, as in TRL (:mod:`.reward_model`: a ``RewardModel``, or
+a folder, hub id or ``transformers`` model that becomes one). Each call may carry the step's
+context (:mod:`.reward_context`): given to :meth:`RewardSet.score`, or set by :meth:`using`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from coscale.checks import is_number
 from coscale.scoring.async_loop import run_concurrently
 from coscale.scoring.reward_context import RewardContext
 from coscale.scoring.reward_functions import RewardFunction, RewardInputs
+from coscale.scoring.reward_model import as_reward, is_model_spec
 
 RewardSpec = Callable[..., Any]
 """A reward function or verifier: coscale-style or TRL-style (:mod:`.reward_functions`)."""
@@ -88,9 +90,9 @@ def reward_errors(reward: Any, reward_weights: Any, verifier: Any = None) -> lis
         return ["reward is an empty list: give one function or more, or leave it unset"]
     named = [(f"reward[{i}]", fn) for i, fn in enumerate(functions)] + [("verifier", verifier)]
     errors = [
-        f"{name} must be callable (or a class_path), got {type(fn).__name__} {fn!r}"
+        _not_a_reward(name, fn)
         for name, fn in named
-        if fn is not None and not (callable(fn) or _is_class_path(fn))
+        if fn is not None and not (callable(fn) or is_model_spec(fn) or _is_class_path(fn))
     ]
     if reward_weights is None:
         return errors
@@ -112,6 +114,18 @@ def reward_errors(reward: Any, reward_weights: Any, verifier: Any = None) -> lis
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def _not_a_reward(name: str, value: Any) -> str:
+    if isinstance(value, str):
+        return (
+            f"{name}={value!r} is no importable function (a dotted path), no existing folder of "
+            "a reward model and no hub id (owner/name)"
+        )
+    return (
+        f"{name} must be callable, a class_path or a reward model (a folder or hub id), got "
+        f"{type(value).__name__} {value!r}"
+    )
 
 
 def _is_class_path(value: Any) -> bool:
@@ -151,6 +165,7 @@ class RewardSet:
         errors = reward_errors(reward, reward_weights, verifier)
         if errors:
             raise ValueError("; ".join(errors))
+        reward, verifier = _built(reward, verifier)
         self.verifier_fn = default_verifier(reward, verifier)
         raw = as_list(reward) or [self.verifier_fn]
         self.functions = [RewardFunction(fn, f"reward[{i}]") for i, fn in enumerate(raw)]
@@ -193,8 +208,24 @@ class RewardSet:
         return _correct(run_all([self.verifier], inputs, self._context_for(context))[0])
 
     def _context_for(self, context: RewardContext | None) -> RewardContext:
-        """The call's context."""
-        return context or self._context or RewardContext()
+        """The call's context; reward models are moved to its device first."""
+        context = context or self._context or RewardContext()
+        if context.device is not None:
+            for f in [*self.functions, self.verifier]:
+                if hasattr(f.fn, "to_device"):  # a RewardModel: scores on the policy's device
+                    f.fn.to_device(context.device)
+        return context
+
+
+def _built(reward: Any, verifier: Any) -> tuple[list[Any] | None, Any]:
+    """``reward`` and ``verifier`` with reward models built (:func:`.reward_model.as_reward`),
+    once per object: a verifier that is one of the rewards stays the same object."""
+    built: dict[int, Any] = {}
+    for fn in [*as_list(reward), verifier]:
+        if fn is not None and id(fn) not in built:
+            built[id(fn)] = as_reward(fn)
+    rewards = [built[id(fn)] for fn in as_list(reward)] or None
+    return rewards, None if verifier is None else built[id(verifier)]
 
 
 def _correct(scores: Sequence[float]) -> Tensor:
