@@ -32,7 +32,7 @@ from coscale.modules.kl_reference import frozen_copy, reference_logprobs
 from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.policy_mixin import PolicyMixin
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
-from coscale.modules.step_log import log_step
+from coscale.modules.step_log import log_step, reward_context
 from coscale.rl.advantages import group_advantages
 from coscale.rl.logprobs import sequence_logprobs
 from coscale.rl.losses import GRPOLoss, PolicyLoss
@@ -76,7 +76,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         load: How the policy loads (dtype, gradient checkpointing, remote code).
         optimizer: AdamW and its learning-rate warm-up (the CoScale-RL authors' verl runs used
             beta1 = 0.5).
-        sampling: Token limit, temperature, top-p and seed of the rollouts.
+        sampling: Token limit, temperature, top-p, top-k and seed of the rollouts.
         update: Optimiser steps per batch, micro-batch size, clipping, advantage scaling.
         validation: Samples and temperature of validation on held-out problems (the token
             limit defaults to ``sampling.max_new_tokens``).
@@ -149,7 +149,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.update_settings, self.rollout = groups["update"], groups["rollout"]
         s, v = groups["sampling"], groups["validation"]
         self.sampling = SamplingParams(
-            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p
+            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
         )
         self.seed, self.val_samples = s.seed, v.samples
         self.val_sampling = SamplingParams(
@@ -174,7 +174,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         if getattr(self.backend, "needs_sync", False):  # e.g. a vLLM engine woken from sleep
             self.backend.update_weights(self.policy)
         sampling = SamplingParams(**{**self.sampling.__dict__, "seed": self._step_seed()})
-        rollouts, scores = self.sample(batch, [p["n"] for p in batch], sampling)  # R rollouts
+        with self.rewards.using(reward_context(self, batch_idx)) as context:  # TRL's step kwargs
+            rollouts, scores = self.sample(batch, [p["n"] for p in batch], sampling)  # R rollouts
         rollouts = rollouts.to(self.device)
         scale = self.update_settings.scale_rewards
         adv = group_advantages(scores.reward, rollouts.prompt_index.cpu(), scale)
@@ -185,7 +186,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             keep &= torch.tensor([r != "length" for r in rollouts.finish_reasons])
         gen_s = time.perf_counter() - start
         stats = self.update(rollouts, adv.advantages.to(self.device), keep.to(self.device))
-        log_step(self, batch, rollouts, scores, adv, stats, gen_s, time.perf_counter() - start)
+        step_s = time.perf_counter() - start
+        log_step(self, batch, rollouts, scores, adv, stats, gen_s, step_s, context.log)
         self.close_epoch_if_done()
 
     def update(
