@@ -35,7 +35,7 @@ from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.modules.step_log import log_step, reward_context
 from coscale.rl.advantages import group_advantages
 from coscale.rl.logprobs import sequence_logprobs
-from coscale.rl.losses import GRPOLoss, PolicyLoss
+from coscale.rl.losses import GRPOLoss, PolicyLoss, as_loss
 from coscale.rl.micro_batches import merge_stats, micro_batches
 from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.rollout.factory import Rollout, close_backend
@@ -70,9 +70,10 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             measurement, the replay buffer and validation; never the advantages. None: the one
             reward function when exactly one is given (as before this setting), else the
             MathReward among the rewards, else ``MathReward()``.
-        loss: Policy loss object (``class_path`` in YAML): GRPOLoss, DrGRPOLoss, DAPOLoss,
-            GSPOLoss or CISPOLoss, with its KL, entropy bonus and engine/trainer mismatch
-            correction (``docs/losses.md``). ``train/entropy`` is logged whatever it is.
+        loss: Policy loss object (``class_path`` in YAML, and that mapping in Python too):
+            GRPOLoss, DrGRPOLoss, DAPOLoss, GSPOLoss or CISPOLoss, with its KL, entropy bonus
+            and engine/trainer mismatch correction (``docs/losses.md``). ``train/entropy`` is
+            logged whatever it is.
         load: How the policy loads (dtype, gradient checkpointing, remote code).
         optimizer: AdamW and its learning-rate warm-up (the CoScale-RL authors' verl runs used
             beta1 = 0.5).
@@ -144,7 +145,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.automatic_optimization = False
         self.prompt = as_prompt_format(prompt)
         self.rewards = RewardSet(reward, reward_weights, verifier)
-        self.loss_fn = loss if loss is not None else GRPOLoss()
+        self.loss_fn = as_loss(loss) or GRPOLoss()  # a class_path mapping is built
         self.load, self.optimizer = groups["load"], groups["optimizer"]
         self.update_settings, self.rollout = groups["update"], groups["rollout"]
         s, v = groups["sampling"], groups["validation"]
