@@ -145,7 +145,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.automatic_optimization = False
         self.prompt = as_prompt_format(prompt)
         self.rewards = RewardSet(reward, reward_weights, verifier)
-        self.loss_fn = as_loss(loss) or GRPOLoss()  # a class_path mapping is built
+        self.loss_fn = GRPOLoss() if loss is None else as_loss(loss)  # a mapping is built
         self.load, self.optimizer = groups["load"], groups["optimizer"]
         self.update_settings, self.rollout = groups["update"], groups["rollout"]
         s, v = groups["sampling"], groups["validation"]
