@@ -72,7 +72,8 @@ def from_grpo_config(config: Any, num_processes: int = 1) -> dict[str, Any]:
     Args:
         config: A ``trl.GRPOConfig``, a dict of its fields, or the path of its YAML file.
         num_processes: Ranks of the coscale run (TRL's generation batch is over all ranks;
-            ``data.batch_size`` is per rank).
+            ``data.batch_size`` is per rank). A ``GRPOConfig`` object has filled in
+            ``generation_batch_size`` for the ranks it was built under: give the same number.
 
     Raises:
         ValueError: Naming every field coscale cannot take and every bad value at once.
