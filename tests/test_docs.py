@@ -176,3 +176,39 @@ def test_the_readme_plug_in_example_runs_as_written(tiny_model_dir, tmp_path, mo
     data = scope["data"]
     assert data.curriculum.schedule is not None  # RolloutNSchedule installed itself
     assert all(data.curriculum.pools.history(p) for p in data.problems)  # measured at fit start
+
+
+def test_the_from_trl_page_runs_both_sides_as_written(tmp_path, monkeypatch):
+    """docs/from-trl.md's TRL script and its coscale twin, run in one scope as a user pastes
+    them: the shipped demo model replaces Qwen2.5 (an arithmetic model: its rewards vary, so
+    steps are not skipped), TRL gets its CPU settings, the Lightning Trainer its quiet ones."""
+    import json
+
+    from coscale.models.policy import resolve_model_path
+
+    text = (ROOT / "docs" / "from-trl.md").read_text()
+    section = text[text.index("## Side by side") : text.index("## What differs")]
+    trl_code, coscale_code = re.findall(r"```python\n(.*?)```", section, re.S)
+    qwen, demo = '"Qwen/Qwen2.5-0.5B-Instruct"', repr(resolve_model_path("builtin:demo"))
+    assert qwen in trl_code and qwen in coscale_code and "from_grpo_config(args)" in coscale_code
+    cpu = "use_cpu=True, bf16=False, gradient_checkpointing=False, "
+    trl_code = trl_code.replace(qwen, demo).replace("GRPOConfig(", f"GRPOConfig({cpu}")
+    quiet = "logger=False, enable_checkpointing=False, enable_progress_bar=False, max_epochs=4, "
+    coscale_code = coscale_code.replace(qwen, demo).replace("L.Trainer(", f"L.Trainer({quiet}")
+    rows = [  # 12 problems: 6 steps an epoch, whatever steps lack signal or problems retire
+        {"prompt": f"Q:{a}+{b}\nA:", "solution": str(a + b)}
+        for a in (2, 3, 4, 6)
+        for b in (4, 5, 7)
+    ]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scope: dict = {}
+    exec(compile(trl_code, "docs/from-trl.md (TRL)", "exec"), scope)
+    assert scope["trainer"].state.global_step == 2
+    exec(compile(coscale_code, "docs/from-trl.md (coscale)", "exec"), scope)
+    module, trainer = scope["module"], scope["trainer"]
+    assert trainer.global_step == 2  # TRL's max_steps, in optimiser steps
+    assert module.rewards.names == ["correct", "soft_overlong_punishment_reward"]
+    assert module.rewards.weights.tolist() == [1.0, 0.5] and type(module.loss_fn).__name__ == (
+        "DAPOLoss"
+    )

@@ -1,8 +1,11 @@
 """GRPO fits with several rewards: a format bonus moves the advantages and no pool label; TRL-style
 and async rewards read the problems' dataset columns and are logged one by one; a reward that
-raises stops the step, named."""
+raises stops the step, named; TRL's step arguments (``trainer_state``, ``log_metric``,
+``log_extra``) reach the functions and what they log is logged."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +14,9 @@ from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule
+from coscale.modules.tables import log_completions
 from coscale.rl.advantages import group_advantages
+from coscale.scoring.reward_context import TrainerState
 from coscale.scoring.reward_functions import RewardError
 
 SETTINGS = {"optimizer": {"lr": 0.01}, "sampling": {"max_new_tokens": 6, "temperature": 1.0}}
@@ -123,3 +128,40 @@ def test_a_reward_that_raises_stops_the_step_naming_it_and_the_completion(tiny_m
     with pytest.raises(RewardError, match=r"'fails_on_p1' \(reward\[1\]\) raised on completion "
                        r"[048] of 12: ZeroDivisionError: no"):  # fmt: skip
         _one_step(tiny_model_dir, reward=[HasDigit(), fails_on_p1], verifier=HasDigit())
+
+
+def test_trls_step_arguments_reach_the_functions_and_what_they_log_is_logged(tiny_model_dir):
+    """TRL's ``trainer_state``, ``log_metric`` and ``log_extra`` in a training step: the state is
+    the step's, a metric lands in ``train/<name>`` (the mean of the step's values)."""
+    states = []
+
+    def shaped(completions, trainer_state, log_metric, log_extra, **kwargs):  # TRL-style
+        states.append(trainer_state)
+        log_metric("chars", 2.0)
+        log_metric("chars", 4.0)
+        log_extra("length", [len(c) for c in completions])
+        return [0.0] * len(completions)
+
+    _, _, metrics = _one_step(tiny_model_dir, reward=[HasDigit(), shaped], verifier=HasDigit())
+    assert states == [TrainerState(global_step=0, epoch=0.0, max_steps=0, num_train_epochs=1)]
+    assert metrics["train/chars"] == pytest.approx(3.0)
+
+
+def test_log_extra_columns_reach_the_completions_table():
+    """Each column a reward function logged, one value per rollout, after the fixed ones; a
+    column of another length stays empty rather than shifting rows."""
+    tables = []
+    logger = SimpleNamespace(log_table=lambda **table: tables.append(table))
+    module = SimpleNamespace(global_rank=0, loggers=[logger], global_step=3)
+    rollouts = SimpleNamespace(prompt_index=torch.tensor([0, 0, 1]), texts=["a", "bb", "c"])
+    rewards, advantages = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.5, -0.5, 0.0])
+    extra = {"length": [1, 2, 1], "partial": [7]}
+    log_completions(module, [{"id": "p"}, {"id": "q"}], rollouts, rewards, advantages, extra)
+    (table,) = tables
+    assert table["key"] == "completions/step_3"
+    assert table["columns"] == ["step", "problem", "completion", "reward", "advantage", *extra]
+    assert table["data"] == [
+        [3, "p", "a", 1.0, 0.5, 1, None],
+        [3, "p", "bb", 0.0, -0.5, 2, None],
+        [3, "q", "c", 1.0, 0.0, 1, None],
+    ]

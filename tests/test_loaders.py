@@ -120,8 +120,10 @@ def test_parquet_with_openmath_style_fields(tmp_path):
     assert [p.id for p in result.problems] == ["openmath-0", "openmath-1", "openmath-3"]
     assert result.problems[0].solutions == ("6*7=42",)
     assert result.problems[1].solutions == ()  # null list: no solutions, not a bad row
+    # the answer's column stays in meta by its own name (reward functions get it so, as in TRL)
+    meta = {"expected_answer": "6", "problem_type": "series"}
     assert result.problems[2] == Problem(
-        "openmath-3", "Sum 1..3?", "6", ("1+2+3=6", "3*4/2=6"), {"problem_type": "series"}
+        "openmath-3", "Sum 1..3?", "6", ("1+2+3=6", "3*4/2=6"), meta
     )
     assert result.bad_rows == [BadRow(f"{path} row 2", "missing answer (field 'expected_answer')")]
     # The default FieldMap does not fit: raised from the schema, before any row is read.

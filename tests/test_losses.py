@@ -18,6 +18,7 @@ from coscale.rl.losses import (
     LossOutput,
     Mismatch,
     PolicyLoss,
+    as_loss,
     build_loss,
 )
 
@@ -403,3 +404,14 @@ def test_new_losses_are_picked_by_class_path_with_their_settings():
     assert type(gspo) is GSPOLoss and gspo.epsilon == 3e-4
     assert gspo.mismatch == Mismatch(mode="truncate", level="sequence", cap=3.0)
     assert type(cispo) is CISPOLoss and (cispo.max_weight, cispo.entropy_coef) == (4.0, 0.01)
+
+
+def test_a_class_path_mapping_is_built_and_anything_else_refused_named():
+    spec = {"class_path": "coscale.rl.losses.DrGRPOLoss", "init_args": {"max_tokens": 8}}
+    loss = as_loss(spec)
+    assert isinstance(loss, DrGRPOLoss) and loss.max_tokens == 8
+    assert as_loss(loss) is loss and as_loss(None) is None
+    with pytest.raises(ValueError, match=r"loss must be a PolicyLoss or a class_path mapping"):
+        as_loss({"init_args": {}})
+    with pytest.raises(ValueError, match=r"loss class_path='torch.nn.Linear' names no PolicyLoss"):
+        as_loss({"class_path": "torch.nn.Linear"})

@@ -99,14 +99,15 @@ def test_each_style_gets_its_arguments_and_the_columns_it_names():
 
     RewardFunction(trl).score(INPUTS)
     RewardFunction(mine).score(INPUTS)
-    assert seen["trl"] == (
+    *given, kwargs = seen["trl"]
+    assert given == [
         ["Q1", "Q1", "Q2"],
         ["1", "22", "3"],
         [[5], [6, 6], [7]],
         ["1", "1", "3"],
         [2, 2, None],
-        {},
-    )
+    ]
+    assert set(kwargs) == {"trainer_state", "log_extra", "log_metric"}  # TRL's step arguments
     assert seen["mine"] == (["1", "22", "3"], ["1", "1", "3"], [2, 2, None])
 
 
@@ -227,11 +228,14 @@ def test_settings_errors_name_the_settings_and_both_sides_of_a_mismatch():
         "reward is an empty list: give one function or more, or leave it unset"
     ]
     assert reward_errors([exact, 3], [1.0, "x"], verifier="v") == [
-        "reward[1] must be callable (or a class_path), got int 3",
-        "verifier must be callable (or a class_path), got str 'v'",
+        "reward[1] must be callable, a class_path or a reward model (a folder or hub id), got "
+        "int 3",
+        "verifier='v' is no importable function (a dotted path), no existing folder of a reward "
+        "model and no hub id (owner/name)",
         "reward_weights[1] must be a finite number, got 'x'",
     ]
     assert reward_errors([{"class_path": "m.R"}, exact], [1, 0.5]) == []  # YAML's form
+    assert reward_errors(["some/reward-model", exact], None) == []  # a reward model, as in TRL
     with pytest.raises(ValueError, match="reward_weights has 1 weight but reward has 2"):
         RewardSet([exact, length_bonus], [1.0])
 

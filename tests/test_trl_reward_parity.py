@@ -1,8 +1,7 @@
 """A list of TRL-style reward functions with weights scores the same in coscale as in TRL itself.
 
 TRL's own code runs here: ``GRPOTrainer._calculate_rewards`` (TRL 1.16, unbound, on the smallest
-stand-in for the trainer it reads: device, step, report_to, the functions, their names, the event
-loop TRL starts for async functions) gives the per-function scores; the weighted total is TRL's
+stand-in for the trainer it reads: ``trl_reference.py``) gives the per-function scores; the weighted total is TRL's
 own expression from ``_generate_and_score_completions``, read from TRL's source and evaluated
 (``rewards_per_func * self.reward_weights ... .nansum(dim=1)``), so a change on TRL's side fails
 this test rather than passing unnoticed. coscale's side is ``GRPOModule``'s path:
@@ -11,8 +10,9 @@ this test rather than passing unnoticed. coscale's side is ``GRPOModule``'s path
 What makes the two equal: TRL in its standard (not conversational) format, so prompts and
 completions are plain text; the data set's answer column named ``answer`` (coscale passes the
 gold answer as ``answer=`` to TRL-style functions, and every other column by its own name); the
-same weights (TRL's ``reward_weights``). TRL also passes ``trainer_state``, ``log_extra`` and
-``log_metric``; coscale does not, so the functions take ``**kwargs``. Where no function has an
+same weights (TRL's ``reward_weights``). Both also pass ``trainer_state``, ``log_extra`` and
+``log_metric`` (``**kwargs`` takes them here); TRL's own ``trl.rewards`` functions and the
+conversational format are checked in ``test_trl_rewards.py``. Where no function has an
 opinion on a completion TRL 1.16 marks its total NaN after the sum (left out of the group
 baseline); coscale's total there is the sum's 0 and the completion is left out of the update.
 """
@@ -22,17 +22,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
 import trl.trainer.grpo_trainer as trl_grpo  # TRL is a dev dependency: never skipped
 from trl.rewards import get_soft_overlong_punishment
-from trl.trainer.utils import (
-    get_callable_name,
-    shutdown_event_loop_in_daemon,
-    start_event_loop_in_daemon,
-)
+from trl_reference import stand_in, trl_rewards
 
 from coscale.modules.policy_mixin import reward_inputs
 from coscale.rollout.base import Rollouts
@@ -92,31 +87,14 @@ def _trl_totals(rollouts: Rollouts) -> tuple[torch.Tensor, torch.Tensor, list[st
         {"prompt": PROMPTS[i], "answer": PROBLEMS[i]["answer"], **PROBLEMS[i]["meta"]}
         for i in index
     ]
-    thread, loop, ready = start_event_loop_in_daemon(name="trl-parity")
-    ready.wait()
-    trainer = SimpleNamespace(  # what _calculate_rewards and its profiling decorator read
-        accelerator=SimpleNamespace(device=torch.device("cpu"), is_main_process=True),
-        state=SimpleNamespace(global_step=0),
-        args=SimpleNamespace(report_to=[]),
-        reward_funcs=FUNCTIONS,
-        reward_processing_classes=[None] * len(FUNCTIONS),
-        reward_func_names=[get_callable_name(f) for f in FUNCTIONS],
-        reward_weights=torch.tensor(WEIGHTS, dtype=torch.float32),  # as GRPOTrainer.__init__
-        environments=None,
-        _log_completion_extra=None,
-        _log_metric=None,
-        async_loop=loop,
+    trainer = stand_in(FUNCTIONS, WEIGHTS)  # weights as GRPOTrainer.__init__ keeps them
+    per_function = trl_rewards(
+        trainer,
+        inputs,
+        [PROMPTS[i] for i in index],
+        list(TEXTS),
+        rollouts.kept_completion_ids(),
     )
-    try:
-        per_function = trl_grpo.GRPOTrainer._calculate_rewards(
-            trainer,
-            inputs,
-            [PROMPTS[i] for i in index],
-            list(TEXTS),
-            rollouts.kept_completion_ids(),
-        )
-    finally:
-        shutdown_event_loop_in_daemon(thread, loop)
     source = inspect.getsource(trl_grpo.GRPOTrainer._generate_and_score_completions)
     line = (
         "rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)"

@@ -32,7 +32,8 @@ class Problem:
     solutions: tuple[str, ...] = ()
     """Worked solutions that come with the data set (may be empty)."""
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    """Other fields of the source row, kept as they were."""
+    """Other fields of the source row, kept as they were (the answer's field too, by its own
+    name, when that name is not ``answer``: reward functions get every column by name)."""
 
     def __post_init__(self) -> None:
         # A list is the natural input (JSON, datasets); a tuple keeps the record immutable.

@@ -32,10 +32,10 @@ from coscale.modules.kl_reference import frozen_copy, reference_logprobs
 from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.policy_mixin import PolicyMixin
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
-from coscale.modules.step_log import log_step
+from coscale.modules.step_log import log_step, reward_context
 from coscale.rl.advantages import group_advantages
 from coscale.rl.logprobs import sequence_logprobs
-from coscale.rl.losses import GRPOLoss, PolicyLoss
+from coscale.rl.losses import GRPOLoss, PolicyLoss, as_loss
 from coscale.rl.micro_batches import merge_stats, micro_batches
 from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.rollout.factory import Rollout
@@ -60,7 +60,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         reward: The shaped reward the advantages use: one function or a list, each coscale-style
             ``f(completions, answers, **columns)`` or TRL-style ``f(prompts, completions,
             completion_ids, **columns)``, sync or ``async def``, a score or None ("no opinion")
-            per completion (``docs/rewards.md``; YAML: ``class_path`` or a dotted function path).
+            per completion (``docs/rewards.md``; YAML: ``class_path`` or a dotted function path),
+            or a reward model (``RewardModel``, or its folder or hub id in Python). TRL-style
+            functions also get ``trainer_state``, ``log_extra`` and ``log_metric``.
             None: the verifier's score.
         reward_weights: One weight per reward function; the reward is the weighted sum of their
             scores, Nones left out (TRL's rule). None: all 1.0.
@@ -68,13 +70,14 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             measurement, the replay buffer and validation; never the advantages. None: the one
             reward function when exactly one is given (as before this setting), else the
             MathReward among the rewards, else ``MathReward()``.
-        loss: Policy loss object (``class_path`` in YAML): GRPOLoss, DrGRPOLoss, DAPOLoss,
-            GSPOLoss or CISPOLoss, with its KL, entropy bonus and engine/trainer mismatch
-            correction (``docs/losses.md``). ``train/entropy`` is logged whatever it is.
+        loss: Policy loss object (``class_path`` in YAML, and that mapping in Python too):
+            GRPOLoss, DrGRPOLoss, DAPOLoss, GSPOLoss or CISPOLoss, with its KL, entropy bonus
+            and engine/trainer mismatch correction (``docs/losses.md``). ``train/entropy`` is
+            logged whatever it is.
         load: How the policy loads (dtype, gradient checkpointing, remote code).
         optimizer: AdamW and its learning-rate warm-up (the CoScale-RL authors' verl runs used
             beta1 = 0.5).
-        sampling: Token limit, temperature, top-p and seed of the rollouts.
+        sampling: Token limit, temperature, top-p, top-k and seed of the rollouts.
         update: Optimiser steps per batch, micro-batch size, clipping, advantage scaling.
         validation: Samples and temperature of validation on held-out problems (the token
             limit defaults to ``sampling.max_new_tokens``).
@@ -100,7 +103,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         model: str | Any,
         tokenizer: str | None = None,
         prompt: PromptFormat | str = PromptFormat(),
-        reward: RewardSpec | list[RewardSpec] | None = None,
+        reward: RewardSpec | list[RewardSpec | str] | str | None = None,
         reward_weights: list[float] | None = None,
         verifier: RewardSpec | None = None,
         loss: PolicyLoss | None = None,
@@ -142,12 +145,12 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.automatic_optimization = False
         self.prompt = as_prompt_format(prompt)
         self.rewards = RewardSet(reward, reward_weights, verifier)
-        self.loss_fn = loss if loss is not None else GRPOLoss()
+        self.loss_fn = GRPOLoss() if loss is None else as_loss(loss)  # a mapping is built
         self.load, self.optimizer = groups["load"], groups["optimizer"]
         self.update_settings, self.rollout = groups["update"], groups["rollout"]
         s, v = groups["sampling"], groups["validation"]
         self.sampling = SamplingParams(
-            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p
+            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
         )
         self.seed, self.val_samples = s.seed, v.samples
         self.val_sampling = SamplingParams(
@@ -172,7 +175,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         if getattr(self.backend, "needs_sync", False):  # e.g. a vLLM engine woken from sleep
             self.backend.update_weights(self.policy)
         sampling = SamplingParams(**{**self.sampling.__dict__, "seed": self._step_seed()})
-        rollouts, scores = self.sample(batch, [p["n"] for p in batch], sampling)  # R rollouts
+        with self.rewards.using(reward_context(self, batch_idx)) as context:  # TRL's step kwargs
+            rollouts, scores = self.sample(batch, [p["n"] for p in batch], sampling)  # R rollouts
         rollouts = rollouts.to(self.device)
         scale = self.update_settings.scale_rewards
         adv = group_advantages(scores.reward, rollouts.prompt_index.cpu(), scale)
@@ -183,7 +187,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             keep &= torch.tensor([r != "length" for r in rollouts.finish_reasons])
         gen_s = time.perf_counter() - start
         stats = self.update(rollouts, adv.advantages.to(self.device), keep.to(self.device))
-        log_step(self, batch, rollouts, scores, adv, stats, gen_s, time.perf_counter() - start)
+        step_s = time.perf_counter() - start
+        log_step(self, batch, rollouts, scores, adv, stats, gen_s, step_s, context.log)
         self.close_epoch_if_done()
 
     def update(

@@ -22,17 +22,20 @@ class Sampling:
         max_new_tokens: Token limit of one rollout.
         temperature: Sampling temperature (the update scores the rollouts at the same one).
         top_p: Nucleus sampling.
+        top_k: Keep the k most likely tokens (0: off).
         seed: Base seed: each step samples with ``seed * 1_000_003 + step * 1_009 + rank``.
     """
 
     max_new_tokens: int = 256
     temperature: float = 0.7
     top_p: float = 1.0
+    top_k: int = 0
     seed: int = 0
 
     def errors(self) -> list[str]:
         errors = at_least(1, max_new_tokens=self.max_new_tokens)
         errors += at_least(0, float, temperature=self.temperature) + at_least(0, seed=self.seed)
+        errors += at_least(0, top_k=self.top_k)
         if not 0 < self.top_p <= 1:
             errors.append(f"top_p must be in (0, 1], got {self.top_p!r}")
         return errors

@@ -6,6 +6,7 @@ logger that can take a table (W&B); others get nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -14,15 +15,24 @@ MAX_ROWS = 16
 
 
 def log_completions(
-    module: Any, batch: list[dict], rollouts: Any, rewards: torch.Tensor, advantages: torch.Tensor
+    module: Any,
+    batch: list[dict],
+    rollouts: Any,
+    rewards: torch.Tensor,
+    advantages: torch.Tensor,
+    extra: Mapping[str, Sequence[Any]] | None = None,
 ) -> None:
-    """Logs up to ``MAX_ROWS`` (step, problem, prompt, completion, reward, advantage) rows."""
+    """Logs up to ``MAX_ROWS`` (step, problem, completion, reward, advantage) rows, then one
+    column per ``extra`` entry (what reward functions logged with ``log_extra``: one value per
+    rollout; a column of another length is left empty)."""
     if module.global_rank != 0:
         return
     loggers = [lg for lg in module.loggers if hasattr(lg, "log_table")]
     if not loggers:
         return
-    columns = ["step", "problem", "completion", "reward", "advantage"]
+    extra = extra or {}
+    total = len(rollouts.texts)
+    columns = ["step", "problem", "completion", "reward", "advantage", *extra]
     rows = []
     for r, i in enumerate(rollouts.prompt_index.tolist()[:MAX_ROWS]):
         rows.append(
@@ -32,6 +42,7 @@ def log_completions(
                 rollouts.texts[r],
                 float(rewards[r]),
                 float(advantages[r]),
+                *[values[r] if len(values) == total else None for values in extra.values()],
             ]
         )
     for lg in loggers:

@@ -20,6 +20,10 @@ Shapes: R rollouts (sequences) in this call, T completion tokens.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from coscale.checks import is_number
@@ -36,6 +40,7 @@ __all__ = [
     "LossOutput",
     "Mismatch",
     "PolicyLoss",
+    "as_loss",
     "build_loss",
 ]
 
@@ -167,3 +172,23 @@ def build_loss(name: str, **kwargs) -> PolicyLoss:
     if name not in LOSSES:
         raise ValueError(f"loss name={name!r} is not one of {sorted(LOSSES)}")
     return LOSSES[name](**kwargs)
+
+
+def as_loss(value: PolicyLoss | Mapping[str, Any] | None) -> PolicyLoss | None:
+    """``value`` as a loss object: a ``{"class_path": ..., "init_args": {...}}`` mapping (YAML's
+    form, e.g. from :func:`coscale.integrations.trl.from_grpo_config`) is built; a loss or None
+    is returned as it is.
+
+    Raises:
+        ValueError: For a mapping without ``class_path``, or one naming no ``PolicyLoss``.
+    """
+    if value is None or isinstance(value, PolicyLoss):
+        return value
+    path = value.get("class_path") if isinstance(value, Mapping) else None
+    if not isinstance(path, str) or "." not in path:
+        raise ValueError(f"loss must be a PolicyLoss or a class_path mapping, got {value!r}")
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, PolicyLoss)):
+        raise ValueError(f"loss class_path={path!r} names no PolicyLoss class")
+    return cls(**dict(value.get("init_args") or {}))

@@ -5,12 +5,17 @@ Two calling conventions are accepted, told apart by the function's signature:
 * **coscale-style** ``f(completions, answers, **columns)``: called with the completions and the
   gold answers as its first two positional arguments (``MathReward`` is one).
 * **TRL-style** ``f(prompts, completions, completion_ids, **columns)``: called by keyword, as
-  TRL's ``GRPOTrainer`` calls its reward functions, with the gold answers as ``answer=``.
+  TRL's ``GRPOTrainer`` calls its reward functions, with the gold answers as ``answer=`` (and
+  under the answer column's own name, which travels in the columns), plus ``trainer_state``,
+  ``log_extra`` and ``log_metric`` (:mod:`.reward_context`). For a conversational prompt
+  (``RewardInputs.prompt_messages`` set) ``prompts`` are the message lists and each completion is
+  ``[{"role": "assistant", "content": text}]``, as TRL hands them; otherwise both are text.
 
 The rule: a function is TRL-style when its signature names ``prompts`` or ``completion_ids``, or
 names ``completions`` but not ``answers`` (TRL's ``f(completions, solution, **kwargs)``); any other
 is coscale-style. ``columns`` are the problem's other dataset columns (``Problem.meta``), one list
-entry per completion; a function without ``**kwargs`` gets only the columns it names.
+entry per completion; a function without ``**kwargs`` gets only the columns it names. A
+coscale-style function gets texts, and the step context's arguments only when it names them.
 
 A score of ``None`` (or NaN) means "no opinion" on that completion (TRL's rule); it becomes NaN
 here and the weighted sum leaves it out. A function that raises is named, with the index of the
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coscale.scoring.async_loop import run_concurrently
+from coscale.scoring.reward_context import CONTEXT_ARGUMENTS, RewardContext
 
 TRL_NAMES = frozenset({"prompts", "completion_ids"})
 """Parameter names that only a TRL-style function has."""
@@ -47,6 +53,12 @@ class RewardInputs:
         answers: The gold answer of each completion's problem.
         columns: The problem's other dataset columns by name, one value per completion (None
             where that problem has no such column).
+        prompt_messages: None when the prompts are text (TRL's standard format). For a
+            conversational prompt, the messages each completion's prompt was rendered from
+            (system and few-shot turns included, before the chat template): TRL-style functions
+            then get these as ``prompts`` and each completion as ``[{"role": "assistant",
+            "content": text}]``, and a reward model chat-templates prompt + completion. The
+            caller that renders a conversational prompt fills it, one entry per completion.
     """
 
     prompts: Sequence[str]
@@ -54,6 +66,23 @@ class RewardInputs:
     completion_ids: Sequence[Sequence[int]]
     answers: Sequence[str]
     columns: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    prompt_messages: Sequence[Sequence[Mapping[str, Any]]] | None = None
+
+    @property
+    def conversational(self) -> bool:
+        """Whether the prompts are message lists (TRL's conversational format)."""
+        return self.prompt_messages is not None
+
+    def trl_arguments(self) -> dict[str, Any]:
+        """``prompts``, ``completions`` and ``completion_ids`` as TRL's ``GRPOTrainer`` passes
+        them: texts, or message lists for a conversational prompt."""
+        if self.prompt_messages is None:
+            prompts, completions = list(self.prompts), list(self.completions)
+        else:
+            prompts = [list(messages) for messages in self.prompt_messages]
+            completions = [[{"role": "assistant", "content": c}] for c in self.completions]
+        ids = [list(ids) for ids in self.completion_ids]
+        return {"prompts": prompts, "completions": completions, "completion_ids": ids}
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -67,6 +96,7 @@ class RewardInputs:
             self.completion_ids[cut],
             self.answers[cut],
             {k: v[cut] for k, v in self.columns.items()},
+            None if self.prompt_messages is None else self.prompt_messages[cut],
         )
 
 
@@ -126,44 +156,47 @@ class RewardFunction:
         self._takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
         self._named = {p.name for p in params}
 
-    def _call(self, inputs: RewardInputs) -> Any:
+    def _call(self, inputs: RewardInputs, context: RewardContext) -> Any:
         """The raw call (a coroutine for an async function)."""
-        columns = dict(inputs.columns)
+        columns, step = dict(inputs.columns), context.arguments()
         if self.style == "trl":
-            fixed = {
-                "prompts": list(inputs.prompts),
-                "completions": list(inputs.completions),
-                "completion_ids": [list(ids) for ids in inputs.completion_ids],
-                "answer": list(inputs.answers),
-            }
-            return self.fn(**self._accepted(columns | fixed))
+            fixed = inputs.trl_arguments() | {"answer": list(inputs.answers)}
+            return self.fn(**self._accepted(columns | step | fixed))
         rest = {k: v for k, v in columns.items() if k not in ("completions", "answers")}
-        return self.fn(list(inputs.completions), list(inputs.answers), **self._accepted(rest))
+        rest = self._accepted(rest) | {k: step[k] for k in CONTEXT_ARGUMENTS if k in self._named}
+        return self.fn(list(inputs.completions), list(inputs.answers), **rest)
 
     def _accepted(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs if self._takes_all else {k: v for k, v in kwargs.items() if k in self._named}
 
-    def score(self, inputs: RewardInputs) -> list[float]:
+    def score(self, inputs: RewardInputs, context: RewardContext | None = None) -> list[float]:
         """Scores, NaN for "no opinion"; :class:`RewardError` if it fails. An async function is
-        awaited on the reward event loop (:mod:`.async_loop`)."""
+        awaited on the reward event loop (:mod:`.async_loop`). ``context``: the step's state and
+        log sinks (None: a fresh :class:`~.reward_context.RewardContext`)."""
+        context = context or RewardContext()
         if self.is_async:
-            return run_concurrently([self.ascore(inputs)])[0]
+            return run_concurrently([self.ascore(inputs, context)])[0]
         try:
-            out = self._call(inputs)
+            out = self._call(inputs, context)
         except Exception as err:
-            failing = next((i for i in range(len(inputs)) if _raises(self._call, inputs, i)), None)
+            alone = context.detached()  # the repeats' logs do not count
+            call = functools.partial(self._call, context=alone)
+            failing = next((i for i in range(len(inputs)) if _raises(call, inputs, i)), None)
             raise self._error(err, failing, len(inputs)) from err
         return self.checked(out, len(inputs))
 
-    async def ascore(self, inputs: RewardInputs) -> list[float]:
+    async def ascore(
+        self, inputs: RewardInputs, context: RewardContext | None = None
+    ) -> list[float]:
         """:meth:`score` of an ``async def`` function, awaited."""
+        context = context or RewardContext()
         try:
-            out = await self._call(inputs)
+            out = await self._call(inputs, context)
         except Exception as err:
-            failing = None
+            failing, alone = None, context.detached()
             for i in range(len(inputs)):
                 try:
-                    await self._call(inputs.row(i))
+                    await self._call(inputs.row(i), alone)
                 except Exception:
                     failing = i
                     break

@@ -16,11 +16,16 @@ And with a verifier but no reward, the verifier's score is the reward. A verifie
 one of the reward functions (the same object) is called once. ``async def`` functions of one
 step run concurrently on one event loop (:mod:`.async_loop`); the others run in turn, in the
 caller's thread, before them.
+
+A reward model is one entry of the list, as in TRL (:mod:`.reward_model`: a ``RewardModel``, or
+a folder, hub id or ``transformers`` model that becomes one). Each call may carry the step's
+context (:mod:`.reward_context`): given to :meth:`RewardSet.score`, or set by :meth:`using`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +34,9 @@ from torch import Tensor
 
 from coscale.checks import is_number
 from coscale.scoring.async_loop import run_concurrently
+from coscale.scoring.reward_context import RewardContext
 from coscale.scoring.reward_functions import RewardFunction, RewardInputs
+from coscale.scoring.reward_model import as_reward, is_model_spec
 
 RewardSpec = Callable[..., Any]
 """A reward function or verifier: coscale-style or TRL-style (:mod:`.reward_functions`)."""
@@ -83,9 +90,9 @@ def reward_errors(reward: Any, reward_weights: Any, verifier: Any = None) -> lis
         return ["reward is an empty list: give one function or more, or leave it unset"]
     named = [(f"reward[{i}]", fn) for i, fn in enumerate(functions)] + [("verifier", verifier)]
     errors = [
-        f"{name} must be callable (or a class_path), got {type(fn).__name__} {fn!r}"
+        _not_a_reward(name, fn)
         for name, fn in named
-        if fn is not None and not (callable(fn) or (isinstance(fn, dict) and "class_path" in fn))
+        if fn is not None and not (callable(fn) or is_model_spec(fn) or _is_class_path(fn))
     ]
     if reward_weights is None:
         return errors
@@ -107,6 +114,22 @@ def reward_errors(reward: Any, reward_weights: Any, verifier: Any = None) -> lis
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def _not_a_reward(name: str, value: Any) -> str:
+    if isinstance(value, str):
+        return (
+            f"{name}={value!r} is no importable function (a dotted path), no existing folder of "
+            "a reward model and no hub id (owner/name)"
+        )
+    return (
+        f"{name} must be callable, a class_path or a reward model (a folder or hub id), got "
+        f"{type(value).__name__} {value!r}"
+    )
+
+
+def _is_class_path(value: Any) -> bool:
+    return isinstance(value, dict) and "class_path" in value
 
 
 def default_verifier(reward: Any, verifier: Any = None) -> Any:
@@ -142,6 +165,7 @@ class RewardSet:
         errors = reward_errors(reward, reward_weights, verifier)
         if errors:
             raise ValueError("; ".join(errors))
+        reward, verifier = _built(reward, verifier)
         self.verifier_fn = default_verifier(reward, verifier)
         raw = as_list(reward) or [self.verifier_fn]
         self.functions = [RewardFunction(fn, f"reward[{i}]") for i, fn in enumerate(raw)]
@@ -151,20 +175,57 @@ class RewardSet:
         same = [i for i, fn in enumerate(raw) if fn is self.verifier_fn]
         self._verifier_column = same[0] if same else None
         self.verifier = RewardFunction(self.verifier_fn, "verifier")
+        self._context: RewardContext | None = None
 
-    def score(self, inputs: RewardInputs) -> Scores:
-        """Every reward function and the verifier on ``inputs`` (the verifier once)."""
+    @contextmanager
+    def using(self, context: RewardContext) -> Iterator[RewardContext]:
+        """Scoring calls inside the block that are given no context use ``context``: how a
+        training step hands its state and log sinks to the scoring its sampling does."""
+        self._context = context
+        try:
+            yield context
+        finally:
+            self._context = None
+
+    def score(self, inputs: RewardInputs, context: RewardContext | None = None) -> Scores:
+        """Every reward function and the verifier on ``inputs`` (the verifier once).
+
+        Args:
+            inputs: What the functions read about the R completions.
+            context: The step's state, log sinks and device (:mod:`.reward_context`); None: the
+                one set by :meth:`using`, else a fresh one.
+        """
         extra = [self.verifier] if self._verifier_column is None else []
-        columns = run_all([*self.functions, *extra], inputs)
+        columns = run_all([*self.functions, *extra], inputs, self._context_for(context))
         per_function = torch.tensor(columns[: len(self.functions)], dtype=torch.float32)
         per_function = per_function.reshape(len(self.functions), len(inputs)).T  # [R, F]
         verdict = columns[-1] if extra else columns[self._verifier_column]
         reward = (per_function * self.weights.unsqueeze(0)).nansum(dim=1)  # [R] TRL's sum
         return Scores(reward, per_function, tuple(self.names), _correct(verdict))
 
-    def verify(self, inputs: RewardInputs) -> Tensor:
+    def verify(self, inputs: RewardInputs, context: RewardContext | None = None) -> Tensor:
         """``[R]`` bool: the verifier alone (measurement needs no shaped reward)."""
-        return _correct(run_all([self.verifier], inputs)[0])
+        return _correct(run_all([self.verifier], inputs, self._context_for(context))[0])
+
+    def _context_for(self, context: RewardContext | None) -> RewardContext:
+        """The call's context; reward models are moved to its device first."""
+        context = context or self._context or RewardContext()
+        if context.device is not None:
+            for f in [*self.functions, self.verifier]:
+                if hasattr(f.fn, "to_device"):  # a RewardModel: scores on the policy's device
+                    f.fn.to_device(context.device)
+        return context
+
+
+def _built(reward: Any, verifier: Any) -> tuple[list[Any] | None, Any]:
+    """``reward`` and ``verifier`` with reward models built (:func:`.reward_model.as_reward`),
+    once per object: a verifier that is one of the rewards stays the same object."""
+    built: dict[int, Any] = {}
+    for fn in [*as_list(reward), verifier]:
+        if fn is not None and id(fn) not in built:
+            built[id(fn)] = as_reward(fn)
+    rewards = [built[id(fn)] for fn in as_list(reward)] or None
+    return rewards, None if verifier is None else built[id(verifier)]
 
 
 def _correct(scores: Sequence[float]) -> Tensor:
@@ -181,15 +242,18 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def run_all(functions: Sequence[RewardFunction], inputs: RewardInputs) -> list[list[float]]:
+def run_all(
+    functions: Sequence[RewardFunction], inputs: RewardInputs, context: RewardContext | None = None
+) -> list[list[float]]:
     """Each function's scores: sync ones in turn, then the async ones together on the loop."""
+    context = context or RewardContext()
     out: list[list[float] | None] = [None] * len(functions)
     pending = [(i, f) for i, f in enumerate(functions) if f.is_async]
     for i, f in enumerate(functions):
         if not f.is_async:
-            out[i] = f.score(inputs)
+            out[i] = f.score(inputs, context)
     if pending:
-        results = run_concurrently([f.ascore(inputs) for _, f in pending])
+        results = run_concurrently([f.ascore(inputs, context) for _, f in pending])
         for (i, _), scores in zip(pending, results):
             out[i] = scores
     return out  # type: ignore[return-value]

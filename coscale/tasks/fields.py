@@ -4,6 +4,8 @@
 Python, e.g. ``{"question": "problem", "answer": "expected_answer"}``); `as_field_map` turns
 either into a checked `FieldMap`, so every reader takes both. `to_problem` checks one row
 through a `FieldMap` and builds its `Problem`, or raises `BadValue` with the row's first fault.
+The row's other columns go into ``Problem.meta``, and so does the answer's column when it has
+another name than ``answer`` (``solution`` in TRL's data sets): reward functions get it by name.
 """
 
 from __future__ import annotations
@@ -96,7 +98,12 @@ def to_problem(row: Any, fields: FieldMap, default_id: str) -> Problem:
     solutions = _value(row, "solutions", fields.solutions, (list, tuple), required=False)
     problem_id = _value(row, "id", fields.id, (str, int), required=False)
     pid = default_id if problem_id is None else str(problem_id)
-    used = {fields.question, fields.answer, fields.solutions, fields.id}
+    # The answer's column stays in meta under its own name, its value as it was: reward
+    # functions get every column by name, as TRL passes them (one named ``answer`` needs no
+    # copy: TRL-style functions get the answer as ``answer`` anyway).
+    used = {fields.question, fields.solutions, fields.id}
+    if fields.answer == "answer":
+        used.add("answer")
     meta = {key: value for key, value in row.items() if key not in used}
     return Problem(pid, question, str(answer), tuple(solutions or ()), meta)
 
