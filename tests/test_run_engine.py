@@ -23,7 +23,8 @@ def test_one_definition_is_written_into_both_modules_settings():
     grpo = run.grpo_args({"sampling": {"seed": 3}})
     assert sft["prompt"] == grpo["prompt"] == run.prompt and sft["max_length"] == 96
     assert sft["validation"] == {"samples": 4, "max_new_tokens": 40, "temperature": 0.7}
-    assert grpo["sampling"] == {"seed": 3, "max_new_tokens": 40, "temperature": 0.7, "top_p": 1.0}
+    rollouts = {"max_new_tokens": 40, "temperature": 0.7, "top_p": 1.0, "top_k": 0}
+    assert grpo["sampling"] == {"seed": 3, **rollouts}
     judged = RunSampling(temperature=1.0, judge_temperature=0.2)
     assert judged.grpo_args({})["validation"]["temperature"] == 0.2  # selection and the judge
     assert judged.grpo_args({})["sampling"]["temperature"] == 1.0  # RL and the measurements
@@ -34,7 +35,8 @@ def test_one_definition_is_written_into_both_modules_settings():
 
 
 def test_the_clis_unset_copies_are_dropped_and_set_ones_refused():
-    grpo = {"sampling": {"max_new_tokens": None, "temperature": None, "top_p": None, "seed": 1}}
+    unset = dict.fromkeys(("max_new_tokens", "temperature", "top_p", "top_k"))
+    grpo = {"sampling": {**unset, "seed": 1}}
     assert moved_errors("grpo", grpo) == [] and grpo == {"sampling": {"seed": 1}}
     sft = {"validation": {"temperature": 0.3, "samples": 2}, "max_length": 64}
     (error,) = moved_errors("sft", sft)

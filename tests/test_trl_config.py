@@ -226,3 +226,18 @@ if __name__ == "__main__":  # writes the table into the page (between its first 
     start = page.index("| field | TRL default | in coscale |")
     end = page.index("\n\n", start) + 1
     TABLE_PAGE.write_text(page[:start] + render_table() + page[end:])
+
+
+def test_a_translated_config_becomes_a_coscale_run_pipeline():
+    from coscale.integrations.trl import from_grpo_config
+    from coscale.integrations.trl_pipeline import pipeline_settings
+    from coscale.pipeline import PipelineConfig
+
+    given = {"max_completion_length": 64, "temperature": 0.8, "top_p": 0.9, "num_generations": 4}
+    settings = from_grpo_config({**given, "use_cpu": True, "bf16": False})
+    pipe = pipeline_settings(settings)
+    assert pipe["sampling"] == {"max_new_tokens": 64, "temperature": 0.8, "top_p": 0.9, "top_k": 0}
+    assert pipe["grpo"]["sampling"] == {"seed": 42} and "validation" not in pipe["grpo"]
+    cfg = PipelineConfig(model="m", **pipe)  # nothing refused: each setting stated once
+    assert cfg.sampling.max_new_tokens == 64 and cfg.schedule == {"n_init": 4}
+    assert settings["grpo"]["sampling"]["max_new_tokens"] == 64  # the input is left as it was

@@ -34,6 +34,7 @@ FROM_RUN_SAMPLING = (
     "grpo.sampling.max_new_tokens",
     "grpo.sampling.temperature",
     "grpo.sampling.top_p",
+    "grpo.sampling.top_k",
     "grpo.validation.max_new_tokens",
     "grpo.validation.temperature",
     "sft.validation.max_new_tokens",

@@ -5,8 +5,9 @@
 * ``grpo``: :class:`~coscale.modules.GRPOModule` arguments (``optimizer``, ``sampling``,
   ``update``, ``load``, ``validation``, ``rollout``, ``loss`` as a ``class_path`` mapping, and
   ``reward_weights`` / ``log_completions_every`` when set): ``GRPOModule(model=..., reward=...,
-  **settings["grpo"])``, or ``model.init_args`` of a ``coscale fit`` config, or
-  ``pipeline.grpo`` of a ``coscale run`` one;
+  **settings["grpo"])``, or ``model.init_args`` of a ``coscale fit`` config (for a
+  ``coscale run`` one, :func:`coscale.integrations.trl_pipeline.pipeline_settings` moves the
+  run's sampling settings to ``pipeline.sampling``);
 * ``data``: :class:`~coscale.datamodules.ProblemDataModule` arguments for a plain GRPO fit
   (problems per step, the start N as ``curriculum.rollout_n``, every problem served to RL);
 * ``trainer``: ``lightning.Trainer`` arguments (steps or epochs, logging, precision, folder);

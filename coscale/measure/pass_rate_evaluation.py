@@ -44,6 +44,8 @@ class PassRateEvaluation(Callback):
         log_table: Log the per-problem table.
         batch_size: Problems per ``count_correct`` call.
         seed: Base seed of the samples.
+        top_p: Nucleus sampling (1: off), as the RL rollouts sample.
+        top_k: Keep the k most likely tokens (0: off), as the RL rollouts sample.
     """
 
     def __init__(
@@ -58,6 +60,8 @@ class PassRateEvaluation(Callback):
         log_table: bool = True,
         batch_size: int = 16,
         seed: int = 0,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> None:
         super().__init__()
         pools = (pools,) if isinstance(pools, str) else tuple(pools)
@@ -73,6 +77,7 @@ class PassRateEvaluation(Callback):
         self.max_problems, self.max_new_tokens = max_problems, max_new_tokens
         self.temperature, self.batch_size, self.seed = temperature, batch_size, seed
         self.at_fit_start, self.log_table = on_fit_start, log_table
+        self.top_p, self.top_k = top_p, top_k
         self.last_metrics: dict[str, float] = {}
         self.measured = -1  # the last epoch measured in the running fit
 
@@ -140,6 +145,8 @@ class PassRateEvaluation(Callback):
             self.max_new_tokens,
             self.seed,
             self.batch_size,
+            top_p=self.top_p,
+            top_k=self.top_k,
         )
         if self.log_table:
             _log_table(trainer, cur.pools, tag or f"eval_{cur.measurements}")

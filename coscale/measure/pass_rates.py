@@ -27,6 +27,8 @@ def measure(
     max_new_tokens: int | None = None,
     seed: int = 0,
     batch_size: int = 16,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> tuple[dict[str, dict], dict[str, float]]:
     """Samples ``k`` completions of every chosen problem and records the accuracy.
 
@@ -42,6 +44,8 @@ def measure(
         base,
         temperature=temperature,
         max_new_tokens=max_new_tokens or base.max_new_tokens,
+        top_p=top_p,
+        top_k=top_k,
         seed=run_seed,
     )
     counts = sample_counts(module, problems, k, sampling, batch_size)

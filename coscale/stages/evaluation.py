@@ -26,6 +26,8 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
         max_problems=ctx.cfg.eval_max_problems,
         temperature=sampling.temperature,
         max_new_tokens=sampling.max_new_tokens,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
     )
     seconds = time.perf_counter() - start
     samples = sum(r["n"] for r in results.values())

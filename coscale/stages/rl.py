@@ -38,6 +38,8 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
                 every_n_epochs=cfg.rl_eval_every,
                 temperature=cfg.sampling.temperature,
                 max_new_tokens=cfg.sampling.max_new_tokens,
+                top_p=cfg.sampling.top_p,
+                top_k=cfg.sampling.top_k,
             )
         )
     ctx.fit(name, module, ctx.view(), callbacks, cfg.rl_epochs)

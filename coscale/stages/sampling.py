@@ -33,7 +33,9 @@ class RunSampling:
             selection and the final judge (a problem whose answers need more is never
             measured solvable, so RL would never see it).
         temperature: Temperature of the RL rollouts and of the pool measurements.
-        top_p: Nucleus sampling of the RL rollouts and the pool measurements.
+        top_p: Nucleus sampling of the RL rollouts and the pool measurements (1: off).
+        top_k: Keep the k most likely tokens in the RL rollouts and the pool measurements
+            (0: off).
         judge_temperature: Temperature of checkpoint selection and the final judge (None: as
             ``temperature``).
     """
@@ -42,6 +44,7 @@ class RunSampling:
     max_new_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     judge_temperature: float | None = None
 
     def __post_init__(self) -> None:
@@ -52,6 +55,7 @@ class RunSampling:
         errors = at_least(1, max_new_tokens=self.max_new_tokens)
         errors += at_least(0, float, temperature=self.temperature)
         errors += at_least(0, float, optional=True, judge_temperature=self.judge_temperature)
+        errors += at_least(0, top_k=self.top_k)
         if not 0 < self.top_p <= 1:
             errors.append(f"top_p must be in (0, 1], got {self.top_p!r}")
         return errors
@@ -71,6 +75,7 @@ class RunSampling:
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "top_k": self.top_k,
         }
         sampling = {**_given(args.get("sampling")), **rollouts}
         return {
@@ -91,6 +96,7 @@ MOVED = {
     "sampling.max_new_tokens": "pipeline.sampling.max_new_tokens",
     "sampling.temperature": "pipeline.sampling.temperature",
     "sampling.top_p": "pipeline.sampling.top_p",
+    "sampling.top_k": "pipeline.sampling.top_k",
     "validation.max_new_tokens": "pipeline.sampling.max_new_tokens",
     "validation.temperature": "pipeline.sampling.judge_temperature",
 }
