@@ -363,6 +363,7 @@ class Pipeline:
         before = budget.snapshot()
         start = time.perf_counter()
         fn(name)
+        self.ctx.engine.release()  # the stage's model goes with it; the engine stays up
         # wall time of this process's part (a resumed stage counts only what it redid)
         self.seconds[name] = round(time.perf_counter() - start, 1)
         print(f"[coscale] {name} took {self.seconds[name]:.1f} s", flush=True)

@@ -78,6 +78,11 @@ def test_one_backend_follows_each_stages_model(tiny_model, tiny_model_dir, char_
     theirs = CachedDecodeBackend(second, char_tokenizer).generate(["1+2="], 2, sampling)
     ours = backend.generate(["1+2="], 2, sampling)
     assert torch.equal(ours.input_ids, theirs.input_ids)
+    engine.release()  # a stage's end: its model can be freed
+    assert backend.model is None
+    assert (
+        engine.attach(first, char_tokenizer, tiny_model_dir) is backend and backend.model is first
+    )
 
 
 def test_a_lent_backend_is_not_closed_by_the_module(tiny_model_dir):

@@ -259,6 +259,12 @@ class RolloutBackend(ABC):
         """
         self.update_weights(model)
 
+    def release(self) -> None:
+        """Drops the backend's hold on the model it sampled for (its stage is over), so that
+        the model's memory can be freed before the next stage's; `follow` gives it the next."""
+        if hasattr(self, "model"):
+            self.model = None
+
     def close(self) -> None:  # noqa: B027  (concrete: most backends hold nothing)
         """Frees what the backend holds outside Python's reach; nothing by default.
 

@@ -75,6 +75,12 @@ class RunEngine:
             self.backend.follow(policy)
         return self.backend
 
+    def release(self) -> None:
+        """Lets go of the model the last stage lent (its memory is freed with the stage's
+        module); the engine itself stays up."""
+        if self.backend is not None:
+            self.backend.release()
+
     def close(self) -> None:
         """Shuts the engine down (the run's end); a later :meth:`attach` starts a new one."""
         close_backend(self.backend)

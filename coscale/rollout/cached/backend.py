@@ -82,15 +82,20 @@ class CachedDecodeBackend(HFGenerateBackend):
     ) -> None:
         super().__init__(model, tokenizer, batch_size)
         self.share_prefix, self.drop_finished = share_prefix, drop_finished
-        self.static_cache = static_cache
+        self.static_cache, self.compile = static_cache, compile
         self._compiled = CompiledDecodeStep(model) if compile else None
         self._kwargs: dict = {}  # forward keywords (with the cache) of the chunk being decoded
 
     def update_weights(self, model: nn.Module) -> None:
         """Points the backend (and its compiled step) at `model`."""
-        if self._compiled is not None and model is not self.model:
+        if self.compile and (self._compiled is None or model is not self.model):
             self._compiled = CompiledDecodeStep(model)
         super().update_weights(model)
+
+    def release(self) -> None:
+        """Drops the model and its compiled step (compiled again for the next model)."""
+        super().release()
+        self._compiled = None
 
     def _sample(
         self, ids: Tensor, mask: Tensor, sampling: SamplingParams, prompt_index: Tensor

@@ -224,6 +224,10 @@ class VLLMBackend(RolloutBackend):
         self._fingerprint = None
         self.book.parity_pending = self.parity_settings.every > 0
 
+    def release(self) -> None:
+        """Drops the trainer's model (the parity reference); the engine keeps its weights."""
+        self.policy, self._fingerprint = None, None
+
     def update_weights(self, model: nn.Module) -> None:
         """Loads `model`'s weights into the engine (every rank at once under FSDP)."""
         if self.policy is None and hasattr(model, "config"):
