@@ -212,3 +212,46 @@ def test_the_from_trl_page_runs_both_sides_as_written(tmp_path, monkeypatch):
     assert module.rewards.weights.tolist() == [1.0, 0.5] and type(module.loss_fn).__name__ == (
         "DAPOLoss"
     )
+
+
+def test_the_from_trl_conversational_example_runs_as_written(
+    model_folder, tiny_model, char_tokenizer, tmp_path, monkeypatch
+):
+    """docs/from-trl.md's conversational example on the tiny model, whose tokenizer gets a
+    chat template that reads ``enable_thinking``: the rows stay messages, the kwargs reach the
+    template, the fit runs."""
+    import copy
+    import json
+
+    text = (ROOT / "docs" / "from-trl.md").read_text()
+    section = text[text.index("## Conversational prompts") :]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}a:{% if not enable_thinking %}[no think]{% endif %}"
+        "{% endif %}"
+    )
+    folder = model_folder("tiny_chat_docs", tiny_model, tok)
+    assert '"Qwen/Qwen3-0.6B"' in code
+    code = code.replace('"Qwen/Qwen3-0.6B"', repr(str(folder)))
+    code = code.replace("GRPOConfig(", "GRPOConfig(use_cpu=True, bf16=False, ")
+    quiet = "logger=False, enable_checkpointing=False, enable_progress_bar=False, "
+    code = code.replace("L.Trainer(", f"L.Trainer({quiet}")
+    system = {"role": "system", "content": "Put the final answer in \\boxed{}."}
+    rows = [
+        {
+            "prompt": [system, {"role": "user", "content": f"What is {a} + 3?"}],
+            "solution": str(a + 3),
+        }
+        for a in range(4)
+    ]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scope: dict = {}
+    exec(compile(code, "docs/from-trl.md (conversational)", "exec"), scope)
+    module, data = scope["module"], scope["data"]
+    question = next(iter(data.problems.values())).question
+    assert list(question) == rows[0]["prompt"]
+    assert module.prompt.chat_template_kwargs == {"enable_thinking": False}
+    assert module.prompt(question, module.tokenizer).endswith("</s>a:[no think]")

@@ -22,7 +22,7 @@ JSONL_LINES = [
     {"id": "d", "question": "q"},  # 6: missing answer
     {"id": "e", "question": 5, "answer": "1"},  # 7: question of the wrong type
     {"id": "f", "question": "q", "answer": True},  # 8: bool answer
-    {"id": "g", "question": "q", "answer": "1", "solutions": "not a list"},  # 9
+    {"id": "g", "question": "q", "answer": "1", "solutions": 7},  # 9 (one str is one solution)
     {"id": "h", "question": "q", "answer": "1", "solutions": ["ok", ""]},  # 10: empty solution
     {"id": "a", "question": "again", "answer": "3"},  # 11: duplicate id
     [1, 2],  # 12: not an object
@@ -37,7 +37,8 @@ BAD_REASONS = {
     6: "missing answer (field 'answer')",
     7: "question (field 'question') must be str, got int",
     8: "answer (field 'answer') must be str or int or float, got bool",
-    9: "solutions (field 'solutions') must be list or tuple, got str",
+    9: "solutions (field 'solutions') must be a str, a list of str or one assistant message, "
+    "got int",
     10: "solutions (field 'solutions') must be a list of non-empty str",
     12: "row must be an object, got list",
     15: "id (field 'id') must be str or int, got float",

@@ -231,7 +231,7 @@ def test_modules_with_the_default_prompt_log_their_hparams_to_csv(tiny_model_dir
     dm.load()
     module = SFTModule(model=str(tiny_model_dir), optimizer={"lr": 1e-2})
     assert module.hparams_initial["prompt"] == {"template": "{question}", "chat": False,
-                                                "system": None}  # fmt: skip
+                                                "system": None, "chat_template_kwargs": {}}  # fmt: skip
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=CSVLogger(tmp_path),
                         enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
     trainer.fit(module, datamodule=dm)

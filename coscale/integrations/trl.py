@@ -13,8 +13,9 @@
 * ``trainer``: ``lightning.Trainer`` arguments (steps or epochs, logging, precision, folder);
 * ``schedule``: ``{"n_init": num_generations}``, the start N under a Rollout N schedule
   (``pipeline.schedule`` of ``coscale run``; then leave ``data.curriculum.rollout_n`` out);
-* ``prompt``: ``{"chat_template_kwargs": ...}``, what the prompt definition takes (passed
-  through, not applied yet);
+* ``prompt``: ``{"chat_template_kwargs": ...}``, fields of the run's prompt definition
+  (:class:`~coscale.models.prompting.PromptFormat`): ``GRPOModule(prompt=settings["prompt"])``,
+  or ``pipeline.sampling.prompt`` of a ``coscale run`` config (with its other fields);
 * ``seed_everything``: TRL's ``seed``.
 
 Every field of ``GRPOConfig`` is translated, accepted (no effect on what is trained) or refused

@@ -43,8 +43,8 @@ TRANSLATED: dict[str, str] = {
     "temperature": "`grpo.sampling.temperature` and `grpo.validation.temperature`",
     "top_p": "`grpo.sampling.top_p`",
     "top_k": "`grpo.sampling.top_k`",
-    "chat_template_kwargs": "`prompt.chat_template_kwargs`, for the prompt definition (passed "
-    "through; not applied yet)",
+    "chat_template_kwargs": "`prompt.chat_template_kwargs`: `PromptFormat`'s (`pipeline.sampling."
+    "prompt` of `coscale run`), passed to the chat template of every chat-rendered prompt",
     "seed": "`seed_everything` and `grpo.sampling.seed` (and `data.curriculum.seed` without "
     "`data_seed`)",
     "data_seed": "`data.curriculum.seed` (the per-epoch shuffle)",

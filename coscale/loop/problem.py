@@ -4,6 +4,10 @@ A problem is identified by ``id`` (the key of the pools and the solution bank), 
 ``question``, is checked against the reference ``answer`` and may come with worked
 ``solutions`` from the data set (the first solutions given to an unsolvable problem).
 Anything else the source row held travels in ``meta`` (e.g. a difficulty level).
+
+A question is a text, or a conversation (TRL's conversational format): a tuple of
+``{"role", "content"}`` messages, system and few-shot turns included, ending with the user turn
+the policy answers. :class:`~coscale.models.prompting.PromptFormat` renders either.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+Question = str | tuple[dict[str, Any], ...]
+"""A question: a text, or a conversation as ``{"role", "content"}`` messages."""
+
 _REQUIRED = ("id", "question", "answer")
 
 
@@ -19,14 +26,15 @@ _REQUIRED = ("id", "question", "answer")
 class Problem:
     """One problem with its reference answer.
 
-    ``meta`` is left out of the hash (it is usually a ``dict``), so problems can still be put
-    in sets; equality compares every field.
+    ``meta`` and ``question`` are left out of the hash (a dict, or a conversation of dicts), so
+    problems can still be put in sets; equality compares every field.
     """
 
     id: str
     """Unique key of the problem (pools, solution bank, logs)."""
-    question: str
-    """The problem statement shown to the model."""
+    question: Question = field(hash=False)
+    """The problem statement shown to the model: a text, or a conversation (a list given is
+    kept as a tuple of message dicts)."""
     answer: str
     """Reference answer the reward checks completions against."""
     solutions: tuple[str, ...] = ()
@@ -39,12 +47,14 @@ class Problem:
         # A list is the natural input (JSON, datasets); a tuple keeps the record immutable.
         if not isinstance(self.solutions, tuple):
             object.__setattr__(self, "solutions", tuple(self.solutions))
+        if not isinstance(self.question, str):  # a conversation: its own copy of each message
+            object.__setattr__(self, "question", tuple(dict(m) for m in self.question))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict that :meth:`from_dict` turns back into an equal problem."""
         return {
             "id": self.id,
-            "question": self.question,
+            "question": self.question if isinstance(self.question, str) else list(self.question),
             "answer": self.answer,
             "solutions": list(self.solutions),
             "meta": dict(self.meta),

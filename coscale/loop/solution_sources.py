@@ -113,15 +113,18 @@ class TeacherSolutions(SolutionSource):
 
     def _sample_round(self, todo: Sequence[Request], known, out: dict[str, list[str]]) -> None:
         backend = self._load()
-        prompts = [self.prompt(p.question, backend.tokenizer) for p, _ in todo]
+        questions = [p.question for p, _ in todo]
+        prompts = [self.prompt(q, backend.tokenizer) for q in questions]
         rollouts = backend.generate(prompts, self.samples_per_problem, self.sampling)
         index = rollouts.prompt_index.tolist()
+        messages = self.prompt.conversations(questions)
         inputs = RewardInputs(
             prompts=[prompts[i] for i in index],
             completions=rollouts.texts,
             completion_ids=rollouts.kept_completion_ids(),
             answers=[todo[i][0].answer for i in index],
             columns=columns_of([todo[i][0].meta for i in index]),
+            prompt_messages=None if messages is None else [messages[i] for i in index],
         )
         scores = RewardFunction(self.reward, "teacher's reward").score(inputs)
         for i, text, score in zip(rollouts.prompt_index.tolist(), rollouts.texts, scores):

@@ -10,7 +10,8 @@ the rollout backends stop at, whatever the tokenizer's EOS is.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,37 +19,87 @@ import torch
 
 @dataclass(frozen=True)
 class PromptFormat:
-    """Turns a question into a prompt string.
+    """Turns a question, a text or a conversation, into a prompt string.
+
+    A text question is ``template`` filled in, or with ``chat`` that text as a user turn (after
+    ``system``) rendered by the tokenizer's chat template. A conversation (TRL's conversational
+    format: ``{"role", "content"}`` messages, system and few-shot turns included) is always
+    rendered by the chat template, exactly as TRL's ``maybe_apply_chat_template`` renders a
+    prompt: the generation prompt added, ``chat_template_kwargs`` passed through. Its last user
+    turn's content is filled into ``template``; ``system`` is put first only when the
+    conversation has no system message of its own (the row's own wins).
 
     Attributes:
         template: Python format string with a ``{question}`` field, e.g. ``"Q:{question}\\nA:"``.
-        chat: Wrap the formatted text as a user turn with the tokenizer's chat template and add the
-            generation prompt (for instruct models such as Qwen2.5-Instruct).
-        system: Optional system message, only used when ``chat`` is true.
+        chat: Wrap a text question as a user turn with the tokenizer's chat template and add the
+            generation prompt (for instruct models such as Qwen2.5-Instruct). Conversations are
+            chat-rendered whatever its value.
+        system: Optional system message of chat-rendered prompts (not of plain text ones).
+        chat_template_kwargs: Extra arguments of the chat template, e.g.
+            ``{"enable_thinking": false}`` (TRL's ``GRPOConfig.chat_template_kwargs``).
     """
 
     template: str = "{question}"
     chat: bool = False
     system: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if "{question}" not in self.template:
             raise ValueError(f"prompt.template must contain '{{question}}', got {self.template!r}")
+        if not isinstance(self.chat_template_kwargs, Mapping):
+            raise ValueError(
+                "prompt.chat_template_kwargs must be a dict of the chat template's arguments, "
+                f"got {self.chat_template_kwargs!r}"
+            )
+        object.__setattr__(self, "chat_template_kwargs", dict(self.chat_template_kwargs))
 
-    def __call__(self, question: str, tokenizer: Any = None) -> str:
-        """Returns the prompt for ``question``; ``tokenizer`` is needed only when ``chat`` is set."""
-        text = self.template.replace("{question}", question)
-        if not self.chat:
-            return text
+    def __call__(self, question: str | Sequence[Mapping[str, Any]], tokenizer: Any = None) -> str:
+        """Returns the prompt for ``question``; ``tokenizer`` is needed for a chat prompt."""
+        if not self.is_chat(question):
+            return self._fill(question)
         if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
-                "prompt.chat=true needs a tokenizer with a chat_template; "
-                "set prompt.chat=false or use an instruct model's tokenizer"
+                "a chat prompt (prompt.chat=true, or a conversational question) needs a "
+                "tokenizer with a chat_template; use an instruct model's tokenizer"
+                + ("" if isinstance(question, str) else ", or give the question as text")
             )
-        messages = [{"role": "user", "content": text}]
-        if self.system:
+        return tokenizer.apply_chat_template(
+            self.messages(question),
+            tokenize=False,
+            add_generation_prompt=True,
+            **self.chat_template_kwargs,
+        )
+
+    def is_chat(self, question: str | Sequence[Mapping[str, Any]]) -> bool:
+        """Whether ``question``'s prompt is rendered by the chat template."""
+        return self.chat or not isinstance(question, str)
+
+    def messages(self, question: str | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The messages a chat prompt is rendered from: ``[system?, user]`` for a text question;
+        a conversation with its last user turn filled into ``template`` and ``system`` first
+        unless it has a system message."""
+        if isinstance(question, str):
+            messages = [{"role": "user", "content": self._fill(question)}]
+        else:
+            messages = [dict(m) for m in question]
+            users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+            if users and isinstance(messages[users[-1]].get("content"), str):
+                last = messages[users[-1]]
+                last["content"] = self._fill(last["content"])
+        if self.system and not any(m.get("role") == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": self.system})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return messages
+
+    def conversations(self, questions: Sequence[Any]) -> list[list[dict[str, Any]]] | None:
+        """The messages of every prompt (what TRL-style reward functions get as ``prompts``),
+        or None when none of ``questions`` is chat-rendered (text prompts)."""
+        if not any(self.is_chat(q) for q in questions):
+            return None
+        return [self.messages(q) for q in questions]
+
+    def _fill(self, text: str) -> str:
+        return self.template.replace("{question}", text)
 
 
 _PROBE = "COSCALE_PROBE_7F3A"

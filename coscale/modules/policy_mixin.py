@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from coscale.loop.budget import ON, spend
+from coscale.loop.problem import Question
 from coscale.models.adapter_checkpoint import drop_frozen_base, restore_frozen_base
 from coscale.models.adapters import export_with_adapter, has_adapter, with_adapter
 from coscale.models.policy import export_policy, load_policy
@@ -96,7 +97,8 @@ class PolicyMixin:
         if self._owns_backend:
             close_backend(self._backend)
 
-    def prompts_for(self, questions: list[str]) -> list[str]:
+    def prompts_for(self, questions: list[Question]) -> list[str]:
+        """The prompt text of each question (a text or a conversation)."""
         return [self.prompt(q, self.tokenizer) for q in questions]
 
     @property
@@ -116,10 +118,12 @@ class PolicyMixin:
         self, problems: list[dict], n: int | list[int], sampling: SamplingParams
     ) -> tuple[Rollouts, RewardInputs]:
         """Rollouts for ``problems`` and what the reward functions read about them."""
-        prompts = self.prompts_for([p["question"] for p in problems])
+        questions = [p["question"] for p in problems]
+        prompts = self.prompts_for(questions)
         rollouts = self.backend.generate(prompts, n, sampling)
         self._spend(rollouts.num_rollouts)
-        return rollouts, reward_inputs(problems, prompts, rollouts)
+        messages = self.prompt.conversations(questions)
+        return rollouts, reward_inputs(problems, prompts, rollouts, messages)
 
     def count_correct(self, problems: list[dict], n: int, sampling: SamplingParams) -> list[int]:
         """Number of correct samples (by the verifier alone) out of ``n`` per problem."""
@@ -130,13 +134,15 @@ class PolicyMixin:
     ) -> list[list[int]]:
         """:meth:`count_correct` of each chunk with its own sampling (seed), all sampled in one
         backend call (`RolloutBackend.generate_many`: one engine call for a vLLM engine)."""
-        prompts = [self.prompts_for([p["question"] for p in chunk]) for chunk in chunks]
+        questions = [[p["question"] for p in chunk] for chunk in chunks]
+        prompts = [self.prompts_for(q) for q in questions]
         calls = [SampleCall(p, n, s) for p, s in zip(prompts, samplings)]
         batches = self.backend.generate_many(calls)
         counts = []
-        for chunk, texts, rollouts in zip(chunks, prompts, batches):
+        for chunk, asked, texts, rollouts in zip(chunks, questions, prompts, batches):
             self._spend(rollouts.num_rollouts)
-            verdicts = self.rewards.verify(reward_inputs(chunk, texts, rollouts)).long()
+            messages = self.prompt.conversations(asked)
+            verdicts = self.rewards.verify(reward_inputs(chunk, texts, rollouts, messages)).long()
             correct = torch.zeros(len(chunk), dtype=torch.long)
             correct.index_add_(0, rollouts.prompt_index.cpu(), verdicts)
             counts.append(correct.tolist())
@@ -205,9 +211,15 @@ def shard_policy(policy: torch.nn.Module, mesh: Any) -> torch.nn.Module:
     return policy
 
 
-def reward_inputs(problems: list[dict], prompts: list[str], rollouts: Rollouts) -> RewardInputs:
+def reward_inputs(
+    problems: list[dict],
+    prompts: list[str],
+    rollouts: Rollouts,
+    messages: list[list[dict]] | None = None,
+) -> RewardInputs:
     """What the reward functions read about ``rollouts`` of ``problems`` (whose texts were
-    ``prompts``), one entry per rollout: its problem's answer and other columns (``meta``)."""
+    ``prompts``, rendered from ``messages`` when chat-rendered), one entry per rollout: its
+    problem's answer and other columns (``meta``)."""
     index = rollouts.prompt_index.tolist()
     return RewardInputs(
         prompts=[prompts[i] for i in index],
@@ -215,6 +227,7 @@ def reward_inputs(problems: list[dict], prompts: list[str], rollouts: Rollouts) 
         completion_ids=rollouts.kept_completion_ids(),
         answers=[problems[i]["answer"] for i in index],
         columns=columns_of([problems[i].get("meta") or {} for i in index]),
+        prompt_messages=None if messages is None else [messages[i] for i in index],
     )
 
 

@@ -195,9 +195,11 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     def encode(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         """Tokenises a batch of ``{"question", "solution"}`` dicts onto the module's device."""
-        prompts = self.prompts_for([row["question"] for row in batch])
+        questions = [row["question"] for row in batch]
+        solutions = [row["solution"] for row in batch]
+        chat = [self.prompt.is_chat(q) for q in questions]  # their targets end the chat turn
         enc = tokenize_pairs(
-            self.tokenizer, prompts, [row["solution"] for row in batch], self.max_length
+            self.tokenizer, self.prompts_for(questions), solutions, self.max_length, chat=chat
         )
         return {k: v.to(self.device) for k, v in enc.items()}
 

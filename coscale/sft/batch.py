@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -15,7 +16,12 @@ IGNORE = -100
 
 
 def tokenize_pairs(
-    tokenizer: Any, prompts: list[str], solutions: list[str], max_length: int, add_eos: bool = True
+    tokenizer: Any,
+    prompts: list[str],
+    solutions: list[str],
+    max_length: int,
+    add_eos: bool = True,
+    chat: Sequence[bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` ([B, L]).
 
@@ -26,19 +32,22 @@ def tokenize_pairs(
     With ``add_eos`` each target ends with the token that stops its generation, a label like the
     solution's: the chat template's end-of-turn token (``<|im_end|>``) after a chat prompt (one
     that ends with the template's generation prompt, as ``PromptFormat(chat=True)`` renders it),
-    so the model learns to close its turn; the tokenizer's EOS after any other prompt.
+    so the model learns to close its turn; the tokenizer's EOS after any other prompt. ``chat``
+    says which prompts are chat-rendered (`PromptFormat.is_chat`) where the generation prompt
+    cannot tell (template arguments such as ``enable_thinking`` change what the prompt ends with).
     """
-    if len(prompts) != len(solutions):
+    if len(prompts) != len(solutions) or (chat is not None and len(chat) != len(prompts)):
         raise ValueError(f"got {len(prompts)} prompts but {len(solutions)} solutions")
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2, got {max_length}")
     spend("sft_examples", len(prompts))
     eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
     turn_end = end_of_turn_id(tokenizer) if add_eos else None
-    opening = generation_prompt(tokenizer) if turn_end is not None else ""
+    opening = generation_prompt(tokenizer) if turn_end is not None and chat is None else ""
+    chat = chat if chat is not None else [bool(opening) and p.endswith(opening) for p in prompts]
     rows = []
-    for prompt, solution in zip(prompts, solutions):
-        end = [turn_end] if opening and prompt.endswith(opening) else eos
+    for prompt, solution, is_chat in zip(prompts, solutions, chat):
+        end = [turn_end] if is_chat and turn_end is not None else eos
         p = tokenizer(prompt)["input_ids"]
         s = tokenizer(solution, add_special_tokens=False)["input_ids"] + end
         rows.append(((p + s)[:max_length], ([IGNORE] * len(p) + s)[:max_length]))

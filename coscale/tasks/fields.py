@@ -6,6 +6,11 @@ either into a checked `FieldMap`, so every reader takes both. `to_problem` check
 through a `FieldMap` and builds its `Problem`, or raises `BadValue` with the row's first fault.
 The row's other columns go into ``Problem.meta``, and so does the answer's column when it has
 another name than ``answer`` (``solution`` in TRL's data sets): reward functions get it by name.
+
+TRL's data formats map onto the same fields (:mod:`.conversations`): a question column may hold
+text or a conversation (a last assistant turn is then a worked solution: TRL's ``messages``
+format), and a solutions column a text, a list of texts or one assistant message (TRL's
+``completion``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from coscale.loop.problem import Problem
+from coscale.loop.problem import Problem, Question
+from coscale.tasks.conversations import completion_text, is_conversation, split_conversation
 
 
 @dataclass(frozen=True)
@@ -23,11 +29,14 @@ class FieldMap:
     """Which field of a source row holds each part of a problem."""
 
     question: str = "question"
-    """Field with the problem statement (a non-empty string)."""
+    """Field with the problem statement: a non-empty string, or a list of ``{"role",
+    "content"}`` messages (TRL's conversational ``prompt``, or its ``messages``: a last
+    assistant turn is then a worked solution)."""
     answer: str = "answer"
     """Field with the reference answer (a string or a number)."""
     solutions: str | None = "solutions"
-    """Field with a list of worked solutions; null ignores it. Rows may omit it."""
+    """Field with worked solutions: a list of strings, one string or one assistant message
+    (TRL's ``completion``, text or conversational); null ignores it. Rows may omit it."""
     id: str | None = "id"
     """Field with a unique id (str or int); if null or absent the id is ``{stem}-{row index}``."""
 
@@ -93,9 +102,9 @@ def to_problem(row: Any, fields: FieldMap, default_id: str) -> Problem:
         raise row
     if not isinstance(row, Mapping):
         raise BadValue(f"row must be an object, got {type(row).__name__}")
-    question = _value(row, "question", fields.question, (str,), required=True)
+    question, solved = _question(row, fields.question)
     answer = _value(row, "answer", fields.answer, (str, int, float), required=True)
-    solutions = _value(row, "solutions", fields.solutions, (list, tuple), required=False)
+    solutions = _solutions(row, fields.solutions) + solved
     problem_id = _value(row, "id", fields.id, (str, int), required=False)
     pid = default_id if problem_id is None else str(problem_id)
     # The answer's column stays in meta under its own name, its value as it was: reward
@@ -105,7 +114,42 @@ def to_problem(row: Any, fields: FieldMap, default_id: str) -> Problem:
     if fields.answer == "answer":
         used.add("answer")
     meta = {key: value for key, value in row.items() if key not in used}
-    return Problem(pid, question, str(answer), tuple(solutions or ()), meta)
+    return Problem(pid, question, str(answer), tuple(dict.fromkeys(solutions)), meta)
+
+
+def _question(row: Mapping, name: str) -> tuple[Question, list[str]]:
+    """The question (a text or a conversation) and the solution a conversation ends with."""
+    value = row.get(name)
+    if isinstance(value, (list, tuple)) and not is_conversation(value):
+        raise BadValue(
+            f"question (field {name!r}) must be str or a list of {{role, content}} messages, "
+            f"got {type(value).__name__} {value!r:.60}"
+        )
+    if not is_conversation(value):
+        return _value(row, "question", name, (str,), required=True), []
+    try:
+        messages, solution = split_conversation(value, name)
+    except ValueError as err:
+        raise BadValue(str(err)) from None
+    return messages, [] if solution is None else [solution]
+
+
+def _solutions(row: Mapping, name: str | None) -> list[str]:
+    """The worked solutions of the row: a list of texts, one text or one assistant message."""
+    value = None if name is None else row.get(name)
+    if isinstance(value, str):
+        return [_value(row, "solutions", name, (str,), required=False)]  # refuses an empty one
+    if is_conversation(value):
+        try:
+            return [completion_text(value, name)]
+        except ValueError as err:
+            raise BadValue(str(err)) from None
+    if value is not None and not isinstance(value, (list, tuple)):
+        raise BadValue(
+            f"solutions (field {name!r}) must be a str, a list of str or one assistant message, "
+            f"got {type(value).__name__}"
+        )
+    return list(_value(row, "solutions", name, (list, tuple), required=False) or ())
 
 
 def _value(row: Mapping, part: str, name: str | None, kinds: tuple, required: bool) -> Any:
