@@ -234,10 +234,15 @@ def test_a_translated_config_becomes_a_coscale_run_pipeline():
     from coscale.pipeline import PipelineConfig
 
     given = {"max_completion_length": 64, "temperature": 0.8, "top_p": 0.9, "num_generations": 4}
-    settings = from_grpo_config({**given, "use_cpu": True, "bf16": False})
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+    settings = from_grpo_config({**given, **kwargs, "use_cpu": True, "bf16": False})
     pipe = pipeline_settings(settings)
+    prompt = pipe["sampling"].pop("prompt")
     assert pipe["sampling"] == {"max_new_tokens": 64, "temperature": 0.8, "top_p": 0.9, "top_k": 0}
+    assert prompt["chat_template_kwargs"] == {"enable_thinking": False}
+    pipe["sampling"]["prompt"] = prompt
     assert pipe["grpo"]["sampling"] == {"seed": 42} and "validation" not in pipe["grpo"]
     cfg = PipelineConfig(model="m", **pipe)  # nothing refused: each setting stated once
     assert cfg.sampling.max_new_tokens == 64 and cfg.schedule == {"n_init": 4}
+    assert cfg.sampling.prompt.chat_template_kwargs == {"enable_thinking": False}
     assert settings["grpo"]["sampling"]["max_new_tokens"] == 64  # the input is left as it was

@@ -26,6 +26,8 @@ def pipeline_settings(settings: dict[str, Any]) -> dict[str, Any]:
     validation = {k: v for k, v in grpo.pop("validation", {}).items() if k == "samples"}
     if validation:
         grpo["validation"] = validation
+    if settings.get("prompt"):  # PromptFormat fields (chat_template_kwargs): the run's prompt
+        run["prompt"] = dict(settings["prompt"])
     out = {"sampling": run, "grpo": grpo, "schedule": dict(settings["schedule"])}
     if "rollout" in grpo:
         out["rollout"] = grpo.pop("rollout")
