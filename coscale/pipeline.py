@@ -20,7 +20,6 @@ started again with the same command ends with the same state and weights as an u
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import time
@@ -47,7 +46,7 @@ from coscale.stages.context import StageContext
 from coscale.stages.evaluation import measure_stage
 from coscale.stages.final import final_stage
 from coscale.stages.final_settings import FinalSettings
-from coscale.stages.module_args import instantiate, one_verifier
+from coscale.stages.module_args import instantiate, one_verifier, typed_errors
 from coscale.stages.plan import Stage, plan
 from coscale.stages.rl import rl_stage
 from coscale.stages.sampling import RunSampling, moved_errors
@@ -115,23 +114,15 @@ class PipelineConfig:
             also its KL reference. Every stage's ``model`` folder stays a merged Hugging Face
             folder with its adapter in ``model/adapter`` (``docs/peft.md``). None: full
             fine-tunes.
-        sampling: The run's one sampling definition: the prompt, and the token limit and
-            temperature of every sample the run takes (RL rollouts, pool measurements,
-            checkpoint selection, the final judge; ``judge_temperature`` for the last two).
-            SFT trains on the same prompt. The modules' own copies (``sft.prompt``,
-            ``grpo.prompt``, ``grpo.sampling.max_new_tokens`` / ``temperature`` / ``top_p``,
-            ``validation.max_new_tokens`` / ``temperature``) are written from it and refused.
-        rollout: The run's one rollout engine (one per rank), used by every sample the run
-            takes: ``auto`` (vLLM where it is installed and the run is on CUDA, else the
-            cached decode), ``cached``, ``hf`` or ``vllm``, with the backend's options. A vLLM
-            engine starts at the first sample and stays up until the run ends; each stage's
-            model reaches it by a weight sync (:mod:`coscale.rollout.run_engine`).
-        sft: ``SFTModule`` arguments (the model and ``peft`` are the pipeline's; the prompt
-            and the judging settings ``sampling``'s).
-        grpo: ``GRPOModule`` arguments (the model is the previous stage's, ``peft`` the
-            pipeline's, the prompt, token limit and temperature ``sampling``'s, the backend
-            ``rollout``'s). Its ``verifier`` (or that default) is the run's one verifier: every
-            stage's, the measurements' and the teacher's unless it sets its own.
+        sampling: The run's one sampling definition (``RunSampling``: the prompt, the token
+            limit and temperature of every sample the run takes); the modules' copies of it
+            are refused.
+        rollout: The run's one rollout engine per rank (``auto``, ``cached``, ``hf`` or
+            ``vllm`` with its options; :mod:`coscale.rollout.run_engine`).
+        sft: ``SFTModule`` arguments (the model, ``peft`` and ``prompt`` are the pipeline's).
+        grpo: ``GRPOModule`` arguments (the model is the previous stage's; ``peft``, ``prompt``
+            and ``rollout`` the pipeline's). Its ``verifier`` (or that default) is the run's one
+            verifier: every stage's, the measurements' and the teacher's unless it sets its own.
         schedule: ``NSchedule`` arguments (Rollout N per difficulty group): the run's one
             schedule, built once and started afresh by every RL stage. Its only place in
             ``coscale run``: a ``data.schedule`` is refused.
@@ -175,9 +166,12 @@ class PipelineConfig:
         errors += at_least(1, optional=True, sft_max_steps=self.sft_max_steps)
         self.selection = as_group(Selection, self.selection)
         self.final = as_group(FinalSettings, self.final)
-        self.sampling, self.rollout = as_group(RunSampling, self.sampling), _rollout(self.rollout)
-        errors += group_errors(selection=self.selection, final=self.final, sampling=self.sampling)
-        errors += [f"rollout.{e}" for e in self.rollout.errors()]
+        self.sampling, self.rollout = (
+            as_group(RunSampling, self.sampling),
+            as_group(Rollout, self.rollout),
+        )
+        groups = {"sampling": self.sampling, "rollout": self.rollout}
+        errors += group_errors(selection=self.selection, final=self.final, **groups)
         self.sft, self.grpo = dict(self.sft), dict(self.grpo)
         errors += moved_errors("sft", self.sft) + moved_errors("grpo", self.grpo)
         errors += at_least(1, optional=True, eval_max_problems=self.eval_max_problems)
@@ -196,32 +190,11 @@ class PipelineConfig:
                     f"{group}.peft is set for every stage by pipeline.peft: move it there"
                 )
         self.peft = as_peft_config(instantiate(self.peft))  # YAML's class_path, a saved mapping
-        errors += _typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
-        errors += _typed_errors("grpo", GRPOModule, self.grpo, grpo_settings_errors)
-        errors += _typed_errors("schedule", NSchedule, self.schedule, schedule_errors)
+        errors += typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
+        errors += typed_errors("grpo", GRPOModule, self.grpo, grpo_settings_errors)
+        errors += typed_errors("schedule", NSchedule, self.schedule, schedule_errors)
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
-
-
-def _typed_errors(name: str, cls: type, args: dict[str, Any], ranges) -> list[str]:
-    """``args`` checked against ``cls``'s typed signature (keys, types, ``class_path`` parts)
-    by jsonargparse, then its value ranges by ``ranges``; messages name ``pipeline.<name>``."""
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(cls, skip={"model"}, instantiate=False)
-    try:
-        parser.parse_object(args)
-    except Exception as err:  # jsonargparse's ArgumentError: unknown key or wrong type
-        detail = " ".join(line.strip() for line in str(err).splitlines())
-        params = ", ".join(sorted(set(inspect.signature(cls).parameters) - {"model"}))
-        return [f"{name}: {detail} ({cls.__name__} takes: {params})"]
-    return [f"{name}.{e}" for e in ranges(**args)]
-
-
-def _rollout(value: Any) -> Rollout:
-    """``pipeline.rollout`` as given (a ``Rollout`` or its mapping, from YAML or a state file)."""
-    return value if isinstance(value, Rollout) else Rollout(**dict(value))
 
 
 def _plain(cfg: PipelineConfig) -> dict[str, Any]:

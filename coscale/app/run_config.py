@@ -21,27 +21,26 @@ MAPPINGS = ("pipeline.trainer",)
 settings are groups of typed arguments: a later file sets only the keys it names)."""
 
 PIPELINE_SETS = {
-    "sft": {"model", "distill", "peft", "verifier", "prompt"},
-    "grpo": {"model", "peft", "prompt", "rollout"},
+    "sft": {"model", "distill", "peft", "verifier"},
+    "grpo": {"model", "peft"},
     "schedule": set(),
 }
 """Arguments of ``pipeline.sft`` / ``grpo`` / ``schedule``'s class that the pipeline sets itself
 (every stage's model; the SFT's teacher for ``distill_weight``; every stage's adapter from
-``pipeline.peft``; the run's one verifier, ``pipeline.grpo.verifier``; the prompt from
-``pipeline.sampling``, the backend from ``pipeline.rollout``): not settings."""
+``pipeline.peft``; the run's one verifier, ``pipeline.grpo.verifier``): not settings. The
+run's sampling definition sets more (:func:`coscale.stages.sampling.moved_keys`): a whole
+argument (``prompt``, ``rollout``) is left out of the parser as these are, a field inside a
+group (``grpo.sampling.temperature``) is left unset (None) and refused when a config sets it."""
 
-FROM_RUN_SAMPLING = (
-    "grpo.sampling.max_new_tokens",
-    "grpo.sampling.temperature",
-    "grpo.sampling.top_p",
-    "grpo.sampling.top_k",
-    "grpo.validation.max_new_tokens",
-    "grpo.validation.temperature",
-    "sft.validation.max_new_tokens",
-    "sft.validation.temperature",
-)
-"""Fields inside the modules' groups that ``pipeline.sampling`` writes: unset (None) unless a
-config sets them, which ``PipelineConfig`` then refuses, naming the key to set instead."""
+
+def _set_by_the_run(group: str) -> tuple[set[str], list[str]]:
+    """``pipeline.<group>``'s arguments and group fields that ``pipeline.sampling`` /
+    ``pipeline.rollout`` set: (whole arguments, ``<group>.<arg>.<field>`` keys)."""
+    from coscale.stages.sampling import moved_keys
+
+    keys = moved_keys(group) if group in ("sft", "grpo") else {}
+    whole = {k for k in keys if "." not in k}
+    return whole, [f"{group}.{k}" for k in keys if "." in k]
 
 
 def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTION):
@@ -64,12 +63,15 @@ def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTIO
     )
     parser.add_class_arguments(PipelineConfig, "pipeline", skip=set(PIPELINE_SETS))
     groups = {"sft": SFTModule, "grpo": GRPOModule, "schedule": NSchedule}
+    unset = []
     for key, cls in groups.items():
-        skip = PIPELINE_SETS[key]
+        whole, fields = _set_by_the_run(key)
+        skip = PIPELINE_SETS[key] | whole
         parser.add_class_arguments(cls, f"pipeline.{key}", skip=skip, instantiate=False)
+        unset += fields
     parser.add_class_arguments(ProblemDataModule, "data")
     parser.set_defaults({"data.bank_solutions": 0})
-    parser.set_defaults({f"pipeline.{key}": None for key in FROM_RUN_SAMPLING})
+    parser.set_defaults({f"pipeline.{key}": None for key in unset})
     return parser
 
 

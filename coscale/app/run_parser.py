@@ -15,12 +15,22 @@ SET_BY = {
     ("sft", "peft"): "pipeline.peft, for every stage",
     ("sft", "verifier"): "pipeline.grpo.verifier, for every stage",
     ("grpo", "peft"): "pipeline.peft, for every stage",
-    ("sft", "prompt"): "pipeline.sampling.prompt, the run's one prompt",
-    ("grpo", "prompt"): "pipeline.sampling.prompt, the run's one prompt",
-    ("grpo", "rollout"): "pipeline.rollout, the run's one engine",
 }
 """What a refusal of an argument the pipeline sets itself (``run_config.PIPELINE_SETS``) names
-instead (the models need no hint: ``pipeline.model`` is in ``--help``)."""
+instead (the models need no hint: ``pipeline.model`` is in ``--help``); the arguments the run's
+sampling definition sets name their key in it (:func:`coscale.stages.sampling.moved_keys`)."""
+
+
+def _set_by() -> dict[tuple[str, str], str]:
+    from coscale.stages.sampling import moved_keys
+
+    run = {
+        (group, key): f"{where}, the run's one for every stage"
+        for group in ("sft", "grpo")
+        for key, where in moved_keys(group).items()
+        if "." not in key
+    }
+    return {**SET_BY, **run}
 
 
 class RunParser(ArgumentParser):
@@ -37,7 +47,7 @@ class RunParser(ArgumentParser):
         group that the pipeline sets itself (``pipeline.sft.peft``: ``pipeline.peft``)."""
         hints = [
             f"pipeline.{group}.{key} is set by {where}"
-            for (group, key), where in SET_BY.items()
+            for (group, key), where in _set_by().items()
             if re.search(rf"\b{group}\.{key}\b", message)  # a flag, or a YAML key
         ]
         return super().error("; ".join([message, *hints]), ex)

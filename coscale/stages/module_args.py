@@ -1,9 +1,11 @@
 """The modules' arguments of ``coscale run``: ``pipeline.sft`` / ``pipeline.grpo`` mappings from
-YAML turned into objects, and the run's one verifier handed to every stage that judges."""
+YAML checked against the modules' signatures and turned into objects, and the run's one verifier
+handed to every stage that judges."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from coscale.datamodules import ProblemDataModule
@@ -32,3 +34,19 @@ def one_verifier(sft: dict[str, Any], grpo: dict[str, Any], data: ProblemDataMod
     grpo["verifier"] = sft["verifier"] = verifier
     if (teacher := data.curriculum.teacher) is not None and hasattr(teacher, "adopt_verifier"):
         teacher.adopt_verifier(verifier)
+
+
+def typed_errors(name: str, cls: type, args: dict[str, Any], ranges) -> list[str]:
+    """``args`` checked against ``cls``'s typed signature (keys, types, ``class_path`` parts)
+    by jsonargparse, then its value ranges by ``ranges``; messages name ``pipeline.<name>``."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, skip={"model"}, instantiate=False)
+    try:
+        parser.parse_object(args)
+    except Exception as err:  # jsonargparse's ArgumentError: unknown key or wrong type
+        detail = " ".join(line.strip() for line in str(err).splitlines())
+        params = ", ".join(sorted(set(inspect.signature(cls).parameters) - {"model"}))
+        return [f"{name}: {detail} ({cls.__name__} takes: {params})"]
+    return [f"{name}.{e}" for e in ranges(**args)]

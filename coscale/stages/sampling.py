@@ -103,15 +103,21 @@ MOVED = {
 """A module setting the pipeline writes from the run's sampling definition -> the key to set."""
 
 
+def moved_keys(group: str) -> dict[str, str]:
+    """:data:`MOVED` as it applies to ``pipeline.<group>`` (an SFTModule has no ``rollout``
+    and no ``sampling``)."""
+    if group != "sft":
+        return dict(MOVED)
+    return {k: v for k, v in MOVED.items() if k != "rollout" and not k.startswith("sampling.")}
+
+
 def moved_errors(group: str, args: dict[str, Any]) -> list[str]:
     """A message for each of :data:`MOVED` that ``pipeline.<group>`` sets (the CLI leaves them
     None when unset); ``args`` loses the unset ones, so that its type check sees a module's
     own settings only."""
     errors = []
-    for key, where in MOVED.items():
+    for key, where in moved_keys(group).items():
         outer, _, inner = key.partition(".")
-        if group == "sft" and (key == "rollout" or outer == "sampling"):
-            continue  # SFTModule has neither
         holder = args if not inner else _given(args.get(outer))
         name = inner or outer
         if name not in holder:
