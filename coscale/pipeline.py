@@ -31,7 +31,7 @@ import lightning as L
 from coscale.checks import as_group, at_least, group_errors
 from coscale.datamodules import ProblemDataModule
 from coscale.distributed import barrier, is_writer
-from coscale.loop import budget
+from coscale.loop import budget, clock
 from coscale.loop.checkpoint_store import remove_all
 from coscale.loop.commit import commit_point, write_json
 from coscale.loop.schedule import NSchedule, schedule_errors
@@ -233,6 +233,7 @@ class Pipeline:
         self.models: dict[str, str] = {}  # stage -> its exported model
         self.results: dict[str, Any] = {}
         self.seconds: dict[str, float] = {}  # wall time per stage, not part of the results
+        self.timing: dict[str, dict[str, float]] = {}  # its parts (coscale.loop.clock.since)
         logger = make_logger(config.logger, os.path.join(config.run_dir, "logs"), config.project)
         sft = config.sampling.sft_args(instantiate(config.sft))
         grpo = config.sampling.grpo_args(instantiate(config.grpo))
@@ -333,13 +334,15 @@ class Pipeline:
         counts = " ".join(f"{k}={v}" for k, v in self.curriculum.pools.counts().items())
         bank = self.curriculum.bank.total()
         print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {bank} ==", flush=True)
-        before = budget.snapshot()
+        before, clocked = budget.snapshot(), clock.snapshot()
         start = time.perf_counter()
         fn(name)
         self.ctx.engine.release()  # the stage's model goes with it; the engine stays up
         # wall time of this process's part (a resumed stage counts only what it redid)
         self.seconds[name] = round(time.perf_counter() - start, 1)
-        print(f"[coscale] {name} took {self.seconds[name]:.1f} s", flush=True)
+        self.timing[name] = clock.since(clocked, self.seconds[name])
+        took = f"{self.seconds[name]:.1f} s: {clock.describe(self.timing[name])}"
+        print(f"[coscale] {name} took {took}", flush=True)
         # a resumed fit puts its checkpoint's count back (RunState): as an uninterrupted run's
         self.results.setdefault("spend", {})[name] = budget.since(before)
         self.done.append(name)
@@ -373,6 +376,7 @@ class Pipeline:
             "curriculum": self.curriculum.state_dict(),
             "results": self.results,
             "seconds": self.seconds,
+            "timing": self.timing,
             "config": _plain(self.cfg),
         }
         if is_writer():  # every rank holds the same state; rank 0 writes it
@@ -386,6 +390,7 @@ class Pipeline:
             state = json.load(f)
         self.done, self.current, self.results = state["done"], state["current"], state["results"]
         self.models, self.seconds = state["models"], state.get("seconds", {})
+        self.timing = state.get("timing", {})
         self.curriculum.load_state_dict(state["curriculum"])
         print(f"[coscale] resuming after stages: {', '.join(self.done) or 'none'}")
         for name in self.done:

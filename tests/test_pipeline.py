@@ -32,6 +32,14 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys, wandb_log):
     assert sum(counts.values()) == 48
     assert counts["solvable"] + counts["solved"] > 0  # SFT moved problems inside the boundary
     assert set(state["results"]["final"]) >= {"val/final_before_pass@1", "val/final_after_pass@1"}
+    # each stage's wall time split: a measurement samples, an SFT stage trains and selects
+    timing = state["timing"]
+    assert set(timing) == set(STAGES)
+    assert timing["it1/eval"]["sampling"] > 0 and timing["it1/sft"]["other"] > 0
+    for stage, parts in timing.items():
+        seconds = sum(v for k, v in parts.items() if k != "engine_starts")
+        assert seconds == pytest.approx(state["seconds"][stage], abs=0.3), stage
+    assert "[coscale] it1/eval took" in out and "sampling" in out
     # the W&B offline run holds pool sizes, pass rates, N per group and a completions table
     keys = [
         b"pool/solvable",

@@ -97,6 +97,10 @@ def test_every_sample_of_the_run_goes_to_one_vllm_engine_started_once(uninterrup
     for name in sampled:
         assert spend[name]["rollouts_on_vllm"] == spend[name]["rollouts"], (name, spend[name])
     assert "rollout.backend=vllm" in log and "it1/eval: " in log and "samples on vllm" in log
+    # the stage times split: the one start in the warm-up; weights synced into it after
+    timing = state["timing"]
+    assert sum(parts["engine_starts"] for parts in timing.values()) == 1
+    assert timing["warmup"]["engine_start"] > 0 and timing["it1/eval"]["weight_sync"] > 0
     assert "it1/rl ckpt epoch 0 end" in labels
     assert state["done"][-1] == "final"
     model = AutoModelForCausalLM.from_pretrained(run_dir / "final" / "model")

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from coscale.loop.budget import ON, spend
+from coscale.loop.clock import timed
 from coscale.loop.problem import Question
 from coscale.models.adapter_checkpoint import drop_frozen_base, restore_frozen_base
 from coscale.models.adapters import export_with_adapter, has_adapter, with_adapter
@@ -120,7 +121,8 @@ class PolicyMixin:
         """Rollouts for ``problems`` and what the reward functions read about them."""
         questions = [p["question"] for p in problems]
         prompts = self.prompts_for(questions)
-        rollouts = self.backend.generate(prompts, n, sampling)
+        with timed("sampling"):
+            rollouts = self.backend.generate(prompts, n, sampling)
         self._spend(rollouts.num_rollouts)
         messages = self.prompt.conversations(questions)
         return rollouts, reward_inputs(problems, prompts, rollouts, messages)
@@ -137,7 +139,8 @@ class PolicyMixin:
         questions = [[p["question"] for p in chunk] for chunk in chunks]
         prompts = [self.prompts_for(q) for q in questions]
         calls = [SampleCall(p, n, s) for p, s in zip(prompts, samplings)]
-        batches = self.backend.generate_many(calls)
+        with timed("sampling"):
+            batches = self.backend.generate_many(calls)
         counts = []
         for chunk, asked, texts, rollouts in zip(chunks, questions, prompts, batches):
             self._spend(rollouts.num_rollouts)

@@ -33,6 +33,7 @@ from typing import Any
 from torch import nn
 
 from coscale.distributed import world_size
+from coscale.loop.clock import timed
 from coscale.models.adapters import has_adapter
 from coscale.rollout.base import (
     RolloutBackend,
@@ -163,7 +164,8 @@ class VLLMBackend(RolloutBackend):
         """The engine, built on first use (and again after `close`)."""
         if self._engine is None:
             started = time.perf_counter()
-            self._engine = start_engine(self._factory, self._args, self.logprobs)
+            with timed("engine_start"):
+                self._engine = start_engine(self._factory, self._args, self.logprobs)
             self.vllm_version = getattr(self._engine, "version", None)
             self.starts += 1
             self.start_seconds += time.perf_counter() - started
@@ -234,12 +236,14 @@ class VLLMBackend(RolloutBackend):
             self.policy = model
         timeout, prefix = self.sync_settings.timeout_s, self.sync_settings.param_prefix
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._wake(("weights",), remaining(deadline))
-        if self._adapters is not None:
-            self._adapters.push(self.engine, lora_policy(model, self.policy), self.book, deadline)
-        else:
-            bucket_bytes = int(self.sync_settings.bucket_mb * 2**20)
-            push_weights(self.engine, model, self.book, prefix, bucket_bytes, deadline)
+        with timed("weight_sync"):
+            self._wake(("weights",), remaining(deadline))
+            if self._adapters is not None:
+                policy = lora_policy(model, self.policy)
+                self._adapters.push(self.engine, policy, self.book, deadline)
+            else:
+                bucket_bytes = int(self.sync_settings.bucket_mb * 2**20)
+                push_weights(self.engine, model, self.book, prefix, bucket_bytes, deadline)
         self._weights_valid = True
         if self.policy is not None:
             self._fingerprint = params_fingerprint(self.policy)
