@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -42,14 +43,12 @@ def run_pipeline(configs: list[str], overrides: list[str], reuse: bool):
     state = os.path.join(init.pipeline.run_dir, "pipeline_state.json")
     start = time.perf_counter()
     resumed = os.path.exists(state)  # a wall time of this call would not be the run's
-    if reuse and resumed:
-        with open(state) as f:
-            saved = json.load(f)
-        return init.pipeline, saved["results"], saved["seconds"], None
-    results = Pipeline(init.pipeline, init.data).run()
+    if not (reuse and resumed):
+        Pipeline(init.pipeline, init.data).run()
+    wall = None if resumed else time.perf_counter() - start
     with open(state) as f:
-        seconds = json.load(f)["seconds"]
-    return init.pipeline, results, seconds, None if resumed else time.perf_counter() - start
+        saved = json.load(f)
+    return init.pipeline, saved, wall
 
 
 def measure_models(cfg, results, n_test: int, k: int) -> dict:
@@ -66,6 +65,24 @@ def measure_models(cfg, results, n_test: int, k: int) -> dict:
     return report
 
 
+PARTS = ("sampling", "engine_start", "weight_sync", "other")
+
+
+def stage_table(saved: dict) -> str:
+    """Markdown: each stage's wall time and its parts (`coscale.loop.clock`), engine starts."""
+    timing = saved.get("timing", {})
+    lines = ["| stage | s | " + " | ".join(PARTS) + " | engine starts |", "|---" * 7 + "|"]
+    for name, seconds in saved["seconds"].items():
+        parts = timing.get(name, {})
+        cells = " | ".join(f"{parts[p]:.0f}" if p in parts else "-" for p in PARTS)
+        lines.append(f"| {name} | {seconds:.0f} | {cells} | {parts.get('engine_starts', '-')} |")
+    total = [sum(t.get(p, 0) for t in timing.values()) for p in PARTS]
+    starts = sum(t.get("engine_starts", 0) for t in timing.values())
+    cells = " | ".join(f"{v:.0f}" for v in total)
+    lines.append(f"| all | {sum(saved['seconds'].values()):.0f} | {cells} | {starts} |")
+    return "\n".join(lines)
+
+
 def table(report: dict, k: int) -> str:
     """Markdown: one row per model, pass@1 and pass@k [95% CI] per set, held-out average."""
     names = [*HELD_OUT, EASY]
@@ -78,8 +95,26 @@ def table(report: dict, k: int) -> str:
     return "\n".join(lines)
 
 
-def write(out: str, text: str, payload: dict) -> None:
+def held_out(report: dict, args: argparse.Namespace) -> str:
+    """The held-out section: what was measured, and the table."""
+    return (
+        f"pass@1 / pass@{args.k} in %, {args.n_test} held-out problems per set, {args.k} samples "
+        f"each at temperature 1.0, 95% bootstrap intervals. {', '.join(HELD_OUT)}: the training "
+        f"patterns, disjoint problems; {EASY}: the easy tier (a+b), never trained on.\n\n"
+        f"{table(report, args.k)}\n\n"
+    )
+
+
+def write(out: str, text: str, payload: dict, run_dir: str) -> None:
+    """results.md, results.json and each measurement's per-problem counts (pass_rates/)."""
     os.makedirs(out, exist_ok=True)
+    for stage in payload["seconds"]:
+        measured = os.path.join(run_dir, stage, "pass_rates.json")
+        if os.path.exists(measured):
+            os.makedirs(os.path.join(out, "pass_rates"), exist_ok=True)
+            shutil.copy(
+                measured, os.path.join(out, "pass_rates", stage.replace("/", "_") + ".json")
+            )
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out, "results.json"), "w") as f:
@@ -91,16 +126,16 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", help=f"default: {CONFIG}; may be repeated")
     ap.add_argument("--out", default="benchmarks/results/smollm2_pipeline")
-    ap.add_argument("--n_test", type=int, default=32)
+    ap.add_argument("--n_test", type=int, default=32, help="0: no held-out measurement")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--reuse", action="store_true", help="measure a finished run, do not rerun")
     args, overrides = ap.parse_known_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     configs = args.config or [CONFIG]
-    cfg, results, seconds, wall = run_pipeline(configs, overrides, args.reuse)
-    report = measure_models(cfg, results, args.n_test, args.k)
-    precision, why = resolve_precision(dict(cfg.trainer))
-    stages = "\n".join(f"| {name} | {s:.0f} |" for name, s in seconds.items())
+    cfg, saved, wall = run_pipeline(configs, overrides, args.reuse)
+    results = saved["results"]
+    report = measure_models(cfg, results, args.n_test, args.k) if args.n_test else {}
+    precision, why = resolve_precision(dict(cfg.trainer), cfg.model, cfg.run_dir)
     total = (
         f"{wall / 60:.1f} min" if wall is not None else "resumed or reused run, see the stage times"
     )
@@ -109,15 +144,14 @@ def main(argv: list[str]) -> None:
         f"Measured {started}: `python benchmarks/real_model_pipeline.py {' '.join(argv)}`; "
         f"{cpu_line()}; {os.cpu_count()} cores; precision {precision.get('precision')} ({why}).\n\n"
         f"Pipeline wall time: {total}.\n\n"
-        f"pass@1 / pass@{args.k} in %, {args.n_test} held-out problems per set, {args.k} samples "
-        f"each at temperature 1.0, 95% bootstrap intervals. {', '.join(HELD_OUT)}: the training "
-        f"patterns, disjoint problems; {EASY}: the easy tier (a+b), never trained on.\n\n"
-        f"{table(report, args.k)}\n\n## Stage times (s)\n\n| stage | s |\n|---|---|\n{stages}\n\n"
+        + (held_out(report, args) if report else "")
+        + f"## Stage times (s)\n\n{stage_table(saved)}\n\n"
         f"## Pools after each measurement\n\n```\n"
         + "\n".join(f"{n}: {r}" for n, r in results.items() if isinstance(r, dict))
         + "\n```\n"
     )
-    write(args.out, text, {"report": report, "pipeline": results, "seconds": seconds})
+    payload = {"report": report, "pipeline": results, "seconds": saved["seconds"]}
+    write(args.out, text, payload | {"timing": saved.get("timing", {})}, cfg.run_dir)
 
 
 if __name__ == "__main__":

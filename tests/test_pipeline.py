@@ -40,6 +40,10 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys, wandb_log):
         seconds = sum(v for k, v in parts.items() if k != "engine_starts")
         assert seconds == pytest.approx(state["seconds"][stage], abs=0.3), stage
     assert "[coscale] it1/eval took" in out and "sampling" in out
+    # each measurement's per-problem counts and labels, as the pools took them
+    measured = json.loads((run_dir / "it1" / "eval" / "pass_rates.json").read_text())
+    assert 0 < len(measured) <= 48
+    assert all(set(r) == {"n", "c", "pool"} for r in measured.values())
     # the W&B offline run holds pool sizes, pass rates, N per group and a completions table
     keys = [
         b"pool/solvable",

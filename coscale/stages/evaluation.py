@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import time
 
+from coscale.distributed import is_writer
+from coscale.loop.commit import write_json
 from coscale.measure import pass_rates
 from coscale.stages.context import StageContext
 from coscale.stages.sft import load_for_sampling
 
 
 def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
-    """``eval_k`` samples of every unfailed problem with ``model`` -> pools relabelled."""
+    """``eval_k`` samples of every unfailed problem with ``model`` -> pools relabelled; each
+    problem's ``{n, c, pool}`` goes to ``<run_dir>/<name>/pass_rates.json``."""
     module = load_for_sampling(ctx, model)
     sampling = ctx.cfg.sampling
     start = time.perf_counter()
@@ -30,6 +33,8 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
         top_k=sampling.top_k,
     )
     seconds = time.perf_counter() - start
+    if is_writer():  # each problem's samples, correct ones and new pool: what moved, and why
+        write_json(ctx.path(name, "pass_rates.json"), results)
     samples = sum(r["n"] for r in results.values())
     ctx.log(metrics | {"perf/measure_seconds": seconds, "perf/measure_samples": float(samples)})
     print(
