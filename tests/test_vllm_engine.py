@@ -107,6 +107,23 @@ def test_cpu_options_sleep_refused_and_kv_cache_sized_from_the_model(model32_dir
     assert sized._args["kv_cache_memory_bytes"] == 2**27
 
 
+def test_seeded_prompts_past_one_steps_token_budget_are_never_cut(model32_dir, char_tokenizer):
+    """On CPU a cut prefill of a seeded request killed the engine ("CPU Generator does not use
+    offset"): 80 requests of 100-token prompts are twice the 4,096-token step budget."""
+    from coscale.rollout.vllm.cpu import CPU_BATCHED_TOKENS, on_cpu
+
+    if not on_cpu():
+        pytest.skip("vLLM runs on a GPU here: its generators rewind")
+    backend = _backend(model32_dir, char_tokenizer, None, max_model_len=256)
+    assert backend._args["enable_chunked_prefill"] is False
+    assert backend._args["max_num_batched_tokens"] == CPU_BATCHED_TOKENS
+    prompts = [f"{i:03d}" + "1+2=" * 24 for i in range(40)]  # 100 characters each
+    rollouts = backend.generate(prompts, 2, SamplingParams(max_new_tokens=4, seed=7))
+    assert rollouts.num_rollouts == 80
+    assert int(rollouts.completion_mask.sum(dim=1).min()) >= 1
+    backend.close()
+
+
 def test_a_head_size_the_cpu_engine_cannot_run_is_refused_by_name(tiny_model_dir, char_tokenizer):
     from coscale.rollout.vllm.cpu import on_cpu
 

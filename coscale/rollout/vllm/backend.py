@@ -43,7 +43,12 @@ from coscale.rollout.base import (
     normalize_n_per_prompt,
 )
 from coscale.rollout.dtype import engine_dtype
-from coscale.rollout.vllm.cpu import check_head_size, check_sleep_level, kv_cache_bytes
+from coscale.rollout.vllm.cpu import (
+    check_head_size,
+    check_sleep_level,
+    cpu_scheduler_args,
+    kv_cache_bytes,
+)
 from coscale.rollout.vllm.engine import (
     build_engine,
     engine_args,
@@ -131,15 +136,17 @@ class VLLMBackend(RolloutBackend):
             engine = replace(engine, kwargs={**lora, **engine.kwargs})
             self._adapters = AdapterSync()
         kv_bytes = None if engine.kv_cache_gib is None else int(engine.kv_cache_gib * 2**30)
+        platform: dict[str, Any] = {}
         if engine_factory is None:  # fail at choice time, not at the first rollout
             check_installed(logprobs)
             check_sleep_level(engine.sleep_level)
             check_head_size(str(model))
             kv_bytes = kv_cache_bytes(engine, str(model))
+            platform = cpu_scheduler_args(engine, str(model))
         self.engine_settings, self.sync_settings, self.parity_settings = engine, sync, parity
         self.tokenizer = resolve_tokenizer(tokenizer, model)
         tok_path = tokenizer if isinstance(tokenizer, str) else None
-        self._args = engine_args(str(model), tok_path, engine, kv_cache_bytes=kv_bytes)
+        self._args = engine_args(str(model), tok_path, engine, kv_bytes, platform)
         self.parity_atol = default_parity_atol(engine.dtype) if parity.atol is None else parity.atol
         self._factory, self._engine = engine_factory or build_engine, None
         self.policy, self.model_path, self.sleep_level = policy, str(model), engine.sleep_level

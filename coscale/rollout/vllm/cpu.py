@@ -10,6 +10,13 @@
   smaller one only lowers how many sequences run at once.
 - Head sizes: vLLM's CPU attention takes only some (32, 64, 80, ...; not 16): `check_head_size`
   refuses another at configuration time, instead of the engine failing at its start.
+- Chunked prefill: vLLM samples a token for a prompt whose prefill was cut at a step's token
+  budget, then drops it and rewinds that request's generator; a CPU generator has no offset to
+  rewind ("CPU Generator does not use offset"), so any seeded request (coscale seeds each) whose
+  prompt is cut kills the engine. It first shows when a measurement's prompts exceed the step
+  budget (SmolLM2, 512 requests). `cpu_scheduler_args` turns chunked prefill off and makes the
+  budget hold a whole ``max_model_len`` (as vLLM does itself for MLA models on CPU), so no
+  prompt is ever cut; ``engine.kwargs`` can still set either.
 - Threads: ``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set (`cpu_environment`), so an engine
   never pins the trainer's threads (they are the same threads: the engine runs in-process).
 """
@@ -127,6 +134,22 @@ def kv_cache_bytes(engine: Engine, model: str) -> int | None:
     if not on_cpu():
         return None
     return default_kv_cache_bytes(model, engine.dtype or "auto", engine.max_model_len)
+
+
+CPU_BATCHED_TOKENS = 4096
+"""vLLM's own step budget (``max_num_batched_tokens``) for an offline engine on CPU."""
+
+
+def cpu_scheduler_args(engine: Engine, model: str) -> dict[str, Any]:
+    """`vllm.LLM` arguments that keep every prompt's prefill in one step on CPU (vllm is
+    imported); {} elsewhere. See the module docstring (chunked prefill)."""
+    if not on_cpu():
+        return {}
+    length = engine.max_model_len or read_config(model).get("max_position_embeddings") or 2048
+    return {
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(int(length), CPU_BATCHED_TOKENS),
+    }
 
 
 def cpu_environment() -> dict[str, str]:

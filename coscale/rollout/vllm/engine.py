@@ -89,10 +89,12 @@ def engine_args(
     tokenizer: str | None = None,
     engine: Engine = Engine(),
     kv_cache_bytes: int | None = None,
+    platform: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for a colocated engine (see the module docstring) with
     `engine`'s settings (a dtype left None: ``auto``); `kv_cache_bytes` sizes its KV cache
-    (`coscale.rollout.vllm.cpu.kv_cache_bytes`)."""
+    (`coscale.rollout.vllm.cpu.kv_cache_bytes`); `platform` adds what the platform needs
+    (`coscale.rollout.vllm.cpu.cpu_scheduler_args`), under ``engine.kwargs``."""
     args: dict[str, Any] = {
         "model": model,
         "tokenizer": tokenizer or model,
@@ -107,6 +109,7 @@ def engine_args(
         args["max_model_len"] = engine.max_model_len
     if kv_cache_bytes is not None:
         args["kv_cache_memory_bytes"] = kv_cache_bytes
+    args.update(platform or {})
     args.update(engine.kwargs)
     return replica_args(args)
 
