@@ -69,7 +69,7 @@ PARTS = ("sampling", "engine_start", "weight_sync", "other")
 
 
 def stage_table(saved: dict) -> str:
-    """Markdown: each stage's wall time and its parts (`coscale.loop.clock`), engine starts."""
+    """Markdown: each stage's wall time and its parts (`coscale.clock`), engine starts."""
     timing = saved.get("timing", {})
     lines = ["| stage | s | " + " | ".join(PARTS) + " | engine starts |", "|---" * 7 + "|"]
     for name, seconds in saved["seconds"].items():

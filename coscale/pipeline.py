@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import lightning as L
 
+from coscale import clock
 from coscale.checks import as_group, at_least, group_errors
 from coscale.datamodules import ProblemDataModule
 from coscale.distributed import barrier, is_writer
-from coscale.loop import budget, clock
+from coscale.loop import budget
 from coscale.loop.checkpoint_store import remove_all
 from coscale.loop.commit import commit_point, write_json
 from coscale.loop.schedule import NSchedule, schedule_errors
@@ -233,7 +234,7 @@ class Pipeline:
         self.models: dict[str, str] = {}  # stage -> its exported model
         self.results: dict[str, Any] = {}
         self.seconds: dict[str, float] = {}  # wall time per stage, not part of the results
-        self.timing: dict[str, dict[str, float]] = {}  # its parts (coscale.loop.clock.since)
+        self.timing: dict[str, dict[str, float]] = {}  # its parts (coscale.clock.since)
         logger = make_logger(config.logger, os.path.join(config.run_dir, "logs"), config.project)
         sft = config.sampling.sft_args(instantiate(config.sft))
         grpo = config.sampling.grpo_args(instantiate(config.grpo))

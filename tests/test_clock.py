@@ -1,10 +1,10 @@
-"""`coscale.loop.clock`: nested timers count exclusively, and a stage's parts add up to its wall time."""
+"""`coscale.clock`: nested timers count exclusively, and a stage's parts add up to its wall time."""
 
 from __future__ import annotations
 
 import pytest
 
-from coscale.loop import clock
+from coscale import clock
 
 
 @pytest.fixture
@@ -57,3 +57,11 @@ def test_describe_names_every_part():
     line = clock.describe({"sampling": 5.0, "engine_start": 40.0, "other": 2.0, "engine_starts": 1})
     assert line == "sampling 5.0 s, engine_start 40.0 s, other 2.0 s (1 engine start)"
     assert clock.describe({"other": 2.0, "engine_starts": 0}) == "other 2.0 s"
+
+
+def test_a_kind_timed_since_is_listed_however_short(ticks):
+    ticks.extend([0.0, 0.0004])  # a tiny model's weight sync
+    before = clock.snapshot()
+    with clock.timed("weight_sync"):
+        pass
+    assert clock.since(before, wall=1.0) == {"weight_sync": 0.0, "other": 1.0, "engine_starts": 0}

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from coscale.clock import timed
 from coscale.loop.budget import ON, spend
-from coscale.loop.clock import timed
 from coscale.loop.problem import Question
 from coscale.models.adapter_checkpoint import drop_frozen_base, restore_frozen_base
 from coscale.models.adapters import export_with_adapter, has_adapter, with_adapter

@@ -32,8 +32,8 @@ from typing import Any
 
 from torch import nn
 
+from coscale.clock import timed
 from coscale.distributed import world_size
-from coscale.loop.clock import timed
 from coscale.models.adapters import has_adapter
 from coscale.rollout.base import (
     RolloutBackend,

@@ -54,9 +54,9 @@ def since(before: tuple[dict[str, float], dict[str, int]], wall: float) -> dict[
     """The seconds of each kind after ``before`` (a :func:`snapshot`) out of ``wall`` seconds,
     with ``other`` (the rest: training, loading, saving) and ``engine_starts`` (a count)."""
     seconds, calls = before
-    parts = {k: round(SECONDS[k] - seconds.get(k, 0.0), 1) for k in SECONDS}
-    parts = {k: v for k, v in parts.items() if v > 0}
-    parts["other"] = round(max(wall - sum(parts.values()), 0.0), 1)
+    ran = [k for k in CALLS if CALLS[k] > calls.get(k, 0)]  # kinds timed since, however short
+    parts = {k: round(SECONDS[k] - seconds.get(k, 0.0), 3) for k in ran}
+    parts["other"] = round(max(wall - sum(parts.values()), 0.0), 3)
     parts["engine_starts"] = CALLS["engine_start"] - calls.get("engine_start", 0)
     return parts
 
