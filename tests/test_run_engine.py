@@ -98,4 +98,6 @@ def test_a_lent_backend_is_not_closed_by_the_module(tiny_model_dir):
     module.backend = Lent(module.policy, module.tokenizer)
     module.teardown("fit")
     assert closed == []
-    assert Rollout("fast").errors() == ["backend must be one of auto, cached, hf, vllm; got 'fast'"]
+    assert Rollout("fast").errors() == [
+        "backend must be one of auto, cached, hf, vllm, vllm-server; got 'fast'"
+    ]

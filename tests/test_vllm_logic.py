@@ -641,7 +641,8 @@ def test_bad_settings_and_choices_are_named(char_tokenizer, tiny_model):
                        r"\(it takes: every, samples, tokens, atol, recompute_batch_size\)"):  # fmt: skip
         VLLMBackend("m", char_tokenizer, parity={"evry": 2}, engine_factory=object)
     with pytest.raises(
-        ValueError, match=r"rollout\.backend must be one of auto, cached, hf, vllm, got 'sglang'"
+        ValueError,
+        match=r"rollout\.backend must be one of auto, cached, hf, vllm, vllm-server, got 'sglang'",
     ):
         build_backend("sglang", tiny_model, char_tokenizer)
     with pytest.raises(ValueError, match=r"rollout\.backend='vllm' needs model_path"):

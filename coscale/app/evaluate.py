@@ -72,7 +72,7 @@ class EvalConfig:
     temperature: float | None = None
     top_p: float | None = None
     batch_size: int = 64
-    backend: Literal["auto", "cached", "hf", "vllm"] | None = None
+    backend: Literal["auto", "cached", "hf", "vllm", "vllm-server"] | None = None
     backend_options: dict[str, Any] = field(default_factory=dict)
     reward: dict[str, Any] = field(default_factory=dict)
     dtype: str = "bfloat16"
@@ -218,14 +218,14 @@ def build_eval_backend(config: EvalConfig) -> tuple[RolloutBackend, Any]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     kind, why = resolve_backend(config.backend, device == "cuda")
     print(f"[coscale] {why}", flush=True)
-    if kind == "vllm":
+    if kind in ("vllm", "vllm-server"):
         if is_adapter_folder(path):  # vLLM loads a whole model folder
             raise ValueError(
-                f"eval.model={config.model!r} is an adapter folder: with eval.backend=vllm give "
+                f"eval.model={config.model!r} is an adapter folder: with eval.backend={kind} give "
                 "the merged export that holds it (its parent folder), or use eval.backend=hf"
             )
         tokenizer = load_tokenizer(config.tokenizer or path)
-        return build_backend("vllm", None, tokenizer, path, **config.backend_options), tokenizer
+        return build_backend(kind, None, tokenizer, path, **config.backend_options), tokenizer
     policy, tokenizer = load_policy(path, config.tokenizer, config.dtype)
     policy = policy.to(device).eval()
     return build_backend(kind, policy, tokenizer, **config.backend_options), tokenizer

@@ -39,9 +39,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``coscale.rollout.VLLMBackend`` without importing the vLLM modules up front."""
-    if name == "VLLMBackend":
+    """``coscale.rollout.VLLMBackend`` (and ``VLLMServerBackend``) without importing the vLLM
+    modules up front."""
+    if name in ("VLLMBackend", "VLLMServerBackend"):
         from coscale.rollout.factory import backend_class
 
-        return backend_class("vllm")
+        return backend_class("vllm" if name == "VLLMBackend" else "vllm-server")
     raise AttributeError(f"module 'coscale.rollout' has no attribute {name!r}")

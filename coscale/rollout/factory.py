@@ -1,4 +1,4 @@
-"""Choosing a rollout backend (``rollout: {backend: cached | hf | vllm, options: {...}}`` in YAML).
+"""Choosing a rollout backend (``rollout: {backend: cached | hf | vllm | vllm-server, options: {...}}`` in YAML).
 
 The vLLM backend is imported only when chosen, and without vllm installed the choice itself
 fails with "install coscale[vllm] to use the vLLM rollout backend". `close_backend` frees what a
@@ -20,7 +20,7 @@ from coscale.rollout.base import RolloutBackend
 from coscale.rollout.cached import CachedDecodeBackend
 from coscale.rollout.hf import HFGenerateBackend
 
-BACKENDS = ("auto", "cached", "hf", "vllm")
+BACKENDS = ("auto", "cached", "hf", "vllm", "vllm-server")
 """Backend names `build_backend` accepts (``auto``: `resolve_backend` picks one)."""
 
 _BUILT_BY_US = {"model", "tokenizer", "policy"}  # arguments the factory passes itself
@@ -35,17 +35,20 @@ class Rollout:
             finished rows dropped, a preallocated KV cache; the default), ``hf`` (HF
             ``generate`` on the policy: the same distribution, slower), ``vllm`` (a colocated
             engine that gets the policy's weights after every optimiser step; needs
-            ``coscale[vllm]``, or vLLM's CPU build as ``./run.sh`` installs it) or ``auto``
+            ``coscale[vllm]``, or vLLM's CPU build as ``./run.sh`` installs it),
+            ``vllm-server`` (one ``vllm serve`` for every rank, started by coscale or attached
+            by URL; the weights reach it through vLLM's RL routes) or ``auto``
             (`resolve_backend`: vLLM where it is installed and the policy is on a CUDA device,
             else ``cached``).
         options: The backend's own arguments: ``cached``: ``compile`` (each decode step one
             ``torch.compile``d forward; full-attention models), ``batch_size``, ...; ``hf``:
             ``batch_size``; ``vllm``: ``VLLMBackend``'s groups and switches (``engine:
             {gpu_memory_utilization, kv_cache_gib, max_model_len, sleep_level, kwargs, ...}``,
-            ``sync: {timeout_s, ...}``, ``parity: {every, atol, ...}``, ``logprobs``, ...).
+            ``sync: {timeout_s, ...}``, ``parity: {every, atol, ...}``, ``logprobs``, ...);
+            ``vllm-server``: the same and ``server: {url, port, cores, log, ...}``.
     """
 
-    backend: Literal["auto", "cached", "hf", "vllm"] = "cached"
+    backend: Literal["auto", "cached", "hf", "vllm", "vllm-server"] = "cached"
     options: dict[str, Any] = field(default_factory=dict)
 
     def errors(self) -> list[str]:
@@ -59,16 +62,20 @@ class Rollout:
             f"{', '.join(sorted(takes))}){_grouped_as(self.backend, key)}"
             for key in sorted(set(self.options) - takes)
         ]
-        if self.backend == "vllm":  # its groups' values, without building an engine
+        if self.backend in ("vllm", "vllm-server"):  # its groups' values, without an engine
             from coscale.rollout.vllm.settings import settings_errors
 
             errors += [f"options.{e}" for e in settings_errors(self.options)]
+        if self.backend == "vllm-server":
+            from coscale.rollout.vllm.server.settings import server_errors
+
+            errors += [f"options.{e}" for e in server_errors(self.options.get("server"))]
         return errors
 
 
 def _grouped_as(kind: str, key: str) -> str:
     """``; set options.engine.max_model_len`` for a vLLM setting given outside its group."""
-    if kind != "vllm":
+    if kind not in ("vllm", "vllm-server"):
         return ""
     from coscale.rollout.vllm.settings import group_of
 
@@ -81,6 +88,10 @@ def backend_class(kind: str) -> type:
         from coscale.rollout.vllm.backend import VLLMBackend
 
         return VLLMBackend
+    if kind == "vllm-server":
+        from coscale.rollout.vllm.server.backend import VLLMServerBackend
+
+        return VLLMServerBackend
     return CachedDecodeBackend if kind == "cached" else HFGenerateBackend
 
 
@@ -89,9 +100,11 @@ def resolve_backend(kind: str, cuda: bool) -> tuple[str, str]:
 
     vLLM where it is installed and the policy is on a CUDA device (continuous batching, paged
     KV cache). Elsewhere the cached decode: on the CPUs here it sampled SmolLM2-135M at 124 and
-    199 tok/s against HF ``generate``'s 79 and 126 (``benchmarks/bench_backends.py``, issue 33),
-    and vLLM's CPU build, though faster still (179 / 481), costs 80-160 s of engine start and a
-    second copy of the weights, so it is chosen only when asked for.
+    199 tok/s against HF ``generate``'s 79 and 126 (``benchmarks/bench_backends.py``). vLLM's CPU
+    build measures 2.2-2.4x faster again, and SmolLM2's ``pipeline_cpu.yaml`` ran 14.7 min on it
+    against 17.0 on the cached decode (``benchmarks/results/engine_2026-12-03.md``), but its
+    80-160 s start and second copy of the weights do not pay back on a short run, so on CPU it
+    is chosen only when asked for.
     """
     if kind != "auto":
         return kind, f"rollout.backend={kind}"
@@ -140,19 +153,18 @@ def build_backend(
         if policy is None:
             raise ValueError(f"rollout.backend={kind!r} samples from the policy: give the policy")
         return backend_class(kind)(policy, tokenizer, **options)
-    if kind == "vllm":
+    if kind in ("vllm", "vllm-server"):
         if model_path is None:
             raise ValueError(
-                "rollout.backend='vllm' needs model_path, the folder or hub name the engine "
+                f"rollout.backend={kind!r} needs model_path, the folder or hub name the engine "
                 "loads (export the policy with save_pretrained first)"
             )
         from coscale.models.policy import resolve_model_path
-        from coscale.rollout.vllm.backend import VLLMBackend
         from coscale.rollout.vllm.settings import with_dtype
 
         path = resolve_model_path(os.fspath(model_path))
         options = with_dtype(options, dtype)
-        return VLLMBackend(path, tokenizer=tokenizer, policy=policy, **options)
+        return backend_class(kind)(path, tokenizer=tokenizer, policy=policy, **options)
     raise ValueError(f"rollout.backend must be one of {', '.join(BACKENDS)}, got {kind!r}")
 
 

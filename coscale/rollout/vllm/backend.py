@@ -112,6 +112,7 @@ class VLLMBackend(RolloutBackend):
     """
 
     name = "vllm"
+    replica = True  # one engine per rank, joined to the trainer's ranks (a server: False)
 
     def __init__(
         self,
@@ -146,7 +147,7 @@ class VLLMBackend(RolloutBackend):
         self.engine_settings, self.sync_settings, self.parity_settings = engine, sync, parity
         self.tokenizer = resolve_tokenizer(tokenizer, model)
         tok_path = tokenizer if isinstance(tokenizer, str) else None
-        self._args = engine_args(str(model), tok_path, engine, kv_bytes, platform)
+        self._args = engine_args(str(model), tok_path, engine, kv_bytes, platform, self.replica)
         self.parity_atol = default_parity_atol(engine.dtype) if parity.atol is None else parity.atol
         self._factory, self._engine = engine_factory or build_engine, None
         self.policy, self.model_path, self.sleep_level = policy, str(model), engine.sleep_level

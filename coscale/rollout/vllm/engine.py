@@ -90,11 +90,13 @@ def engine_args(
     engine: Engine = Engine(),
     kv_cache_bytes: int | None = None,
     platform: dict[str, Any] | None = None,
+    replica: bool = True,
 ) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for a colocated engine (see the module docstring) with
     `engine`'s settings (a dtype left None: ``auto``); `kv_cache_bytes` sizes its KV cache
     (`coscale.rollout.vllm.cpu.kv_cache_bytes`); `platform` adds what the platform needs
-    (`coscale.rollout.vllm.cpu.cpu_scheduler_args`), under ``engine.kwargs``."""
+    (`coscale.rollout.vllm.cpu.cpu_scheduler_args`), under ``engine.kwargs``. With `replica`
+    each rank's engine joins the trainer's ranks (`replica_args`); a server's does not."""
     args: dict[str, Any] = {
         "model": model,
         "tokenizer": tokenizer or model,
@@ -111,7 +113,7 @@ def engine_args(
         args["kv_cache_memory_bytes"] = kv_cache_bytes
     args.update(platform or {})
     args.update(engine.kwargs)
-    return replica_args(args)
+    return replica_args(args) if replica else args
 
 
 def build_engine(**kwargs: Any) -> VLLMEngine:

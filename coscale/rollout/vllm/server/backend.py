@@ -1,0 +1,129 @@
+"""`VLLMServerBackend`: the run's rollouts from one vLLM server, started by coscale or attached.
+
+It is `VLLMBackend` with the engine swapped: the same requests, seeds, sync guard, parity check
+and log-prob rules, while the engine is a server every rank shares (`ServerEngine`). Under
+torch.distributed rank 0 starts the server (or every rank attaches to ``server.url``) and the
+others learn its URL from rank 0; a failed start stops every rank with the server's log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from coscale.distributed import all_gather_objects, is_writer
+from coscale.rollout.vllm.backend import VLLMBackend
+from coscale.rollout.vllm.server.client import ServerClient
+from coscale.rollout.vllm.server.engine import ServerEngine, check_extension
+from coscale.rollout.vllm.server.launch import ServerError, ServerProcess, start_server
+from coscale.rollout.vllm.server.settings import Server, as_server
+from coscale.rollout.vllm.settings import Engine, Parity, Sync, check_settings
+
+
+class VLLMServerBackend(VLLMBackend):
+    """Rollouts from a vLLM server (``rollout.backend: vllm-server``).
+
+    Args:
+        model: Hub name or folder the server starts from (and the tokenizer's, unless given).
+        tokenizer: A tokenizer object, or its name / folder.
+        policy: The trainer's model: the parity reference and the log-prob recompute.
+        server: Where the server runs (`coscale.rollout.vllm.server.settings.Server`: ``url``
+            to attach, else port, cores, log, timeouts of one coscale starts).
+        engine: How a started server is built (`coscale.rollout.vllm.settings.Engine`, as for
+            the colocated engine; ``sleep_level`` must stay 0: the server keeps its memory).
+        sync, parity, logprobs, honor_seed: As `VLLMBackend`'s (``sync.adapter`` must stay
+            ``merged``).
+        engine_factory: Builds the engine from `vllm.LLM` keyword arguments (tests pass fakes);
+            None: start or attach to the server.
+    """
+
+    name = "vllm-server"
+    replica = False  # one server for every rank
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: Any = None,
+        policy: nn.Module | None = None,
+        server: Server | dict | None = None,
+        engine: Engine = Engine(),
+        sync: Sync = Sync(),
+        parity: Parity = Parity(),
+        logprobs: str = "auto",
+        honor_seed: bool = True,
+        engine_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        self.server_settings = as_server(server)
+        engine_group, sync_group, _ = check_settings(engine=engine, sync=sync, parity=parity)
+        refuse_colocated_only(engine_group, sync_group)
+        super().__init__(model, tokenizer, policy, engine, sync, parity, logprobs, honor_seed)
+        self._factory = engine_factory or self._open
+
+    def _open(self, **args: Any) -> ServerEngine:
+        """Starts the server (rank 0) or attaches to ``server.url`` (every rank)."""
+        settings = self.server_settings
+        url, process, error = settings.url, None, None
+        if url is None and is_writer():
+            try:
+                process, url = start_server(args, settings, lambda u: ServerClient(u).healthy())
+            except ServerError as err:
+                error = str(err)
+        url, error = all_gather_objects([(url, error)])[0]  # rank 0's word
+        if error:
+            raise ServerError(error)
+        client = ServerClient(url, settings.request_timeout_s, settings.concurrency)
+        try:
+            return self._attach(client, process)
+        except BaseException:
+            if process is not None:
+                process.stop()
+            raise
+
+    def _attach(self, client: ServerClient, process: ServerProcess | None) -> ServerEngine:
+        if process is None and not client.healthy():
+            raise ServerError(
+                f"no vLLM server answers at {client.url} (rollout.options.server.url): "
+                "start it first, or leave server.url unset and coscale starts one"
+            )
+        check_extension(client)
+        engine = ServerEngine(client, client.served_model(), process, self.server_settings.sync_dir)
+        how = "started" if process is not None else "attached"
+        print(
+            f"[coscale] vLLM server {how} at {client.url} (model {engine.model}, vLLM "
+            f"{engine.version}, weight version {engine.weight_version})",
+            flush=True,
+        )
+        return engine
+
+    def update_weights(self, model: nn.Module) -> None:
+        """`VLLMBackend.update_weights`, then the server's reported weight version checked
+        against this sync's."""
+        super().update_weights(model)
+        engine = self.engine
+        if is_writer() and isinstance(engine, ServerEngine):
+            reported = engine.client.weight_version()
+            if reported != engine.weight_version:
+                raise ServerError(
+                    f"after sync #{engine.syncs} the vLLM server at {engine.client.url} reports "
+                    f"weight version {reported!r}, expected {engine.weight_version!r}: another "
+                    "trainer loads weights into it"
+                )
+
+
+def refuse_colocated_only(engine: Engine, sync: Sync) -> None:
+    """Refuses the settings that only a colocated engine has, naming them."""
+    errors = []
+    if engine.sleep_level:
+        errors.append(
+            "rollout.options.engine.sleep_level must be 0 with backend vllm-server (the server "
+            f"keeps its own devices' memory), got {engine.sleep_level}"
+        )
+    if sync.adapter != "merged":
+        errors.append(
+            "rollout.options.sync.adapter must be 'merged' with backend vllm-server (LoRA "
+            f"requests go to a colocated engine), got {sync.adapter!r}"
+        )
+    if errors:
+        raise ValueError("VLLMServerBackend: " + "; ".join(errors))

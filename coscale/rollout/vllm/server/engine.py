@@ -1,0 +1,180 @@
+"""A vLLM server seen through the engine calls `VLLMBackend` makes (`ServerEngine`), so the
+backend's sync guard, parity check and log-prob rules hold unchanged for a server.
+
+A weight sync: every rank meets (`begin_load`); rank 0 pauses the server once the requests in
+flight are done (``/pause?mode=wait``), opens a load on every worker, writes each bucket to a
+safetensors file in the sync folder and has the workers load it (``/collective_rpc``: the same
+layerwise reload as the colocated engine), closes the load, drops cached prompts, sets the
+server's weight version to the sync's number and resumes it; then every rank meets again
+(`end_load`), so none samples from half-loaded weights. That file path works wherever the
+server sees the trainer's files, the CPU build included; a server on other machines needs a
+transfer engine (vLLM's NCCL one), which is not built here yet.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import urllib.error
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from safetensors.torch import save_file
+from torch import Tensor
+
+from coscale.distributed import all_gather_objects, barrier, is_writer
+from coscale.rollout.base import SamplingParams
+from coscale.rollout.vllm.requests import Request, logprobs_trusted
+from coscale.rollout.vllm.server.client import ServerClient
+from coscale.rollout.vllm.server.launch import ServerError, ServerProcess
+from coscale.rollout.vllm.server.worker import PING
+from coscale.rollout.vllm.versions import applies_temperature
+
+T = TypeVar("T")
+
+
+def sync_folder(sync_dir: str | None) -> str:
+    """Where sync files go: `sync_dir`, else ``/dev/shm`` (memory) where it exists."""
+    if sync_dir:
+        os.makedirs(sync_dir, exist_ok=True)
+        return sync_dir
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def per_worker(results: Sequence[Any]) -> list[int | None]:
+    """``/collective_rpc`` results (ints come back as strings) as counts per worker."""
+    return [None if r in (None, "None") else int(r) for r in results]
+
+
+class ServerEngine:
+    """A running vLLM server: sampling, weight loads, facts about it.
+
+    Args:
+        client: Its routes.
+        model: The name it serves the model under.
+        process: The server when this process started it (stopped by `shutdown`); None when
+            attached or on another rank.
+        sync_dir: Folder for sync files (`sync_folder`).
+    """
+
+    def __init__(
+        self,
+        client: ServerClient,
+        model: str,
+        process: ServerProcess | None = None,
+        sync_dir: str | None = None,
+    ) -> None:
+        self.client, self.model, self.process = client, model, process
+        self.sync_dir, self.syncs, self.files = sync_folder(sync_dir), 0, 0
+        self.version = client.version()
+        self._mode = _logprobs_mode(client.config())
+        self.weight_version: str | None = client.weight_version()
+
+    # --------------------------------------------------------------- sampling
+    def generate(self, requests: Sequence[Request], lora: Any = None) -> list[Any]:
+        """One engine-shaped output per request, in request order (`ServerClient.complete`)."""
+        if lora is not None:
+            raise ValueError(
+                "rollout.options.sync.adapter=lora is not available with backend vllm-server; "
+                "use sync.adapter: merged"
+            )
+        return self._checked("sampling", lambda: self.client.complete(self.model, requests))
+
+    # --------------------------------------------------------------- weight loads
+    def begin_load(self) -> None:
+        barrier()
+        self.syncs += 1
+        if is_writer():
+            self._checked("pausing for a weight sync", self.client.pause)
+            self._checked("opening a weight load", lambda: self.client.rpc("coscale_begin_load"))
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> list[int | None]:
+        """Rank 0 writes `weights` to a file the workers load; other ranks report None."""
+        if not is_writer():
+            return [None]
+        self.files += 1
+        path = os.path.join(self.sync_dir, f"coscale-sync-{os.getpid()}-{self.files}.safetensors")
+        save_file({name: t.detach().contiguous().cpu() for name, t in weights}, path)
+        try:
+            load = lambda: self.client.rpc("coscale_load_file", path)  # noqa: E731
+            return per_worker(self._checked(f"loading {path}", load))
+        finally:
+            os.remove(path)
+
+    def end_load(self) -> None:
+        """Rank 0 closes the load and resumes the server at weight version `syncs`; then every
+        rank meets."""
+        self.weight_version = str(self.syncs)
+        if is_writer():
+            self._checked("closing a weight load", lambda: self.client.rpc("coscale_end_load"))
+            self._checked("resetting the prefix cache", self.client.reset_prefix_cache)
+            self._checked(
+                "setting the weight version",
+                lambda: self.client.set_weight_version(str(self.weight_version)),
+            )
+            self._checked("resuming after a weight sync", self.client.resume)
+        barrier()
+
+    def reset_prefix_cache(self) -> None:
+        """Nothing: `end_load` reset it before the server resumed."""
+
+    # --------------------------------------------------------------- memory
+    def sleep(self, level: int) -> None:
+        self._checked("putting the server to sleep", lambda: self.client.sleep(level))
+
+    def wake_up(self, tags: Sequence[str]) -> None:
+        self._checked("waking the server", lambda: self.client.wake_up(tags))
+
+    # --------------------------------------------------------------- facts
+    @property
+    def logprobs_mode(self) -> str | None:
+        return self._mode
+
+    def logprobs_match(self, sampling: SamplingParams) -> bool:
+        """As `coscale.rollout.vllm.engine.VLLMEngine.logprobs_match`, for the server's mode."""
+        return applies_temperature(self.version) and logprobs_trusted(self._mode, sampling)
+
+    def shutdown(self) -> None:
+        """Stops the server if this process started it; idempotent."""
+        process, self.process = self.process, None
+        if process is not None:
+            process.stop()
+
+    def _checked(self, doing: str, call: Callable[[], T]) -> T:
+        """`call()`, with a failure turned into a `ServerError` that says what happened to the
+        server (its exit code and log, when this process started it)."""
+        try:
+            return call()
+        except (OSError, urllib.error.URLError) as err:
+            if self.process is not None:
+                self.process.check_alive(doing)
+            raise ServerError(
+                f"the vLLM server at {self.client.url} failed while {doing}: "
+                f"{type(err).__name__}: {err}"
+            ) from err
+
+
+def _logprobs_mode(config: dict[str, Any]) -> str | None:
+    mode = (config.get("model_config") or {}).get("logprobs_mode")
+    return None if mode is None else str(mode)
+
+
+def check_extension(client: ServerClient) -> None:
+    """Raises `ServerError` unless every worker of the server runs coscale's extension."""
+    try:
+        answers = client.rpc("coscale_ping", timeout_s=60.0)
+    except (OSError, urllib.error.URLError) as err:
+        answers = [f"{type(err).__name__}: {err}"]
+    if not answers or any(a != PING for a in answers):
+        raise ServerError(
+            f"the vLLM server at {client.url} does not run coscale's worker extension "
+            f"(answers {answers!r}); start it with VLLM_SERVER_DEV_MODE=1 and "
+            "--worker-extension-cls coscale.rollout.vllm.server.worker.WorkerExtension"
+        )
+
+
+def gather_ok(error: str | None) -> None:
+    """Raises on every rank when any rank failed (`error` is this rank's message or None)."""
+    errors = [e for e in all_gather_objects([error]) if e]
+    if errors:
+        raise ServerError(errors[0])

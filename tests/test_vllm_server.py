@@ -1,0 +1,131 @@
+"""`rollout.backend: vllm-server` on a real ``vllm serve`` (vLLM's CPU build), one server for the
+module: started by the backend, sampled seeded and reproducibly, synced after optimiser steps
+(weight version reported back, parity with the trainer, greedy text equal to the trainer's),
+attached to by URL from a second backend, and killed: the next call names the exit code and the
+server's last log lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+
+import pytest
+import torch
+
+from coscale.rollout import HFGenerateBackend, SamplingParams
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not installed: ./run.sh setup installs vLLM's CPU build (x86_64 Linux)",
+    ),
+]
+PROMPTS = ["1+2=", "7*6=", "x"]
+SEEDED = SamplingParams(max_new_tokens=10, temperature=1.0, seed=7)
+GREEDY = SamplingParams(max_new_tokens=10, temperature=0)
+ENGINE = {"dtype": "float32", "max_model_len": 256, "kwargs": {"enforce_eager": True}}
+
+
+@pytest.fixture(scope="module")
+def policy(char_tokenizer):
+    from coscale.models.tiny import build_tiny_model
+
+    return build_tiny_model(char_tokenizer, num_heads=2, seed=0)  # head size 32 for vLLM's CPU
+
+
+@pytest.fixture(scope="module")
+def started(model_folder, policy, char_tokenizer, tmp_path_factory):
+    from coscale.rollout.vllm.server.backend import VLLMServerBackend
+
+    model_dir = model_folder("tiny32_server", policy, char_tokenizer)
+    log = tmp_path_factory.mktemp("server") / "vllm-server.log"
+    backend = VLLMServerBackend(
+        str(model_dir), char_tokenizer, policy, server={"log": str(log)}, engine=ENGINE
+    )
+    yield backend, model_dir, log
+    backend.close()
+
+
+def _step(policy: torch.nn.Module, steps: int = 2) -> None:
+    opt = torch.optim.Adam(policy.parameters(), lr=0.05)
+    ids = torch.tensor([[1, 8, 9, 10, 11, 12, 13, 14]])
+    policy.train()
+    for _ in range(steps):
+        policy(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    policy.eval()
+
+
+def test_the_started_server_samples_seeded_and_follows_every_sync(started, policy, char_tokenizer):
+    backend, _, log = started
+    first = backend.generate(PROMPTS, 2, SEEDED)
+    assert backend.generate(PROMPTS, 2, SEEDED).texts == first.texts  # seeded: reproducible
+    assert first.logprob_source == "engine" and backend.engine.process is not None
+    assert "coscale-worker-extension" not in log.read_text()  # the log is the server's own
+    for sync in (1, 2):
+        _step(policy)
+        backend.update_weights(policy)
+        engine = backend.engine
+        assert engine.client.weight_version() == engine.weight_version == str(sync)
+        assert backend.book.last.tensors > 0 and backend.book.last.engine_loaded[0] > 0
+        result = backend.check_parity()
+        assert result.mean_abs < backend.parity_atol
+    hf = HFGenerateBackend(policy, char_tokenizer).generate(PROMPTS, 1, GREEDY)
+    assert backend.generate(PROMPTS, 1, GREEDY).texts == hf.texts  # the trained weights serve
+
+
+def test_a_second_backend_attaches_by_url_and_leaves_the_server_up(started, policy, char_tokenizer):
+    from coscale.rollout.vllm.server.backend import VLLMServerBackend
+
+    backend, model_dir, _ = started
+    url = backend.engine.client.url
+    attached = VLLMServerBackend(str(model_dir), char_tokenizer, None, server={"url": url})
+    assert attached.engine.process is None and attached.engine.weight_version == "2"
+    assert attached.generate(PROMPTS, 1, GREEDY).texts == backend.generate(PROMPTS, 1, GREEDY).texts
+    attached.close()
+    assert backend.engine.client.healthy()  # attaching never stops it
+
+
+def test_no_server_at_the_url_is_a_clear_error(started, char_tokenizer):
+    from coscale.rollout.vllm.server.backend import VLLMServerBackend
+    from coscale.rollout.vllm.server.launch import ServerError, free_port
+
+    _, model_dir, _ = started
+    url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+    nowhere = VLLMServerBackend(str(model_dir), char_tokenizer, None, server={"url": url})
+    with pytest.raises(
+        ServerError, match=r"no vLLM server answers at .*rollout\.options\.server\.url"
+    ):
+        nowhere.generate(PROMPTS, 1, GREEDY)
+
+
+def test_a_killed_server_is_reported_with_its_exit_code_and_log(started):
+    from coscale.rollout.vllm.server.launch import ServerError
+
+    backend, _, log = started
+    process = backend.engine.process
+    os.killpg(process.pid, signal.SIGKILL)
+    process.process.wait(30)
+    with pytest.raises(ServerError, match=r"exited with code -9 while sampling") as err:
+        backend.generate(PROMPTS, 1, GREEDY)
+    assert str(log) in str(err.value) and "\n" in str(err.value)  # the log's last lines
+
+
+def test_ddp_on_two_cpu_ranks_shares_one_server(started, tmp_path):
+    from runs import worker_ranks
+
+    _, model_dir, _ = started
+    r0, r1 = worker_ranks("vllm_server_ddp_worker.py", model_dir, tmp_path, timeout=800)
+    assert r0["grpo_sum"] == pytest.approx(r1["grpo_sum"], abs=1e-9)  # DDP kept them equal
+    assert r0["server"]["url"] == r1["server"]["url"]  # one server
+    assert (r0["server"]["started_here"], r1["server"]["started_here"]) == (True, False)
+    for rank in (r0, r1):
+        # a sync at the fit's start and after its first step (the second step's sync is the
+        # last batch's end), each checked by this rank against its own policy
+        server = rank["server"]
+        assert server["reported_version"] == str(server["syncs"]) and server["syncs"] >= 2
+        assert rank["parity"] and all(diff < 1e-4 for _, diff in rank["parity"]), rank["parity"]
