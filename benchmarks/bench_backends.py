@@ -7,7 +7,10 @@ vllm``, the engine colocated in this process, weights synced after every optimis
 prompt instead of one seeded request per rollout). With a LoRA adapter (r 16, alpha 32,
 all-linear, `bench_sft.lora_config`) on the same model: ``cached-lora``, ``vllm-lora-merged``
 (``rollout.options.sync.adapter: merged``: every sync sends the merged weights) and ``vllm-lora``
-(``sync.adapter: lora``: every sync sends the adapter alone, a vLLM LoRA request). Every module loads its own copy of the model
+(``sync.adapter: lora``: every sync sends the adapter alone, a vLLM LoRA request).
+``vllm-server`` (``rollout.backend: vllm-server``) samples from a ``vllm serve`` process this
+script starts, on the CPUs of `--server-cores`, while the trainer's steps run on
+`--trainer-cores` (the other backends' steps on every core). Every module loads its own copy of the model
 in `--dtype` (float32) and does the same work per step: `--prompts` prompts x N=`--n` rollouts
 of at most `--new-tokens` tokens at temperature 1, a reward with spread in every group, the
 `grpo` loss, AdamW at lr 1e-6, `--micro-batch` rows per forward/backward pass.
@@ -38,6 +41,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import lightning as L
+import torch
 from bench_grpo import QUESTIONS, SpreadReward
 from paired import LightningTimer, timed
 from torch.utils.data import DataLoader
@@ -55,7 +59,10 @@ from vllm_bench import (
 from coscale.modules import GRPOModule
 from coscale.rl.losses import GRPOLoss
 
-BACKENDS = ("hf", "cached", "vllm", "vllm-unseeded", "cached-lora", "vllm-lora-merged", "vllm-lora")
+BACKENDS = (
+    "hf", "cached", "vllm", "vllm-unseeded", "vllm-server",
+    "cached-lora", "vllm-lora-merged", "vllm-lora",
+)  # fmt: skip
 
 
 class KeptEngineGRPO(GRPOModule):
@@ -92,6 +99,9 @@ def build_module(name: str, args) -> KeptEngineGRPO:
         if lora:
             options["sync"] = {"adapter": "merged" if name.endswith("merged") else "lora"}
         rollout = {"backend": "vllm", "options": options}
+        if name == "vllm-server":
+            options["server"] = {"cores": args.server_cores, "log": "/tmp/bench_vllm_server.log"}
+            rollout = {"backend": "vllm-server", "options": options}
     module = KeptEngineGRPO(
         model=SMOLLM2, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2),
         load={"dtype": args.dtype}, optimizer={"lr": 1e-6}, rollout=rollout,
@@ -113,8 +123,16 @@ class Timings:
     sync: list[float] = field(default_factory=list)
 
 
+def use_cores(cores: list[int]) -> None:
+    """This process (the trainer) on `cores`, one torch thread each."""
+    os.sched_setaffinity(0, set(cores))
+    torch.set_num_threads(len(cores))
+
+
 def fit_steps(module: KeptEngineGRPO, args, into: Timings) -> None:
     """One fit of 1 + --steps steps; adds the timings of each step after the first."""
+    server = module.backend.name == "vllm-server"
+    use_cores(args.trainer_cores if server and args.trainer_cores else args.all_cores)
     module.sample_seconds, module.sync_seconds = [], []
     problems = [{"id": str(i), "question": q, "answer": "", "n": args.n}
                 for i, q in enumerate(QUESTIONS)]  # fmt: skip
@@ -198,9 +216,17 @@ def main() -> None:
         action="store_true",
         help="check the script: 2 prompts x 4, 8 tokens, 1 round of 1 step",
     )
+    parser.add_argument("--server-cores", default=None,
+                        help="vllm-server: CPU ids of the server, e.g. 1 (default: all)")  # fmt: skip
+    parser.add_argument("--trainer-cores", default=None,
+                        help="vllm-server: CPU ids of the trainer's steps, e.g. 0 (default: all)")  # fmt: skip
     parser.add_argument("--out", default=None, help="results file (appended)")
     args = parser.parse_args()
     args.backends = [b for b in args.backends.split(",") if b]
+    args.all_cores = sorted(os.sched_getaffinity(0))
+    for flag in ("server_cores", "trainer_cores"):
+        value = getattr(args, flag)
+        setattr(args, flag, None if value is None else [int(c) for c in value.split(",")])
     if args.quick:
         args.prompts, args.n, args.new_tokens, args.rounds, args.steps = 2, 4, 8, 1, 1
     check_args(args)

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import signal
 
+import lightning as L
 import pytest
 import torch
 
@@ -101,6 +102,59 @@ def test_no_server_at_the_url_is_a_clear_error(started, char_tokenizer):
         ServerError, match=r"no vLLM server answers at .*rollout\.options\.server\.url"
     ):
         nowhere.generate(PROMPTS, 1, GREEDY)
+
+
+class _Watch(L.Callback):
+    """Each step's logged staleness and how many rollouts it reported to the curriculum."""
+
+    def __init__(self) -> None:
+        self.staleness: list[float] = []
+        self.recorded: list[int] = []
+        self.asked: list[int] = []  # the batch's sum of N
+
+    def on_train_start(self, trainer, module) -> None:
+        record = module.record_outcomes
+
+        def counted(batch, rollouts, correct):
+            self.recorded.append(rollouts.num_rollouts)
+            return record(batch, rollouts, correct)
+
+        module.record_outcomes = counted
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.staleness.append(float(trainer.callback_metrics["train/staleness"]))
+        self.asked.append(sum(p["n"] for p in batch))
+
+
+def _async_fit(backend, model_dir) -> tuple[dict, _Watch]:
+    from ddp_worker import DigitReward, loaded_data, mark_solvable
+    from trainers import quiet_trainer
+
+    from coscale.modules import GRPOModule
+
+    dm = loaded_data(8)  # 4 batches of 2 problems
+    mark_solvable(dm)
+    module = GRPOModule(
+        model=str(model_dir), reward=DigitReward(), optimizer={"lr": 0.005},
+        sampling={"max_new_tokens": 6, "temperature": 1.0},
+        update={"micro_batch_size": 4, "max_staleness": 1},
+    )  # fmt: skip
+    backend.follow(module.policy)
+    module.backend = backend  # lent: the module's fit does not stop the server
+    watch = _Watch()
+    quiet_trainer(4, callbacks=[watch]).fit(module, datamodule=dm)
+    return {k: v.clone() for k, v in module.policy.state_dict().items()}, watch
+
+
+def test_async_grpo_with_staleness_1_samples_ahead_and_reproduces(started):
+    backend, model_dir, _ = started
+    first, watch = _async_fit(backend, model_dir)
+    # the first batch is sampled when it trains; each later one a step ahead, by weights one
+    # optimiser step old; every rollout reaches the curriculum once, when its batch trains
+    assert watch.staleness == [0.0, 1.0, 1.0, 1.0]
+    assert watch.recorded == watch.asked and len(watch.asked) == 4
+    again, _ = _async_fit(backend, model_dir)  # same seeds, and no request straddles a sync
+    assert all(torch.equal(first[k], again[k]) for k in first)
 
 
 def test_a_killed_server_is_reported_with_its_exit_code_and_log(started):

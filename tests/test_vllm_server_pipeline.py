@@ -1,10 +1,12 @@
 """The tiny pipeline with its one engine a vLLM server (``pipeline.rollout.backend:
-vllm-server``): `coscale run --config configs/tiny.yaml --config tests/configs/vllm_tiny.yaml`
-starts ``vllm serve`` once, samples every measurement, selection scoring, RL rollout and the
-final judge on it, syncs each stage's weights into it, and stops it at the end."""
+vllm-server``) and asynchronous RL (``pipeline.grpo.update.max_staleness: 1``): `coscale run
+--config configs/tiny.yaml --config tests/configs/vllm_tiny.yaml` starts the server once,
+samples every measurement, selection scoring, RL rollout and the final judge on it, samples
+each RL batch a step ahead, syncs each stage's weights into it, and stops it at the end."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import os
@@ -39,6 +41,7 @@ def test_every_sample_of_the_run_goes_to_one_server_started_once(tmp_path):
         sys.executable, "-m", "coscale", "run", *configs,
         "--pipeline.rollout", json.dumps(rollout),
         "--pipeline.selection", "{problems: 8, every: 40, k: 2}",
+        "--pipeline.grpo.update.max_staleness", "1",
         "--pipeline.run_dir", str(run_dir),
     ]  # fmt: skip
     with open(log, "w") as out:
@@ -58,3 +61,13 @@ def test_every_sample_of_the_run_goes_to_one_server_started_once(tmp_path):
     with pytest.raises(OSError):  # stopped with the run
         urllib.request.urlopen(url + "/health", timeout=5)
     assert "Application startup complete" in server_log.read_text()
+    # RL ran with max_staleness 1 (here its epochs hold one batch of the few solvable
+    # problems, so there is nothing ahead to sample: staleness 0; sampling ahead is tested on 4
+    # batches in tests/test_vllm_server.py)
+    staleness = [
+        float(row["train/staleness"])
+        for path in run_dir.rglob("metrics.csv")
+        for row in csv.DictReader(path.open())
+        if row.get("train/staleness")
+    ]
+    assert staleness and set(staleness) <= {0.0, 1.0}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from coscale.datamodules.batches import ResumableLoader
 from coscale.loop.curriculum import Curriculum
 
 
@@ -25,3 +26,27 @@ def epoch_finished(trainer: Any) -> bool:
     an epoch is not over, so it must not be closed or measured."""
     loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
     return loop is None or loop._num_ready_batches_reached()
+
+
+def batch_position(trainer: Any) -> tuple[int, int] | None:
+    """(epoch, index in the epoch) of the batch being trained, from coscale's loader's cursor;
+    None for a loader coscale did not build."""
+    cursor = getattr(getattr(trainer, "datamodule", None), "cursor", None)
+    if cursor is None or not isinstance(
+        getattr(trainer, "train_dataloader", None), ResumableLoader
+    ):
+        return None
+    return cursor.epoch, cursor.consumed - 1
+
+
+def upcoming_batches(trainer: Any, depth: int) -> list[tuple[tuple[int, int], list[dict]]]:
+    """The next `depth` batches of this epoch after the one being trained, each with its
+    position (`batch_position`); fewer near the epoch's end, none past it (the next epoch's
+    batches depend on the pools its start builds)."""
+    here = batch_position(trainer)
+    if here is None:
+        return []
+    epoch, index = here
+    batches = trainer.train_dataloader.dataset.batches
+    ahead = range(index + 1, min(index + 1 + depth, len(batches)))
+    return [((epoch, i), batches[i]) for i in ahead]

@@ -31,6 +31,7 @@ from coscale.modules.grpo_settings import Sampling, Update
 from coscale.modules.kl_reference import frozen_copy, reference_logprobs
 from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.policy_mixin import PolicyMixin
+from coscale.modules.prefetch import Prefetch, sample_ahead
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.modules.step_log import log_step, reward_context
 from coscale.rl.advantages import group_advantages
@@ -163,6 +164,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         kl = self.loss_fn.beta > 0  # its reference: a frozen copy, or the base under the adapter
         self.ref_policy = frozen_copy(self.policy) if kl and peft is None else None
         self.base_is_reference = kl and peft is not None
+        self._prefetch = Prefetch()  # rollouts sampled ahead (update.max_staleness)
 
     @property
     def lr(self) -> float:
@@ -176,7 +178,11 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             self.backend.update_weights(self.policy)
         sampling = SamplingParams(**{**self.sampling.__dict__, "seed": self._step_seed()})
         with self.rewards.using(reward_context(self, batch_idx)) as context:  # TRL's step kwargs
-            rollouts, scores = self.sample(batch, [p["n"] for p in batch], sampling)  # R rollouts
+            if self.update_settings.max_staleness:
+                rollouts, scores, stale = sample_ahead(self, batch)  # R rollouts
+                self.log("train/staleness", float(stale), on_step=True, batch_size=len(batch))
+            else:
+                rollouts, scores = self.sample(batch, [p["n"] for p in batch], sampling)
         rollouts = rollouts.to(self.device)
         scale = self.update_settings.scale_rewards
         adv = group_advantages(scores.reward, rollouts.prompt_index.cpu(), scale)
@@ -232,6 +238,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             opt.step()
             if (sched := self.lr_schedulers()) is not None:
                 sched.step()
+        self._prefetch.wait()  # no request straddles the sync (coscale.modules.prefetch)
         self.backend.update_weights(self.policy)  # an engine with its own copy (vLLM) follows
         return stats
 
@@ -325,6 +332,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     def teardown(self, stage: str) -> None:
         # the vLLM engine this module built (its GPU memory), after any fit / validate / test;
         # rebuilt (and synced) on the next use. A lent engine (the run's) stays up.
+        self._prefetch.clear()  # requests sampled ahead of a stopped fit are not kept
         self.close_own_backend()
 
     def close_epoch_if_done(self) -> None:

@@ -53,6 +53,11 @@ class Update:
         scale_rewards: Advantage scaling: ``group`` (std of the group), ``batch`` or ``none``.
         mask_truncated: Leave rollouts cut by ``sampling.max_new_tokens`` out of the loss (their
             reward says nothing about an unfinished answer; TRL's ``mask_truncated_completions``).
+        max_staleness: 0 samples each batch when it trains (the paper's loop). k > 0 samples the
+            next k batches of the epoch while one trains, none by weights more than k optimiser
+            steps old; needs ``rollout.backend: vllm-server`` and the engine's log-probs, which
+            the mismatch correction (``loss.mismatch``) weights stale samples with
+            (`coscale.modules.prefetch`).
     """
 
     num_iterations: int = 1
@@ -60,9 +65,12 @@ class Update:
     max_grad_norm: float = 1.0
     scale_rewards: str = "group"
     mask_truncated: bool = False
+    max_staleness: int = 0
 
     def errors(self) -> list[str]:
-        errors = at_least(1, num_iterations=self.num_iterations)
+        errors = at_least(1, num_iterations=self.num_iterations) + at_least(
+            0, max_staleness=self.max_staleness
+        )
         errors += at_least(1, micro_batch_size=self.micro_batch_size)
         errors += at_least(0, float, max_grad_norm=self.max_grad_norm)
         return errors + one_of(SCALE_REWARDS, scale_rewards=self.scale_rewards)

@@ -113,6 +113,7 @@ class VLLMBackend(RolloutBackend):
 
     name = "vllm"
     replica = True  # one engine per rank, joined to the trainer's ranks (a server: False)
+    _rng_guard = staticmethod(seeded_rng_guard)  # an in-process engine seeds the global RNG
 
     def __init__(
         self,
@@ -323,7 +324,7 @@ class VLLMBackend(RolloutBackend):
             for ids, n, s in zip(prompt_ids, counts, samplings)
         ]
         flat = [r for call in requests for r in call]
-        with seeded_rng_guard(samplings[0].seed):  # a seeded call leaves the global RNG alone
+        with self._rng_guard(samplings[0].seed):  # a seeded call leaves the global RNG alone
             slot = None if self._adapters is None else self._adapters.slot
             lora = {} if slot is None else {"lora": slot}  # the base until the first sync
             outputs = list(self.engine.generate(flat, **lora))

@@ -8,18 +8,40 @@ others learn its URL from rank 0; a failed start stops every rank with the serve
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from torch import nn
 
 from coscale.distributed import all_gather_objects, is_writer
+from coscale.rollout.base import Rollouts, SamplingParams, normalize_n_per_prompt
 from coscale.rollout.vllm.backend import VLLMBackend
 from coscale.rollout.vllm.server.client import ServerClient
 from coscale.rollout.vllm.server.engine import ServerEngine, check_extension
 from coscale.rollout.vllm.server.launch import ServerError, ServerProcess, start_server
 from coscale.rollout.vllm.server.settings import Server, as_server
 from coscale.rollout.vllm.settings import Engine, Parity, Sync, check_settings
+
+
+@dataclass
+class PendingRollouts:
+    """Rollouts being sampled: `result` waits for them (and fills their log-probs)."""
+
+    future: Future
+    finish: Callable[[Rollouts], Rollouts]
+    version: int  # the sync whose weights sample them
+
+    def result(self) -> Rollouts:
+        return self.finish(self.future.result())
+
+
+@contextlib.contextmanager
+def no_guard(seed: int | None) -> Iterator[None]:
+    yield
 
 
 class VLLMServerBackend(VLLMBackend):
@@ -41,6 +63,7 @@ class VLLMServerBackend(VLLMBackend):
 
     name = "vllm-server"
     replica = False  # one server for every rank
+    _rng_guard = staticmethod(no_guard)  # sampling leaves this process's RNGs alone
 
     def __init__(
         self,
@@ -60,6 +83,7 @@ class VLLMServerBackend(VLLMBackend):
         refuse_colocated_only(engine_group, sync_group)
         super().__init__(model, tokenizer, policy, engine, sync, parity, logprobs, honor_seed)
         self._factory = engine_factory or self._open
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="coscale-rollouts")
 
     def _open(self, **args: Any) -> ServerEngine:
         """Starts the server (rank 0) or attaches to ``server.url`` (every rank)."""
@@ -96,6 +120,24 @@ class VLLMServerBackend(VLLMBackend):
             flush=True,
         )
         return engine
+
+    def submit(
+        self, prompts: list[str], n_per_prompt: list[int] | int, sampling: SamplingParams
+    ) -> PendingRollouts:
+        """`generate` in a background thread: the sync and parity check it may need run here,
+        the requests go out at once, and `PendingRollouts.result` (on this thread: it may
+        recompute log-probs with the policy) gives the rollouts. The weight version they are
+        sampled with is the current sync's (`PendingRollouts.version`)."""
+        if not prompts:
+            raise ValueError("prompts must hold at least one prompt, got []")
+        counts = normalize_n_per_prompt(n_per_prompt, len(prompts))
+        ids = [list(x) for x in self.tokenizer(list(prompts))["input_ids"]]
+        self._prepare()
+        self._probe = ids[: self.parity_settings.samples]
+        future = self._pool.submit(self._sample, ids, counts, sampling)
+        return PendingRollouts(
+            future, partial(self._fill_logprobs, sampling=sampling), self.book.version
+        )
 
     def update_weights(self, model: nn.Module) -> None:
         """`VLLMBackend.update_weights`, then the server's reported weight version checked

@@ -1,0 +1,130 @@
+"""Asynchronous GRPO (``update.max_staleness: k``): the rollouts of an epoch's next k batches
+are requested while the current batch trains, from a backend that samples on its own weights
+in the background (`VLLMServerBackend.submit`).
+
+Bound: at the step of batch i the requests of batches up to i + k go out, sampled by the
+weights of sync v_i; before the step's own weight sync the module waits until every request
+out is sampled (`Prefetch.wait`), so no request straddles a sync and batch j, trained at
+step j <= i + k, is at most k optimiser steps old. That wait also keeps a seeded run
+reproducible: which weights sample a batch never depends on timing.
+
+What is sampled ahead is not counted anywhere until its batch trains: the step that trains
+it scores it, reports it to the curriculum and logs its staleness. Nothing ahead crosses an
+epoch's end (the next epoch's batches come from the pools its start builds), and nothing of
+it is saved: a fit resumed from a checkpoint requests those batches again, as a fit stopped
+without requests out would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from coscale.clock import timed
+from coscale.modules.feed import batch_position, upcoming_batches
+from coscale.modules.policy_mixin import reward_inputs
+from coscale.rollout.base import SamplingParams
+
+Key = tuple[int, int]  # (epoch, batch index in it)
+
+
+class Pending(Protocol):
+    """Rollouts being sampled (`coscale.rollout.vllm.server.backend.PendingRollouts`)."""
+
+    version: int
+
+    def result(self) -> Any: ...
+
+
+def batch_ids(batch: Sequence[dict]) -> tuple[str, ...]:
+    """What identifies a batch's contents: its problems' ids and their N, in order."""
+    return tuple(f"{p['id']}:{p.get('n')}" for p in batch)
+
+
+class Prefetch:
+    """The requests out for batches ahead, by position, each with its batch's ids."""
+
+    def __init__(self) -> None:
+        self._out: dict[Key, tuple[tuple[str, ...], Pending]] = {}
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._out
+
+    def __len__(self) -> int:
+        return len(self._out)
+
+    def add(self, key: Key, batch: Sequence[dict], pending: Pending) -> None:
+        self._out[key] = (batch_ids(batch), pending)
+
+    def take(self, key: Key, batch: Sequence[dict]) -> Pending | None:
+        """The requests out for the batch at `key`, if they were for these very problems;
+        requests out for earlier positions are dropped (a position skipped or a new epoch)."""
+        for old in [k for k in self._out if k < key]:
+            del self._out[old]
+        found = self._out.pop(key, None)
+        if found is None or found[0] != batch_ids(batch):
+            return None
+        return found[1]
+
+    def wait(self) -> None:
+        """Until every request out is sampled (before a weight sync)."""
+        for _, pending in self._out.values():
+            future = getattr(pending, "future", None)
+            if future is not None:
+                future.exception()  # waits; an error is raised when its batch takes it
+
+    def clear(self) -> None:
+        self.wait()
+        self._out.clear()
+
+
+def sample_ahead(module: Any, batch: list[dict]) -> tuple[Any, Any, int]:
+    """The rollouts of the batch `module` (a GRPOModule) trains now, sampled ahead where they
+    were, with their scores and staleness (syncs since the weights that sampled them); the
+    requests of the next ``update.max_staleness`` batches go out first.
+
+    Raises:
+        ValueError: When the backend cannot sample in the background, the fit's loader is not
+            coscale's (the batches ahead are unknown), or the rollouts' log-probs are not the
+            engine's (stale samples need them for the mismatch correction); each names
+            ``update.max_staleness``.
+    """
+    backend = module.backend
+    if not hasattr(backend, "submit"):
+        raise ValueError(
+            f"update.max_staleness={module.update_settings.max_staleness} needs a backend that "
+            f"samples in the background (rollout.backend: vllm-server), got {backend.name!r}"
+        )
+    here = batch_position(module.trainer)
+    if here is None:
+        raise ValueError(
+            "update.max_staleness > 0 needs a fit on coscale's data modules (ProblemDataModule, "
+            "CurriculumDataModule): with another loader the batches ahead are unknown"
+        )
+    pending = module._prefetch.take(here, batch) or _submit(module, here, batch)
+    for key, ahead in upcoming_batches(module.trainer, module.update_settings.max_staleness):
+        if key not in module._prefetch:
+            module._prefetch.add(key, ahead, _submit(module, key, ahead))
+    with timed("sampling"):  # the wait: what sampling ahead did not hide
+        rollouts = pending.result()
+    if rollouts.logprob_source != "engine":
+        raise ValueError(
+            "update.max_staleness > 0 needs the engine's log-probs (rollout.options.logprobs: "
+            "auto or engine, with sampling.top_k 0 and top_p 1): the trainer's, computed now, "
+            "are not those of the weights that sampled"
+        )
+    module._spend(rollouts.num_rollouts)
+    questions = [p["question"] for p in batch]
+    prompts, messages = module.prompts_for(questions), module.prompt.conversations(questions)
+    scores = module.rewards.score(reward_inputs(batch, prompts, rollouts, messages))
+    return rollouts, scores, backend.book.version - pending.version
+
+
+def _submit(module: Any, key: Key, batch: list[dict]) -> Pending:
+    """The requests of the batch at `key`, seeded by its position (not by the step that
+    happens to send them), so a resumed fit sends the same."""
+    epoch, index = key
+    seed = module.seed * 1_000_003 + (epoch * 100_003 + index) * 1_009 + module.global_rank
+    sampling = SamplingParams(**{**module.sampling.__dict__, "seed": seed})
+    prompts = module.prompts_for([p["question"] for p in batch])
+    return module.backend.submit(prompts, [p["n"] for p in batch], sampling)
