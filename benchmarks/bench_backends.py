@@ -10,7 +10,10 @@ all-linear, `bench_sft.lora_config`) on the same model: ``cached-lora``, ``vllm-
 (``sync.adapter: lora``: every sync sends the adapter alone, a vLLM LoRA request).
 ``vllm-server`` (``rollout.backend: vllm-server``) samples from a ``vllm serve`` process this
 script starts, on the CPUs of `--server-cores`, while the trainer's steps run on
-`--trainer-cores` (the other backends' steps on every core). Every module loads its own copy of the model
+`--trainer-cores` (the other backends' steps on every core); ``vllm-server-async`` is the same
+with ``update.max_staleness: 1`` (the next batch is sampled while one trains; its fits read
+coscale's `ProblemDataModule`, every problem solvable with N=`--n`, since the batches ahead come
+from coscale's loader). Every module loads its own copy of the model
 in `--dtype` (float32) and does the same work per step: `--prompts` prompts x N=`--n` rollouts
 of at most `--new-tokens` tokens at temperature 1, a reward with spread in every group, the
 `grpo` loss, AdamW at lr 1e-6, `--micro-batch` rows per forward/backward pass.
@@ -56,11 +59,12 @@ from vllm_bench import (
     write_header,
 )
 
+from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule
 from coscale.rl.losses import GRPOLoss
 
 BACKENDS = (
-    "hf", "cached", "vllm", "vllm-unseeded", "vllm-server",
+    "hf", "cached", "vllm", "vllm-unseeded", "vllm-server", "vllm-server-async",
     "cached-lora", "vllm-lora-merged", "vllm-lora",
 )  # fmt: skip
 
@@ -99,14 +103,16 @@ def build_module(name: str, args) -> KeptEngineGRPO:
         if lora:
             options["sync"] = {"adapter": "merged" if name.endswith("merged") else "lora"}
         rollout = {"backend": "vllm", "options": options}
-        if name == "vllm-server":
-            options["server"] = {"cores": args.server_cores, "log": "/tmp/bench_vllm_server.log"}
+        if name.startswith("vllm-server"):
+            log = f"/tmp/bench_{name}.log"
+            options["server"] = {"cores": args.server_cores, "log": log}
             rollout = {"backend": "vllm-server", "options": options}
     module = KeptEngineGRPO(
         model=SMOLLM2, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2),
         load={"dtype": args.dtype}, optimizer={"lr": 1e-6}, rollout=rollout,
         update={"scale_rewards": "group", "max_grad_norm": 1.0, "num_iterations": 1,
-                "micro_batch_size": min(args.micro_batch, args.prompts * args.n)},
+                "micro_batch_size": min(args.micro_batch, args.prompts * args.n),
+                "max_staleness": int(name.endswith("-async"))},
         sampling={"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0},
         peft=lora_config() if lora else None,
     )  # fmt: skip
@@ -136,17 +142,31 @@ def fit_steps(module: KeptEngineGRPO, args, into: Timings) -> None:
     module.sample_seconds, module.sync_seconds = [], []
     problems = [{"id": str(i), "question": q, "answer": "", "n": args.n}
                 for i, q in enumerate(QUESTIONS)]  # fmt: skip
+    data: dict = {"train_dataloaders": DataLoader(problems, args.prompts, collate_fn=list)}
+    if module.update_settings.max_staleness:
+        data = {"datamodule": solvable_data(problems, args)}
     timer = LightningTimer()
     trainer = L.Trainer(
         max_steps=1 + args.steps, accelerator="cpu", devices=1, logger=False, callbacks=[timer],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
-    trainer.fit(module, train_dataloaders=DataLoader(problems, args.prompts, collate_fn=list))
+    trainer.fit(module, **data)
     module.policy.zero_grad(set_to_none=True)
     ends = timer.ends[1:]  # [0] is train start: the first interval is the warm-up step
     into.step += [b - a for a, b in itertools.pairwise(ends)]
     into.sample += module.sample_seconds[1:]
     into.sync += module.sync_seconds[1:]
+
+
+def solvable_data(problems: list[dict], args) -> ProblemDataModule:
+    """`problems` in coscale's data module, every one solvable with N=--n, --prompts a batch."""
+    rows = [{"id": p["id"], "question": p["question"], "answer": "0"} for p in problems]
+    dm = ProblemDataModule(train=rows, batch_size=args.prompts,
+                           curriculum={"rollout_n": args.n, "seed": 0})  # fmt: skip
+    dm.load()
+    for pid in dm.problems:
+        dm.curriculum.pools.record(pid, 4, 2)
+    return dm
 
 
 def check_args(args: argparse.Namespace) -> None:
