@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from coscale.distributed import all_gather_objects, is_writer
+from coscale.distributed import all_gather_objects, barrier, is_writer
 from coscale.rollout.base import Rollouts, SamplingParams, normalize_n_per_prompt
 from coscale.rollout.vllm.backend import VLLMBackend
 from coscale.rollout.vllm.server.client import ServerClient
@@ -138,6 +138,14 @@ class VLLMServerBackend(VLLMBackend):
         return PendingRollouts(
             future, partial(self._fill_logprobs, sampling=sampling), self.book.version
         )
+
+    def close(self) -> None:
+        """`VLLMBackend.close` once every rank is done with the server: rank 0 stops the server
+        it started, and another rank may still be talking to it (every rank calls this at the
+        same point, e.g. its fit's end)."""
+        if self._engine is not None:
+            barrier()
+        super().close()
 
     def update_weights(self, model: nn.Module) -> None:
         """`VLLMBackend.update_weights`, then the server's reported weight version checked
