@@ -13,6 +13,7 @@ import signal
 import lightning as L
 import pytest
 import torch
+from test_vllm_engine import _step
 
 from coscale.rollout import HFGenerateBackend, SamplingParams
 
@@ -50,17 +51,6 @@ def started(model_folder, policy, char_tokenizer, tmp_path_factory):
     backend.close()
 
 
-def _step(policy: torch.nn.Module, steps: int = 2) -> None:
-    opt = torch.optim.Adam(policy.parameters(), lr=0.05)
-    ids = torch.tensor([[1, 8, 9, 10, 11, 12, 13, 14]])
-    policy.train()
-    for _ in range(steps):
-        policy(ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    policy.eval()
-
-
 def test_the_started_server_samples_seeded_and_follows_every_sync(started, policy, char_tokenizer):
     backend, _, log = started
     first = backend.generate(PROMPTS, 2, SEEDED)
@@ -68,7 +58,7 @@ def test_the_started_server_samples_seeded_and_follows_every_sync(started, polic
     assert first.logprob_source == "engine" and backend.engine.process is not None
     assert "coscale-worker-extension" not in log.read_text()  # the log is the server's own
     for sync in (1, 2):
-        _step(policy)
+        _step(policy)  # two Adam steps, every weight moves (the colocated engine's test)
         backend.update_weights(policy)
         engine = backend.engine
         assert engine.client.weight_version() == engine.weight_version == str(sync)
