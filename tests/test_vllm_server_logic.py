@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import ClassVar
 from urllib.parse import parse_qs, urlparse
 
@@ -207,3 +212,31 @@ def test_a_dead_server_is_reported_with_its_exit_code_and_log(tmp_path):
         ServerProcess([sys.executable, "-c", "import time; time.sleep(60)"], {}, log).wait_ready(
             lambda: False, 1.0
         )
+
+
+def test_a_server_dies_with_the_run_that_started_it_even_when_the_run_is_sigkilled(tmp_path):
+    """A `coscale run` SIGKILLed (or OOM-killed) leaves no server behind: the server runs in a
+    session of its own, out of reach of the run's process group, and ends by its parent-death
+    signal."""
+    starter = (
+        "import sys, time; from coscale.rollout.vllm.server.launch import ServerProcess; "
+        "p = ServerProcess([sys.executable, '-c', 'import time; time.sleep(600)'], {}, "
+        f"{str(tmp_path / 'server.log')!r}); print(p.pid, flush=True); time.sleep(600)"
+    )
+    run = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    server = int(run.stdout.readline())
+    assert os.getsid(server) == server  # its own session: killing the run's group misses it
+    run.send_signal(signal.SIGKILL)
+    run.wait(30)
+    deadline = time.monotonic() + 30
+    while _alive(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(server), f"the server (pid {server}) outlived the run that started it"
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by init, counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

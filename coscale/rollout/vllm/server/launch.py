@@ -5,7 +5,9 @@ too), started with the colocated engine's arguments turned into command-line fla
 (`serve_argv`), vLLM's development routes on (``VLLM_SERVER_DEV_MODE=1``: ``/collective_rpc``,
 ``/pause``, ``/resume``, ``/update_weight_version``, ``/sleep`` ...) and coscale's worker
 extension loaded into its workers (`coscale.rollout.vllm.server.worker`). Its output goes to a
-log file; every error about the server ends with that file's last lines (`log_tail`).
+log file; every error about the server ends with that file's last lines (`log_tail`). On Linux
+it gets SIGTERM when the process that started it dies, however it dies (SIGKILL, the OOM killer),
+so a killed run never leaves a server holding its devices (`_on_start`).
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ class ServerProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own group: a stop reaches its children too
-                preexec_fn=None if not cores else _pin(cores),
+                preexec_fn=_on_start(cores),
             )
 
     @property
@@ -173,11 +175,22 @@ class ServerProcess:
                 continue
 
 
-def _pin(cores: tuple[int, ...]) -> Callable[[], None]:
-    def pin() -> None:
-        os.sched_setaffinity(0, set(cores))
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent thread ends
 
-    return pin
+
+def _on_start(cores: tuple[int, ...] | None) -> Callable[[], None]:
+    """What the server runs before vLLM: SIGTERM when its starter dies (Linux), pinned to
+    `cores`."""
+
+    def start() -> None:
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if cores:
+            os.sched_setaffinity(0, set(cores))
+
+    return start
 
 
 def default_log(port: int) -> str:
