@@ -1,14 +1,18 @@
 """`rollout.backend: vllm-server` on a real ``vllm serve`` (vLLM's CPU build), one server for the
 module: started by the backend, sampled seeded and reproducibly, synced after optimiser steps
 (weight version reported back, parity with the trainer, greedy text equal to the trainer's),
-attached to by URL from a second backend, and killed: the next call names the exit code and the
-server's last log lines."""
+attached to by URL from a second backend, asynchronous GRPO on it killed with rollouts in flight
+and resumed, and the server killed: the next call names the exit code and the server's last log
+lines."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
+import subprocess
+import sys
 
 import lightning as L
 import pytest
@@ -145,6 +149,59 @@ def test_async_grpo_with_staleness_1_samples_ahead_and_reproduces(started):
     assert watch.recorded == watch.asked and len(watch.asked) == 4
     again, _ = _async_fit(backend, model_dir)  # same seeds, and no request straddles a sync
     assert all(torch.equal(first[k], again[k]) for k in first)
+
+
+def _worker(url: str, model_dir, out, mode: str) -> int:
+    """tests/vllm_server_kill_worker.py in its own process; its exit status."""
+    from runs import ROOT, env
+
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "tests" / "vllm_server_kill_worker.py"), url, str(model_dir)]
+    with open(out / f"{mode}.log", "w") as log:
+        return subprocess.run([*cmd, str(out), mode], env=env(), stdout=log, stderr=log).returncode
+
+
+def _steps(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+
+
+def _end(out) -> tuple[dict, dict]:
+    return json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt")
+
+
+def _rounds(result: dict) -> list[tuple[str, int, int]]:
+    """Each problem's measurements and RL rounds counted by the curriculum."""
+    problems = result["curriculum"]["pools"]["problems"]
+    return [(p["id"], len(p["history"]), p["rl_rounds"]) for p in problems]
+
+
+def test_a_fit_killed_with_rollouts_in_flight_resumes_as_one_killed_without_them(started, tmp_path):
+    """Asynchronous GRPO (max_staleness 1, a checkpoint every step) SIGKILLed after step 2's
+    checkpoint while batch 3's request is out, and resumed, ends in the very state of the same
+    fit killed there with nothing out: what was in flight is requested again, by the resumed
+    weights, and counted once."""
+    backend, model_dir, _ = started
+    url = backend.engine.client.url
+    full, killed, idle = tmp_path / "full", tmp_path / "killed", tmp_path / "idle"
+    assert _worker(url, model_dir, full, "full") == 0, (full / "full.log").read_text()[-3000:]
+    for out, mode in ((killed, "kill"), (idle, "kill-idle")):
+        assert _worker(url, model_dir, out, mode) == -signal.SIGKILL, (
+            out / f"{mode}.log"
+        ).read_text()[-3000:]
+        at_kill = _steps(out)[-1]
+        assert (at_kill["step"], at_kill["batch"]) == (2, 1)
+        assert at_kill["out"] == (1 if mode == "kill" else 0)  # batch 3's request, or nothing
+        assert _worker(url, model_dir, out, "resume") == 0, (out / "resume.log").read_text()[-3000:]
+    want_steps = _steps(full)
+    assert [s["staleness"] for s in want_steps] == [0.0, 1.0, 1.0, 1.0] * 2  # 2 epochs
+    for out in (killed, idle):  # batch 3 sampled again, now by the resumed weights: staleness 0
+        assert [s["staleness"] for s in _steps(out)] == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    (state, weights), (same_state, same_weights) = _end(killed), _end(idle)
+    assert state == same_state
+    assert all(torch.equal(weights[k], same_weights[k]) for k in weights)
+    want, _ = _end(full)  # and each rollout counted once: as many as the uninterrupted fit's
+    assert state["spend"] == want["spend"] and state["spend"]["rollouts"] > 0
+    assert _rounds(state) == _rounds(want)
 
 
 def test_a_killed_server_is_reported_with_its_exit_code_and_log(started):

@@ -82,6 +82,9 @@ class VLLMServerBackend(VLLMBackend):
         engine_group, sync_group, _ = check_settings(engine=engine, sync=sync, parity=parity)
         refuse_colocated_only(engine_group, sync_group)
         super().__init__(model, tokenizer, policy, engine, sync, parity, logprobs, honor_seed)
+        if self.server_settings.url is not None and self.policy is not None:
+            # a server attached to holds whatever its last trainer loaded: sync before sampling
+            self._weights_valid = False
         self._factory = engine_factory or self._open
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="coscale-rollouts")
 
