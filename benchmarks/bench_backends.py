@@ -23,7 +23,9 @@ Timing: `--rounds` rounds; in a round every backend runs one fit (a fresh `Train
 timed, the others are (the time between step ends, so generation, reward, update and, for vLLM,
 the weight sync are all in). A cell is the median step time over all rounds, with every timed
 step; beside it the sampling time (generate + reward; for vLLM also the parity check that
-follows every sync by default, `--parity-every`) and, for vLLM, the weight sync's
+follows every sync by default, `--parity-every`; none for ``-async``, whose batches are sampled
+ahead), the step's wait for its rollouts (coscale's clock, ``sampling``: the generate call, or
+for ``-async`` what the overlap with the previous step left) and, for vLLM, the weight sync's
 (`backend.book.last.seconds`) of the same steps. The vLLM engines are built once, before the
 rounds (build time printed), and kept across fits.
 
@@ -59,6 +61,7 @@ from vllm_bench import (
     write_header,
 )
 
+from coscale import clock
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule
 from coscale.rl.losses import GRPOLoss
@@ -82,7 +85,12 @@ class KeptEngineGRPO(GRPOModule):
         self.sample_seconds.append(time.perf_counter() - start)
         return out
 
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        self.clock_before = clock.snapshot()
+
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        # the step's wait for its rollouts: generate, or (sampled ahead) what the overlap left
+        self.wait_seconds.append(clock.since(self.clock_before, 0.0).get("sampling", 0.0))
         book = getattr(self.backend, "book", None)  # vLLM's sync records
         if book is not None and book.last is not None:
             self.sync_seconds.append(book.last.seconds)
@@ -116,16 +124,18 @@ def build_module(name: str, args) -> KeptEngineGRPO:
         sampling={"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0},
         peft=lora_config() if lora else None,
     )  # fmt: skip
-    module.sample_seconds, module.sync_seconds = [], []
+    module.sample_seconds, module.sync_seconds, module.wait_seconds = [], [], []
     return module
 
 
 @dataclass
 class Timings:
-    """Per timed step of one backend: step, sampling (generate + reward) and sync seconds."""
+    """Per timed step of one backend: step, sampling (generate + reward), wait for the rollouts
+    and sync seconds."""
 
     step: list[float] = field(default_factory=list)
     sample: list[float] = field(default_factory=list)
+    wait: list[float] = field(default_factory=list)
     sync: list[float] = field(default_factory=list)
 
 
@@ -139,7 +149,7 @@ def fit_steps(module: KeptEngineGRPO, args, into: Timings) -> None:
     """One fit of 1 + --steps steps; adds the timings of each step after the first."""
     server = module.backend.name == "vllm-server"
     use_cores(args.trainer_cores if server and args.trainer_cores else args.all_cores)
-    module.sample_seconds, module.sync_seconds = [], []
+    module.sample_seconds, module.sync_seconds, module.wait_seconds = [], [], []
     problems = [{"id": str(i), "question": q, "answer": "", "n": args.n}
                 for i, q in enumerate(QUESTIONS)]  # fmt: skip
     data: dict = {"train_dataloaders": DataLoader(problems, args.prompts, collate_fn=list)}
@@ -156,6 +166,7 @@ def fit_steps(module: KeptEngineGRPO, args, into: Timings) -> None:
     into.step += [b - a for a, b in itertools.pairwise(ends)]
     into.sample += module.sample_seconds[1:]
     into.sync += module.sync_seconds[1:]
+    into.wait += module.wait_seconds[1:]
 
 
 def solvable_data(problems: list[dict], args) -> ProblemDataModule:
@@ -206,13 +217,14 @@ def write_table(report: Report, timings: dict[str, Timings], args) -> None:
            f"prompts x N={args.n}, {args.new_tokens} new tokens; {args.rounds} rounds x "
            f"{args.steps} timed steps (after a warm-up step per fit)")  # fmt: skip
     report(f"| backend | step s (every timed step) | step / {first} | sampling s "
-           "(generate + reward) | weight sync s |")  # fmt: skip
-    report("|---|---|---|---|---|")
+           "(generate + reward) | waiting for rollouts s | weight sync s |")  # fmt: skip
+    report("|---|---|---|---|---|---|")
     for name, t in timings.items():
         ratio = median(t.step) / median(timings[first].step)
         sync = cell(t.sync, "{:.2f}") if t.sync else "-"
-        report(f"| {name} | {cell(t.step, '{:.2f}')} | {ratio:.2f}x | "
-               f"{cell(t.sample, '{:.2f}')} | {sync} |")  # fmt: skip
+        sample = cell(t.sample, "{:.2f}") if t.sample else "- (sampled ahead)"
+        report(f"| {name} | {cell(t.step, '{:.2f}')} | {ratio:.2f}x | {sample} | "
+               f"{cell(t.wait, '{:.2f}')} | {sync} |")  # fmt: skip
 
 
 def main() -> None:
