@@ -17,7 +17,9 @@ root FSDP unit is still in its forward state); on one device it is not sharded (
 ``pipeline`` | ``lockstep`` | ``fits``: one multi-process path each (see gpu_check_paths.py);
 ``vllm``: the vLLM rollout backend on the real engine, one device: sample, optimiser step, weight
 sync, parity after each of ``--vllm-steps`` steps, greedy output equal to the trainer's after the
-last (see gpu_check_vllm.py; SKIP where vllm is not installed);
+last (see gpu_check_vllm.py; SKIP where vllm is not installed); ``vllm-server``: the same on a
+``vllm serve`` the check starts, its weights over vLLM's NCCL weight transfer to GPU 1 where
+there are 2 GPUs, else through files;
 ``all``: every check, each in a subprocess, within ``--budget`` seconds. Each prints
 ``[gpu_check] PASS|FAIL|SKIP <check>: <numbers>``; the exit code is 1 when any failed.
 
@@ -54,8 +56,8 @@ import gpu_check_matmul
 import gpu_check_paths as paths
 import gpu_check_vllm
 
-COMMANDS = ("speed", "matmul", "pipeline", "lockstep", "fits", "vllm", "all")
-ORDER = ["matmul", "speed", "fits", "pipeline", "lockstep", "vllm"]
+COMMANDS = ("speed", "matmul", "pipeline", "lockstep", "fits", "vllm", "vllm-server", "all")
+ORDER = ["matmul", "speed", "fits", "pipeline", "lockstep", "vllm", "vllm-server"]
 """What ``all`` runs, in this order: the measurements first, then the multi-process paths."""
 SIZES = {  # hidden, layers, problems, n, new_tokens, steps
     "gpu": (512, 8, 16, 8, 64, 6),  # ~25M parameters, 128 rollouts a step
@@ -283,7 +285,9 @@ def run_checks(args: argparse.Namespace, names: list[str], argv: list[str]) -> i
     checks = {**paths.CHECKS, "speed": lambda s: speed_in_subprocess(s, argv),
               "matmul": gpu_check_matmul.matmul,
               "vllm": lambda s: gpu_check_vllm.vllm(s, args.vllm_model, args.vllm_dtype,
-                                                    args.vllm_steps)}  # fmt: skip
+                                                    args.vllm_steps),
+              "vllm-server": lambda s: gpu_check_vllm.vllm(s, args.vllm_model, args.vllm_dtype,
+                                                           args.vllm_steps, "vllm-server")}  # fmt: skip
     failed = []
     for name in names:
         start = time.perf_counter()

@@ -12,6 +12,11 @@ completions must equal the trainer's (`HFGenerateBackend`, float32 only), and th
 have moved the log-probs (engine vs the initial model) well past the parity error, so that a sync
 that did nothing would have failed. Prints the sync seconds, tensors, bytes and parity figures.
 Skipped where vllm is not installed.
+
+GPU check ``vllm-server``: the same on `VLLMServerBackend`, a ``vllm serve`` the worker starts.
+With 2 or more GPUs the server runs on GPU 1 and the weights go over vLLM's NCCL weight transfer
+(``server.transfer: nccl``), the path CI cannot run; with one GPU (NCCL cannot link two
+processes on one device) or on CPU, through files (``transfer: files``). The line says which.
 """
 
 from __future__ import annotations
@@ -35,15 +40,21 @@ INSTALL = ("vllm is not installed: pip install 'coscale[vllm]' (GPU), or ./run.s
            "vLLM's CPU build")  # fmt: skip
 
 
-def vllm(setup: paths.Setup, model: str = "auto", dtype: str = "float32", steps: int = 3) -> str:
+def vllm(
+    setup: paths.Setup,
+    model: str = "auto",
+    dtype: str = "float32",
+    steps: int = 3,
+    backend: str = "vllm",
+) -> str:
     """Runs the worker on `setup`'s first device and checks what it wrote; see the module doc."""
     if importlib.util.find_spec("vllm") is None:
         raise paths.Skipped(INSTALL)
     model_dir, name = _model(setup.work, model)
     out = paths._fresh(setup.work / "vllm")
     cmd = [sys.executable, __file__, "vllm-worker", str(model_dir), str(out),
-           setup.accelerator, dtype, str(steps)]  # fmt: skip
-    wall = paths.run_worker("vllm", cmd, setup)
+           setup.accelerator, dtype, str(steps), backend]  # fmt: skip
+    wall = paths.run_worker(backend, cmd, setup)
     r = json.loads((out / "result.json").read_text())
     bad = [f"sync {i + 1}: {p['mean']:.3g} > {p['atol']}" for i, p in enumerate(r["parity"])
            if not p["ok"]]  # fmt: skip
@@ -60,7 +71,8 @@ def vllm(setup: paths.Setup, model: str = "auto", dtype: str = "float32", steps:
                  "this check could not tell a sync that did nothing")  # fmt: skip
     syncs = r["sync_seconds"]
     parity = " ".join(f"{p['mean']:.1e}" for p in r["parity"])
-    return (f"{setup.accelerator} ({r['device']}), {name} {dtype}, vLLM {r['vllm']}: engine "
+    return (f"{setup.accelerator} ({r['device']}), {name} {dtype}, vLLM {r['vllm']}, "
+            f"{backend} {r['transfer']}: engine "
             f"built in {r['build_s']:.1f} s; {steps} x (step, sync, parity): sync "
             f"{r['tensors']} tensors {r['bytes'] / 1e6:.0f} MB in "
             f"{statistics.median(syncs):.2f} s median ({' '.join(f'{s:.2f}' for s in syncs)}); "
@@ -90,8 +102,11 @@ def _model(work: Path, choice: str) -> tuple[Path, str]:
 
 
 # ------------------------------------------------------------------------------- the worker
-def _worker(model_dir: str, out: str, accelerator: str, dtype: str, steps: str) -> None:
-    """Builds the engine, trains `steps` steps with a sync and a parity check after each."""
+def _worker(
+    model_dir: str, out: str, accelerator: str, dtype: str, steps: str, name: str = "vllm"
+) -> None:
+    """Builds the engine (`name`: vllm or vllm-server), trains `steps` steps with a sync and a
+    parity check after each."""
     import torch
     import vllm as vllm_module
 
@@ -104,13 +119,19 @@ def _worker(model_dir: str, out: str, accelerator: str, dtype: str, steps: str) 
     policy, tok = load_policy(model_dir, None, "float32")
     policy.to(device).train()
     initial = copy.deepcopy(policy).eval()
-    backend = VLLMBackend(
-        model_dir, tok, policy, engine={"dtype": dtype, "max_model_len": 256, "kv_cache_gib": 1.0}
-    )
+    engine = {"dtype": dtype, "max_model_len": 256, "kv_cache_gib": 1.0}
+    if name == "vllm-server":
+        from coscale.rollout.vllm.server.backend import VLLMServerBackend
+
+        server, transfer = _server(accelerator)
+        backend = VLLMServerBackend(model_dir, tok, policy, server=server, engine=engine)
+    else:
+        backend, transfer = VLLMBackend(model_dir, tok, policy, engine=engine), "in-process"
     start = time.perf_counter()
     backend.engine  # noqa: B018 (builds it)
     result = {"build_s": time.perf_counter() - start, "device": _device_name(device),
-              "vllm": vllm_module.__version__, "parity": [], "sync_seconds": []}  # fmt: skip
+              "vllm": vllm_module.__version__, "parity": [], "sync_seconds": [],
+              "transfer": transfer}  # fmt: skip
     optimiser = torch.optim.AdamW(policy.parameters(), lr=1e-4)
     for step in range(int(steps)):
         sampling = SamplingParams(max_new_tokens=16, temperature=1.0, seed=step)
@@ -126,6 +147,16 @@ def _worker(model_dir: str, out: str, accelerator: str, dtype: str, steps: str) 
     result["drift"] = _drift(backend, initial, SamplingParams)
     backend.close()
     (Path(out) / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def _server(accelerator: str) -> tuple[dict, str]:
+    """The server group and a word on its transfer: NCCL to GPU 1 where there are 2 GPUs."""
+    import torch
+
+    if accelerator != "cpu" and torch.cuda.device_count() >= 2:
+        return {"transfer": "nccl", "devices": [1]}, "nccl (server on GPU 1)"
+    where = "CPU build" if accelerator == "cpu" else "one GPU: NCCL needs a second"
+    return {"transfer": "files"}, f"files ({where})"
 
 
 def _train_step(policy, optimiser, rollouts) -> None:

@@ -37,16 +37,20 @@ from coscale.rollout.vllm.server.worker import PING
 
 
 def test_server_settings_name_every_bad_value():
-    errors = server_errors({"url": "gpu-3:8000", "port": 0, "cores": [1, -2], "concurrency": 0})
+    errors = server_errors(
+        {"url": "gpu-3:8000", "port": 0, "cores": [1, -2], "concurrency": 0, "devices": []}
+    )
     assert errors == [
         "server.url must start with http:// or https://, got 'gpu-3:8000'",
         "server.port must be an int >= 1 or None, got 0",
         "server.concurrency must be an int >= 1, got 0",
         "server.cores must be a non-empty list of CPU ids (ints >= 0), got (1, -2)",
+        "server.devices must be a non-empty list of GPU ids (ints >= 0), got ()",
     ]
     assert server_errors({"ports": 1}) == [
-        "server.ports is not a server setting (it takes: concurrency, cores, host, log, port, "
-        "request_timeout_s, start_timeout_s, sync_dir, url)"
+        "server.ports is not a server setting (it takes: concurrency, cores, devices, host, log, "
+        "port, request_timeout_s, start_timeout_s, sync_dir, transfer, transfer_address, "
+        "transfer_port, url)"
     ]
     assert as_server({"cores": [1]}) == Server(cores=(1,))
     with pytest.raises(ValueError, match=r"rollout\.options\.server\.port must be"):
@@ -94,6 +98,9 @@ def test_server_environment_turns_dev_routes_on_and_binds_cores(monkeypatch):
     env = server_environment((2, 3))
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "2,3" and env["OMP_NUM_THREADS"] == "2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert server_environment(None, (1,))["CUDA_VISIBLE_DEVICES"] == "1"  # the server's GPU
+    assert server_environment(None)["CUDA_VISIBLE_DEVICES"] == "0,1"  # the trainer's
 
 
 def test_a_completion_round_trips_into_what_collect_completions_reads():

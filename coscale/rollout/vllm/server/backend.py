@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import torch
 from torch import nn
 
 from coscale.distributed import all_gather_objects, barrier, is_writer
@@ -25,6 +26,9 @@ from coscale.rollout.vllm.server.engine import ServerEngine, check_extension
 from coscale.rollout.vllm.server.launch import ServerError, ServerProcess, start_server
 from coscale.rollout.vllm.server.settings import Server, as_server
 from coscale.rollout.vllm.settings import Engine, Parity, Sync, check_settings
+
+NCCL_TRANSFER = {"backend": "nccl"}
+"""A started server's ``weight_transfer_config`` with ``server.transfer: nccl``."""
 
 
 @dataclass
@@ -81,6 +85,11 @@ class VLLMServerBackend(VLLMBackend):
         self.server_settings = as_server(server)
         engine_group, sync_group, _ = check_settings(engine=engine, sync=sync, parity=parity)
         refuse_colocated_only(engine_group, sync_group)
+        if self.server_settings.transfer == "nccl" and not torch.cuda.is_available():
+            raise ValueError(
+                "rollout.options.server.transfer=nccl needs CUDA on the trainer (vLLM's NCCL "
+                "weight transfer goes GPU to GPU); use transfer: files"
+            )
         super().__init__(model, tokenizer, policy, engine, sync, parity, logprobs, honor_seed)
         if self.server_settings.url is not None and self.policy is not None:
             # a server attached to holds whatever its last trainer loaded: sync before sampling
@@ -92,6 +101,8 @@ class VLLMServerBackend(VLLMBackend):
         """Starts the server (rank 0) or attaches to ``server.url`` (every rank)."""
         settings = self.server_settings
         url, process, error = settings.url, None, None
+        if settings.transfer == "nccl":
+            args = {**args, "weight_transfer_config": NCCL_TRANSFER}
         if url is None and is_writer():
             try:
                 process, url = start_server(args, settings, lambda u: ServerClient(u).healthy())
@@ -114,8 +125,14 @@ class VLLMServerBackend(VLLMBackend):
                 f"no vLLM server answers at {client.url} (rollout.options.server.url): "
                 "start it first, or leave server.url unset and coscale starts one"
             )
-        check_extension(client)
-        engine = ServerEngine(client, client.served_model(), process, self.server_settings.sync_dir)
+        workers = check_extension(client)
+        settings = self.server_settings
+        transport = None
+        if settings.transfer == "nccl" and is_writer():
+            from coscale.rollout.vllm.server.nccl import NcclTransport
+
+            transport = NcclTransport(client.url, settings, workers, process is not None)
+        engine = ServerEngine(client, client.served_model(), process, settings.sync_dir, transport)
         how = "started" if process is not None else "attached"
         print(
             f"[coscale] vLLM server {how} at {client.url} (model {engine.model}, vLLM "

@@ -7,8 +7,9 @@ safetensors file in the sync folder and has the workers load it (``/collective_r
 layerwise reload as the colocated engine), closes the load, drops cached prompts, sets the
 server's weight version to the sync's number and resumes it; then every rank meets again
 (`end_load`), so none samples from half-loaded weights. That file path works wherever the
-server sees the trainer's files, the CPU build included; a server on other machines needs a
-transfer engine (vLLM's NCCL one), which is not built here yet.
+server sees the trainer's files, the CPU build included. With ``server.transfer: nccl`` the
+same steps carry the buckets over vLLM's NCCL weight transfer instead of files
+(`coscale.rollout.vllm.server.nccl`): a server on other GPUs or machines.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class ServerEngine:
         process: The server when this process started it (stopped by `shutdown`); None when
             attached or on another rank.
         sync_dir: Folder for sync files (`sync_folder`).
+        transport: Rank 0's NCCL link (`coscale.rollout.vllm.server.nccl.NcclTransport`);
+            None: files.
     """
 
     def __init__(
@@ -63,8 +66,10 @@ class ServerEngine:
         model: str,
         process: ServerProcess | None = None,
         sync_dir: str | None = None,
+        transport: Any = None,
     ) -> None:
         self.client, self.model, self.process = client, model, process
+        self.transport = transport
         self.sync_dir, self.syncs, self.files = sync_folder(sync_dir), 0, 0
         self.version = client.version()
         self._mode = _logprobs_mode(client.config())
@@ -86,11 +91,18 @@ class ServerEngine:
         self.syncs += 1
         if is_writer():
             self._checked("pausing for a weight sync", self.client.pause)
-            self._checked("opening a weight load", lambda: self.client.rpc("coscale_begin_load"))
+            if self.transport is not None:
+                self._checked("opening a weight load", self.transport.begin)
+            else:
+                open_load = lambda: self.client.rpc("coscale_begin_load")  # noqa: E731
+                self._checked("opening a weight load", open_load)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> list[int | None]:
         """Rank 0 writes `weights` to a file the workers load; other ranks report None."""
         if not is_writer():
+            return [None]
+        if self.transport is not None:  # the workers do not count what they took
+            self._checked("sending weights over NCCL", lambda: self.transport.send(list(weights)))
             return [None]
         self.files += 1
         path = os.path.join(self.sync_dir, f"coscale-sync-{os.getpid()}-{self.files}.safetensors")
@@ -106,7 +118,11 @@ class ServerEngine:
         rank meets."""
         self.weight_version = str(self.syncs)
         if is_writer():
-            self._checked("closing a weight load", lambda: self.client.rpc("coscale_end_load"))
+            if self.transport is not None:
+                self._checked("closing a weight load", self.transport.finish)
+            else:
+                close = lambda: self.client.rpc("coscale_end_load")  # noqa: E731
+                self._checked("closing a weight load", close)
             self._checked("resetting the prefix cache", self.client.reset_prefix_cache)
             self._checked(
                 "setting the weight version",
@@ -137,6 +153,9 @@ class ServerEngine:
     def shutdown(self) -> None:
         """Stops the server if this process started it; idempotent."""
         process, self.process = self.process, None
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            transport.close()
         if process is not None:
             process.stop()
 
@@ -159,8 +178,9 @@ def _logprobs_mode(config: dict[str, Any]) -> str | None:
     return None if mode is None else str(mode)
 
 
-def check_extension(client: ServerClient) -> None:
-    """Raises `ServerError` unless every worker of the server runs coscale's extension."""
+def check_extension(client: ServerClient) -> int:
+    """How many workers the server runs; raises `ServerError` unless every one runs coscale's
+    extension."""
     try:
         answers = client.rpc("coscale_ping", timeout_s=60.0)
     except (OSError, urllib.error.URLError) as err:
@@ -171,6 +191,7 @@ def check_extension(client: ServerClient) -> None:
             f"(answers {answers!r}); start it with VLLM_SERVER_DEV_MODE=1 and "
             "--worker-extension-cls coscale.rollout.vllm.server.worker.WorkerExtension"
         )
+    return len(answers)
 
 
 def gather_ok(error: str | None) -> None:

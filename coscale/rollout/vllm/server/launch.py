@@ -76,10 +76,15 @@ def free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def server_environment(cores: tuple[int, ...] | None) -> dict[str, str]:
-    """The server's environment: this one, with the development routes on and, with `cores`,
-    one OpenMP thread per core bound to them (vLLM's CPU build reads the binding)."""
+def server_environment(
+    cores: tuple[int, ...] | None, devices: tuple[int, ...] | None = None
+) -> dict[str, str]:
+    """The server's environment: this one, with the development routes on, with `cores` one
+    OpenMP thread per core bound to them (vLLM's CPU build reads the binding), with `devices`
+    only those GPUs visible."""
     env = dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1"}
+    if devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the in-process engine's setting
     if cores:
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
@@ -210,7 +215,9 @@ def start_server(
     log = settings.log or default_log(port)
     argv = serve_argv(args, settings.host, port)
     print(f"[coscale] starting the vLLM server on port {port} (log: {log})", flush=True)
-    process = ServerProcess(argv, server_environment(settings.cores), log, settings.cores)
+    process = ServerProcess(
+        argv, server_environment(settings.cores, settings.devices), log, settings.cores
+    )
     url = f"http://{settings.host}:{port}"
     process.wait_ready(lambda: ready(url), settings.start_timeout_s)
     return process, url

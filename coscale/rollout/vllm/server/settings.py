@@ -21,6 +21,8 @@ from typing import Any
 
 from coscale.checks import as_group, at_least, group_errors
 
+TRANSFERS = ("files", "nccl")
+"""Ways a weight sync reaches the server (`Server.transfer`)."""
 SERVER = "rollout.options.server"
 """Where the group stands in YAML: the prefix of every error."""
 
@@ -36,6 +38,9 @@ class Server:
         port: Its port; None: a free one.
         cores: CPU ids a started server runs on (its OpenMP threads, one per core); None: the
             machine's, shared with the trainer.
+        devices: GPU ids a started server runs on (its ``CUDA_VISIBLE_DEVICES``); None: the
+            ones this process sees. Give it GPUs the trainer does not use for ``transfer: nccl``
+            (NCCL links two processes on two GPUs, not one).
         log: File a started server writes its output to; None: ``vllm-server-<port>.log`` in
             the system's temporary folder. Its last lines are in every error about it.
         start_timeout_s: Longest wait for a started server to answer ``/health``.
@@ -44,31 +49,49 @@ class Server:
         sync_dir: Folder for the weight files of a sync on a server without a transfer engine
             (its CPU build): it must be visible to the server (same machine); None:
             ``/dev/shm`` where it exists, else the temporary folder.
+        transfer: How a sync reaches the server: ``files`` (safetensors files in `sync_dir`,
+            loaded through ``/collective_rpc``; any build, same machine) or ``nccl`` (vLLM's
+            NCCL weight transfer, GPU to GPU: a started server gets
+            ``--weight-transfer-config {"backend": "nccl"}``, one you attach to must have it;
+            needs CUDA on the trainer).
+        transfer_address: Address of the trainer's rank 0 that the server's workers reach for
+            the NCCL rendezvous; None: 127.0.0.1 for a server coscale started, else this
+            machine's host name.
+        transfer_port: Port of that rendezvous; None: a free one.
     """
 
     url: str | None = None
     host: str = "127.0.0.1"
     port: int | None = None
     cores: tuple[int, ...] | None = None
+    devices: tuple[int, ...] | None = None
     log: str | None = None
     start_timeout_s: float = 900.0
     request_timeout_s: float = 3600.0
     concurrency: int = 64
     sync_dir: str | None = None
+    transfer: str = "files"
+    transfer_address: str | None = None
+    transfer_port: int | None = None
 
     def errors(self) -> list[str]:
         errors: list[str] = []
         if self.url is not None and not str(self.url).startswith(("http://", "https://")):
             errors.append(f"url must start with http:// or https://, got {self.url!r}")
         errors += at_least(1, optional=True, port=self.port)
+        errors += at_least(1, optional=True, transfer_port=self.transfer_port)
+        if self.transfer not in TRANSFERS:
+            errors.append(f"transfer must be one of {', '.join(TRANSFERS)}, got {self.transfer!r}")
         errors += at_least(0, float, strict=True, start_timeout_s=self.start_timeout_s)
         errors += at_least(0, float, strict=True, request_timeout_s=self.request_timeout_s)
         errors += at_least(1, concurrency=self.concurrency)
-        cores = self.cores
-        if cores is not None and not (
-            isinstance(cores, list | tuple) and cores and all(_core(c) for c in cores)
-        ):
-            errors.append(f"cores must be a non-empty list of CPU ids (ints >= 0), got {cores!r}")
+        for name, ids, what in (("cores", self.cores, "CPU"), ("devices", self.devices, "GPU")):
+            if ids is not None and not (
+                isinstance(ids, list | tuple) and ids and all(_core(c) for c in ids)
+            ):
+                errors.append(
+                    f"{name} must be a non-empty list of {what} ids (ints >= 0), got {ids!r}"
+                )
         return errors
 
 
