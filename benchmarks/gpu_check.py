@@ -19,7 +19,8 @@ root FSDP unit is still in its forward state); on one device it is not sharded (
 sync, parity after each of ``--vllm-steps`` steps, greedy output equal to the trainer's after the
 last (see gpu_check_vllm.py; SKIP where vllm is not installed); ``vllm-server``: the same on a
 ``vllm serve`` the check starts, its weights over vLLM's NCCL weight transfer to GPU 1 where
-there are 2 GPUs, else through files;
+there are 2 GPUs, else through files (see gpu_check_vllm_server.py; SKIP where vllm or, without
+``--cpu``, CUDA is missing);
 ``all``: every check, each in a subprocess, within ``--budget`` seconds. Each prints
 ``[gpu_check] PASS|FAIL|SKIP <check>: <numbers>``; the exit code is 1 when any failed.
 
@@ -55,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, also wh
 import gpu_check_matmul
 import gpu_check_paths as paths
 import gpu_check_vllm
+import gpu_check_vllm_server
 
 COMMANDS = ("speed", "matmul", "pipeline", "lockstep", "fits", "vllm", "vllm-server", "all")
 ORDER = ["matmul", "speed", "fits", "pipeline", "lockstep", "vllm", "vllm-server"]
@@ -286,8 +288,8 @@ def run_checks(args: argparse.Namespace, names: list[str], argv: list[str]) -> i
               "matmul": gpu_check_matmul.matmul,
               "vllm": lambda s: gpu_check_vllm.vllm(s, args.vllm_model, args.vllm_dtype,
                                                     args.vllm_steps),
-              "vllm-server": lambda s: gpu_check_vllm.vllm(s, args.vllm_model, args.vllm_dtype,
-                                                           args.vllm_steps, "vllm-server")}  # fmt: skip
+              "vllm-server": lambda s: gpu_check_vllm_server.vllm_server(
+                  s, args.vllm_model, args.vllm_dtype, args.vllm_steps)}  # fmt: skip
     failed = []
     for name in names:
         start = time.perf_counter()

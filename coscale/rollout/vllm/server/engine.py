@@ -98,7 +98,8 @@ class ServerEngine:
                 self._checked("opening a weight load", open_load)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> list[int | None]:
-        """Rank 0 writes `weights` to a file the workers load; other ranks report None."""
+        """Rank 0 sends one bucket: a file the workers load (their counts), or over NCCL ([None]:
+        vLLM's workers do not count); other ranks report None."""
         if not is_writer():
             return [None]
         if self.transport is not None:  # the workers do not count what they took

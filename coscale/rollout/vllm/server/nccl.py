@@ -123,7 +123,8 @@ class NcclTransport:
 
     def send(self, weights: Sequence[tuple[str, Tensor]]) -> None:
         """One bucket: its metadata to the server, its tensors broadcast as they receive."""
-        self.trainer.source = BucketSource([(name, t.to(self.device)) for name, t in weights])
+        on_device = [(name, t.detach().to(self.device)) for name, t in weights]
+        self.trainer.source = BucketSource(on_device)
         self.trainer.send_weights()
 
     def finish(self) -> None:
