@@ -247,3 +247,11 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_call_that_fails_as_the_server_dies_waits_to_name_its_exit_code(tmp_path):
+    dying = "import sys, time; time.sleep(1); sys.exit(3)"
+    process = ServerProcess([sys.executable, "-c", dying], {}, tmp_path / "server.log")
+    process.check_alive("pausing")  # still running: nothing to say yet
+    with pytest.raises(ServerError, match="exited with code 3 while pausing"):
+        process.check_alive("pausing", wait_s=30)

@@ -32,6 +32,9 @@ from coscale.rollout.vllm.server.worker import PING
 from coscale.rollout.vllm.versions import applies_temperature
 
 T = TypeVar("T")
+DEATH_WAIT_S = 5.0
+"""How long a failed call waits for a started server to show it died (its exit code, its log)
+before the error says only that the call failed."""
 
 
 def sync_folder(sync_dir: str | None) -> str:
@@ -167,7 +170,7 @@ class ServerEngine:
             return call()
         except (OSError, urllib.error.URLError) as err:
             if self.process is not None:
-                self.process.check_alive(doing)
+                self.process.check_alive(doing, wait_s=DEATH_WAIT_S)
             raise ServerError(
                 f"the vLLM server at {self.client.url} failed while {doing}: "
                 f"{type(err).__name__}: {err}"

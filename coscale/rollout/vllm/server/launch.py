@@ -140,8 +140,11 @@ class ServerProcess:
         """None while it runs, else how it ended."""
         return self.process.poll()
 
-    def check_alive(self, doing: str) -> None:
-        """Raises `ServerError` naming `doing`, the exit code and the log's tail if it ended."""
+    def check_alive(self, doing: str, wait_s: float = 0.0) -> None:
+        """Raises `ServerError` naming `doing`, the exit code and the log's tail if it ended,
+        or ends within `wait_s` (a call that failed as it died may see it still running)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(wait_s)
         code = self.exit_code()
         if code is not None:
             raise ServerError(
