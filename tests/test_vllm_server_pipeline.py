@@ -98,6 +98,18 @@ def _kill_server_when(label: str, run: subprocess.Popen, commits: Path) -> int:
     return server
 
 
+def _all_sampled_on_the_server(state: dict, stages: set[str]) -> dict:
+    """The finished run's spend, after checking that ``stages`` sampled and every sample of the
+    run went to the server."""
+    assert state["done"][-1] == "final"
+    spend = state["results"]["spend"]
+    sampled = {name for name, s in spend.items() if s["rollouts"] > 0}
+    assert sampled >= stages, sampled
+    for name in sampled:
+        assert spend[name]["rollouts_on_vllm-server"] == spend[name]["rollouts"], (name, spend)
+    return spend
+
+
 def test_the_server_dying_mid_run_is_a_clear_error_and_the_same_command_resumes(tmp_path):
     run_dir, server_log, commits = tmp_path / "run", tmp_path / "server.log", tmp_path / "c.tsv"
     selection = ("--pipeline.selection", "{problems: 8, every: 40, k: 2}")
@@ -122,14 +134,9 @@ def test_the_server_dying_mid_run_is_a_clear_error_and_the_same_command_resumes(
     text = again.read_text()
     assert code == 0 and text.count(STARTED) == 1, text[-3000:]
     state = _state(run_dir)
-    assert state["done"][-1] == "final"
-    spend = state["results"]["spend"]
+    spend = _all_sampled_on_the_server(state, SAMPLED_TINY)
     for name in before["done"]:  # nothing done is redone or lost
         assert spend[name] == before["results"]["spend"][name], name
-    sampled = {name for name, s in spend.items() if s["rollouts"] > 0}
-    assert sampled >= SAMPLED_TINY
-    for name in sampled:  # every sample of the run on the server
-        assert spend[name]["rollouts_on_vllm-server"] == spend[name]["rollouts"], (name, spend)
     assert sum(parts["engine_starts"] for parts in state["timing"].values()) == 2  # one a process
     url = text.split(f"{STARTED} ")[1].split()[0]
     with pytest.raises(OSError):  # stopped with the run
@@ -148,11 +155,5 @@ def test_smollm2_runs_every_stage_on_one_server_with_its_rl_sampled_a_step_ahead
         code = subprocess.run(cmd, env=_env(), stdout=out, stderr=out, timeout=1500).returncode
     text = log.read_text()
     assert code == 0 and text.count(STARTED) == 1, text[-3000:]
-    state = _state(run_dir)
-    assert state["done"][-1] == "final"
-    spend = state["results"]["spend"]
-    sampled = {name for name, s in spend.items() if s["rollouts"] > 0}
-    assert {"warmup", "it1/eval", "it1/rl", "final"} <= sampled
-    for name in sampled:
-        assert spend[name]["rollouts_on_vllm-server"] == spend[name]["rollouts"], (name, spend)
+    _all_sampled_on_the_server(_state(run_dir), {"warmup", "it1/eval", "it1/rl", "final"})
     assert 1.0 in _staleness(run_dir)  # a batch sampled by the weights one step before its own
