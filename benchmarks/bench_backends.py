@@ -62,6 +62,7 @@ from vllm_bench import (
 )
 
 from coscale import clock
+from coscale.callbacks import RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule
 from coscale.rl.losses import GRPOLoss
@@ -157,7 +158,8 @@ def fit_steps(module: KeptEngineGRPO, args, into: Timings) -> None:
         data = {"datamodule": solvable_data(problems, args)}
     timer = LightningTimer()
     trainer = L.Trainer(
-        max_steps=1 + args.steps, accelerator="cpu", devices=1, logger=False, callbacks=[timer],
+        max_steps=1 + args.steps, accelerator="cpu", devices=1, logger=False,
+        callbacks=[timer, RolloutNSchedule(n_init=args.n, factor=1.0)],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(module, **data)
@@ -173,7 +175,7 @@ def solvable_data(problems: list[dict], args) -> ProblemDataModule:
     """`problems` in coscale's data module, every one solvable with N=--n, --prompts a batch."""
     rows = [{"id": p["id"], "question": p["question"], "answer": "0"} for p in problems]
     dm = ProblemDataModule(train=rows, batch_size=args.prompts,
-                           curriculum={"rollout_n": args.n, "seed": 0})  # fmt: skip
+                           curriculum={"seed": 0})  # fmt: skip
     dm.load()
     for pid in dm.problems:
         dm.curriculum.pools.record(pid, 4, 2)

@@ -49,6 +49,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from coscale.callbacks import RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule
 
@@ -219,7 +220,7 @@ def _speed_fit(args: argparse.Namespace, backend: str) -> tuple[list, bool]:
                        update={"micro_batch_size": args.problems * args.n})  # fmt: skip
     data = ProblemDataModule(train=f"builtin:arithmetic?n={64 * args.problems}&terms=2,3&seed=0",
                              batch_size=args.problems,
-                             curriculum={"rollout_n": args.n, "rl_unmeasured": True})  # fmt: skip
+                             curriculum={"rl_unmeasured": True})  # fmt: skip
     timer = StepTimer()
     devices = _devices(args.devices, args.accelerator)
     world = devices * args.num_nodes
@@ -229,7 +230,7 @@ def _speed_fit(args: argparse.Namespace, backend: str) -> tuple[list, bool]:
                         strategy=strategy, precision=args.precision, max_steps=args.steps,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-                        callbacks=[timer])  # fmt: skip
+                        callbacks=[timer, RolloutNSchedule(n_init=args.n, factor=1.0)])  # fmt: skip
     if trainer.is_global_zero:
         params = sum(p.numel() for p in module.policy.parameters())
         device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"

@@ -22,6 +22,7 @@ from typing import Any
 import lightning as L
 
 from coscale.app.demo import correct_counts
+from coscale.callbacks import RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule
 from coscale.rl.theory import fit_efficiency, optimal_lr_over_n
@@ -49,7 +50,6 @@ def plain_grpo(
         train=[p.to_dict() for p in problems],
         batch_size=min(batch_size, len(problems)),
         curriculum={
-            "rollout_n": n,
             "rl_unmeasured": True,
             "low": 0.0,
             "high": 1.0,
@@ -70,6 +70,7 @@ def plain_grpo(
         enable_model_summary=False,
         enable_progress_bar=False,
         limit_val_batches=0,
+        callbacks=[RolloutNSchedule(n_init=n, factor=1.0)],
     )
     trainer.fit(module, datamodule=dm)
     return module.export(out)

@@ -253,7 +253,7 @@ def test_callbacks_without_a_curriculum_do_nothing_and_the_sft_stages_warn_once(
     sched = RolloutNSchedule()
     sched.setup(trainer, policy, "fit")
     sched.on_fit_start(trainer, policy)
-    assert policy.calls == [] and sched.n == [8, 8, 8] and trainer.loggers[0].metrics == []
+    assert policy.calls == [] and sched.schedule.n == [8, 8, 8] and trainer.loggers[0].metrics == []
     redistill, final = ReDistillation(), FinalRetrain()
     with pytest.warns(UserWarning, match="ReDistillation: the trainer has no ProblemDataModule"):
         assert redistill.run(trainer, policy) == 0
@@ -322,23 +322,23 @@ def test_schedule_groups_by_difficulty_and_raises_n_of_a_stalled_group_only():
     policy = StubPolicy({}, lr=1e-3)
     schedule = dict(num_groups=3, n_init=8, factor=2.0, n_max=20, patience=1)
     cur, sched, trainer = _scheduled(policy, **schedule)
-    assert cur.schedule is sched
+    assert cur.schedule is sched.schedule
     # bins of width 0.65 / 3 over [0.05, 0.7): 0.1, 0.2 -> 0; 0.4 -> 1; 0.6 -> 2
     assert cur.group_of == {"a": 0, "b": 0, "c": 2, "d": 1}
     assert cur.n_per_problem == dict.fromkeys("abcd", 8)
     assert trainer.loggers[0].last("sched/n_group0") == 8.0
     _epoch(cur, policy, 0, {"a": (8, 1), "b": (8, 1), "c": (8, 5), "d": (8, 3)})
-    assert sched.n == [8, 8, 8] and sched.best == [0.125, 0.375, 0.625]
+    assert sched.schedule.n == [8, 8, 8] and sched.schedule.best == [0.125, 0.375, 0.625]
     cur.pools.record("e", 10, 3)  # newly solvable (0.3 -> group 1), gets its group's N
     _epoch(cur, policy, 1, {"a": (8, 1), "b": (8, 1), "c": (8, 6)})  # g0 flat, g2 up, g1 idle
-    assert sched.n == [16, 8, 8] and sched.bad == [0, 0, 0]
+    assert sched.schedule.n == [16, 8, 8] and sched.schedule.bad == [0, 0, 0]
     assert cur.group_of["e"] == 1
     assert cur.n_per_problem == {"a": 16, "b": 16, "c": 8, "d": 8, "e": 8}
     assert [i["n"] for i in cur.rl_items()] == [16, 16, 8, 8]  # c is solved (0.75) now
     _epoch(cur, policy, 2, {"a": (8, 1), "b": (8, 1)})
-    assert sched.n[0] == 20  # 32 capped at n_max
+    assert sched.schedule.n[0] == 20  # 32 capped at n_max
     metrics = _epoch(cur, policy, 3, {"a": (8, 1), "b": (8, 1)})
-    assert sched.n == [20, 8, 8] and cur.n_per_problem["a"] == 20
+    assert sched.schedule.n == [20, 8, 8] and cur.n_per_problem["a"] == 20
     # N_eff(0.125, 20) = 20 * (1 - 0.125**20 - 0.875**20)
     n_eff = 20 * (1 - 0.125**20 - 0.875**20)
     assert metrics["sched/n_group0"] == 20.0 and metrics["sched/reward_group0"] == 0.125
@@ -352,11 +352,11 @@ def test_schedule_patience_and_min_delta():
     cur, sched, _ = _scheduled(policy, **schedule)
     _epoch(cur, policy, 0, {"a": (8, 1)})  # best 0.125
     _epoch(cur, policy, 1, {"a": (8, 1)})  # 1 bad epoch: patience 2 not reached
-    assert sched.n[0] == 4 and sched.bad[0] == 1
+    assert sched.schedule.n[0] == 4 and sched.schedule.bad[0] == 1
     _epoch(cur, policy, 2, {"a": (100, 16)})  # 0.16 < 0.125 + 0.05: still no progress
-    assert sched.n[0] == 6 and sched.bad[0] == 0  # round(4 * 1.5) = 6
+    assert sched.schedule.n[0] == 6 and sched.schedule.bad[0] == 0  # round(4 * 1.5) = 6
     _epoch(cur, policy, 3, {"a": (100, 18)})  # 0.18 > 0.175: progress
-    assert sched.n[0] == 6 and sched.best[0] == 0.18
+    assert sched.schedule.n[0] == 6 and sched.schedule.best[0] == 0.18
 
 
 def test_schedule_lr_ratio_picks_n_from_theory():
@@ -367,7 +367,7 @@ def test_schedule_lr_ratio_picks_n_from_theory():
     # smallest N with 1e-3 / N_eff(p, N) <= 1e-4, i.e. N_eff >= 10:
     # p = .125: N_eff(12) = 12 * (1 - .875**12 - .125**12) = 9.583, N_eff(13) = 10.709 -> 13
     # p = .625 (and .375, the same by symmetry): N_eff(10) = 9.909, N_eff(11) = 10.937 -> 11
-    assert sched.n == [13, 11, 11]
+    assert sched.schedule.n == [13, 11, 11]
     assert cur.n_per_problem == {"a": 13, "b": 13, "c": 11, "d": 11}
     with pytest.raises(ValueError, match="target_lr_over_n_eff must be a number > 0"):
         RolloutNSchedule(mode="lr_ratio")
@@ -376,29 +376,34 @@ def test_schedule_lr_ratio_picks_n_from_theory():
         sched.on_fit_start(trainer, no_lr)
 
 
-def test_schedule_arguments_and_state_round_trip():
+def test_schedule_arguments_and_its_state_saved_once_by_the_curriculum():
     with pytest.raises(ValueError, match=r"num_groups must be an int >= 1, got 0"):
         RolloutNSchedule(num_groups=0)
     with pytest.raises(ValueError, match=r"n_max must be an int >= 8, got 4"):
         RolloutNSchedule(n_max=4)
     with pytest.raises(ValueError, match="mode must be one of plateau, lr_ratio; got 'fast'"):
         RolloutNSchedule(mode="fast")
-    sched = RolloutNSchedule(num_groups=2)
-    sched.n, sched.best, sched.bad = [16, 8], [0.25, None], [0, 1]
-    fresh = RolloutNSchedule(num_groups=2)
-    fresh.load_state_dict(json.loads(json.dumps(sched.state_dict())))
-    assert fresh.state_dict() == {"n": [16, 8], "best": [0.25, None], "bad": [0, 1]}
-    with pytest.raises(ValueError, match="num_groups=3"):
-        RolloutNSchedule(num_groups=3).load_state_dict(sched.state_dict())
-    # the curriculum saves its schedule's state with the rest, and a restored one keeps its own
-    dm = _dm(["a"], schedule=NSchedule(num_groups=2))
-    dm.curriculum.schedule.load_state_dict(sched.state_dict())
-    restored = _dm(["a"], schedule=NSchedule(num_groups=2))
-    restored.load_state_dict(json.loads(json.dumps(dm.state_dict())))
-    assert restored.curriculum.schedule.state_dict() == sched.state_dict()
     policy = StubPolicy({})
+    sched, dm = RolloutNSchedule(num_groups=2), _dm(["a"])
+    sched.setup(_trainer(dm, policy), policy, "fit")
+    assert dm.curriculum.schedule is sched.schedule and sched.state_dict() == {}  # Lightning's
+    sched.schedule.n, sched.schedule.best, sched.schedule.bad = [16, 8], [0.25, None], [0, 1]
+    state = {"n": [16, 8], "best": [0.25, None], "bad": [0, 1]}
+    # restored: Lightning's order, the callback's setup, then the DataModule's state
+    fresh, restored = RolloutNSchedule(num_groups=2), _dm(["a"])
     fresh.setup(_trainer(restored, policy), policy, "fit")
-    assert restored.curriculum.schedule is not fresh  # it had one: not replaced
+    restored.load_state_dict(json.loads(json.dumps(dm.state_dict())))
+    assert restored.curriculum.schedule.state_dict() == state
+    with pytest.raises(ValueError, match="num_groups=3"):
+        NSchedule(num_groups=3).load_state_dict(state)
+    again = RolloutNSchedule(num_groups=2)
+    again.setup(_trainer(restored, policy), policy, "fit")
+    assert restored.curriculum.schedule is fresh.schedule  # it had one: not replaced
+    with pytest.warns(
+        FutureWarning, match=r"schedule=\.\.\.\) is deprecated .* pass RolloutNSchedule"
+    ):
+        old = _dm(["a"], schedule=NSchedule(n_init=3))
+    assert old.curriculum.n_of("a") == 3  # still taken, for one release
 
 
 # ----------------------------------------------------------------------------- SFT stages

@@ -17,7 +17,7 @@ import pytest
 
 from coscale.loop.curriculum import Curriculum, CurriculumSettings
 from coscale.loop.pools import Pool
-from coscale.loop.schedule import NSchedule
+from coscale.loop.schedule import N_INIT, NSchedule
 from coscale.tasks import Problem, load_problems
 from coscale.tasks.arithmetic import ArithmeticTeacher
 
@@ -83,7 +83,7 @@ def test_problems_start_unsolvable_with_an_empty_bank():
     assert cur.pools.counts() == {"unsolvable": 3, "solvable": 0, "solved": 0, "failed": 0}
     for pid in cur.problems:
         assert cur.pools.history(pid) == [] and cur.pools.solutions_used(pid) == 0
-        assert cur.n_of(pid) == 8  # rollout_n default
+        assert cur.n_of(pid) == N_INIT == 8  # the one default
     assert cur.bank.total() == 0  # nothing is given before the first scaling round
     assert cur.tally == {} and cur.group_of == {} and cur.measurements == 0
 
@@ -264,7 +264,7 @@ def test_sft_pairs_replay_draws_are_seeded():
 # ------------------------------------------------------------------------------- RL items
 def _rl_cur(**kwargs) -> Curriculum:
     rows = [{"id": i, "question": f"q{i}", "answer": f"ans{i}"} for i in "abcde"]
-    cur = _cur(rows, rollout_n=4, **kwargs)
+    cur = _cur(rows, **kwargs)
     cur.pools.record("a", 10, 5)  # 0.5: solvable
     cur.pools.record("b", 10, 0)  # 0.0: unsolvable (measured)
     cur.pools.record("c", 10, 9)  # 0.9: solved
@@ -277,7 +277,7 @@ def test_rl_items_serve_solvable_problems_with_their_n():
     cur = _rl_cur()
     assert cur.rl_items() == [
         {"id": "a", "question": "qa", "answer": "ansa", "n": 16},
-        {"id": "e", "question": "qe", "answer": "anse", "n": 4},
+        {"id": "e", "question": "qe", "answer": "anse", "n": 8},
     ]
 
 
@@ -292,7 +292,7 @@ def test_rl_groups_filter_by_difficulty_group():
 
 def test_rl_unmeasured_adds_problems_never_measured():
     cur = _rl_cur(rl_unmeasured=True)
-    assert [(x["id"], x["n"]) for x in cur.rl_items()] == [("a", 16), ("e", 4), ("d", 4)]
+    assert [(x["id"], x["n"]) for x in cur.rl_items()] == [("a", 16), ("e", 8), ("d", 8)]
 
 
 # ---------------------------------------------------------------------------------- tally
@@ -432,17 +432,18 @@ def test_record_measurement_groups_newly_solvable_problems_and_sets_their_n():
     assert cur.n_per_problem == {"a": 16, "b": 12, "c": 8}
     assert cur.pools.history("a") == [0.1, 0.6] and cur.measurements == 2
     # without a schedule nothing is grouped
-    plain = _cur(rows, rollout_n=4)
+    plain = _cur(rows)
     plain.record_measurement({"a": (10, 1)})
-    assert plain.group_of == {} and plain.n_per_problem == {} and plain.n_of("a") == 4
+    assert plain.group_of == {} and plain.n_per_problem == {} and plain.n_of("a") == 8
 
 
-def test_the_start_n_has_one_knob_rollout_n_or_the_schedules_n_init():
+def test_the_start_n_is_the_schedules_n_init_and_rollout_n_a_deprecated_alias():
     rows = [{"id": "a", "question": "q", "answer": "x"}]
-    assert _cur(rows).n_of("a") == 8  # neither set
-    with pytest.raises(ValueError, match=r"data\.curriculum\.rollout_n=4 and a Rollout N sch"):
-        _cur(rows, schedule=NSchedule(n_init=6), rollout_n=4)
-    cur = _cur(rows, rollout_n=4)
+    assert _cur(rows).n_of("a") == 8 and _cur(rows, schedule=NSchedule(n_init=6)).n_of("a") == 6
+    with pytest.warns(
+        FutureWarning, match=r"rollout_n is deprecated .*RolloutNSchedule\(n_init=4"
+    ):
+        cur = _cur(rows, rollout_n=4)
     with pytest.raises(ValueError, match=r"n_init \(6\) is the start N; remove curriculum"):
         cur.schedule = NSchedule(n_init=6)  # as the pipeline and RolloutNSchedule attach one
     assert cur.schedule is None and cur.n_of("a") == 4

@@ -166,12 +166,15 @@ def test_constructor_collects_every_bad_flag_in_one_error():
     # (sft_source, batch_size, sft_batch_size, val_batch_size) to its `errors` before raising.
     with pytest.raises(ValueError) as err:
         ProblemDataModule(
-            batch_size=0, sft_source="x", read={"on_bad_row": "x"}, curriculum={"rollout_n": 0}
+            batch_size=0,
+            sft_source="x",
+            read={"on_bad_row": "x"},
+            curriculum={"solutions_per_round": 0},
         )
     text = str(err.value)
     assert text.startswith("ProblemDataModule: ")
     assert "read.on_bad_row must be one of skip, raise; got 'x'" in text
-    assert "curriculum.rollout_n must be an int >= 1 or None, got 0" in text
+    assert "curriculum.solutions_per_round must be an int >= 1, got 0" in text
     assert "sft_source must be one of bank, redistill, all; got 'x'" in text
     assert "batch_size must be an int >= 1, got 0" in text
     assert "sft_batch_size" not in text and "val_batch_size" not in text
@@ -188,14 +191,18 @@ def test_constructor_names_the_serving_flags_together():
 
 @pytest.mark.parametrize(
     "flag",
-    ["sft_batch_size", "val_batch_size", "curriculum.rollout_n", "curriculum.solutions_per_round"],
+    [
+        "sft_batch_size",
+        "val_batch_size",
+        "curriculum.redistill_per_problem",
+        "curriculum.solutions_per_round",
+    ],
 )
 def test_constructor_names_each_count_flag(flag):
     group, _, key = flag.rpartition(".")
     kwargs = {group: {key: -1}} if group else {key: -1}
-    unset = " or None" if key == "rollout_n" else ""  # None: the schedule's n_init, else 8
     with pytest.raises(
-        ValueError, match=rf"ProblemDataModule: {flag} must be an int >= 1{unset}, got -1$"
+        ValueError, match=rf"ProblemDataModule: {flag} must be an int >= 1, got -1$"
     ):
         ProblemDataModule(**kwargs)
 
@@ -265,7 +272,7 @@ def test_sft_replay_source_gives_the_first_solution_of_each_row():
 # -------------------------------------------------------------------------------- loaders
 def _solvable_dm(seed: int, n: int = 8) -> ProblemDataModule:
     rows = [{"id": f"p{i}", "question": f"q{i}", "answer": str(i)} for i in range(n)]
-    dm = _dm(rows, batch_size=3, curriculum={"rollout_n": 2, "seed": seed})
+    dm = _dm(rows, batch_size=3, curriculum={"seed": seed})
     for pid in dm.problems:
         dm.curriculum.pools.record(pid, 4, 1)
     return dm
@@ -281,7 +288,7 @@ def test_rl_loader_without_trainer_yields_shuffled_item_lists():
     assert sorted(ids) == [f"p{i}" for i in range(8)]
     assert ids != sorted(ids)  # shuffled (this seed and epoch do move items)
     item = next(x for b in batches for x in b if x["id"] == "p5")
-    assert item == {"id": "p5", "question": "q5", "answer": "5", "n": 2}
+    assert item == {"id": "p5", "question": "q5", "answer": "5", "n": 8}
     # Same seed and epoch: same order; the next epoch reshuffles.
     assert _order(_solvable_dm(seed=3).train_dataloader()) == ids
     nxt = _order(dm.train_dataloader())
@@ -379,7 +386,7 @@ def test_setup_reloads_every_epoch_and_starts_a_new_fit():
 
 def test_restored_state_resumes_mid_epoch():
     rows = [{"id": i, "question": f"q{i}", "answer": f"ans{i}"} for i in "abcde"]
-    dm = _dm(rows, curriculum={"rollout_n": 4}, batch_size=2)
+    dm = _dm(rows, batch_size=2)
     for pid in "abcde":
         dm.curriculum.pools.record(pid, 4, 1)  # all five solvable
     trainer = _trainer("rl", epoch=1)
@@ -398,7 +405,7 @@ def test_restored_state_resumes_mid_epoch():
     loader_state = json.loads(json.dumps(loader.state_dict()))
     state = json.loads(json.dumps(dm.state_dict()))
     assert set(state) == {"curriculum"}
-    fresh = ProblemDataModule(train=rows, batch_size=2, curriculum={"rollout_n": 4})
+    fresh = ProblemDataModule(train=rows, batch_size=2)
     fresh.trainer = trainer
     fresh.setup("fit")  # Lightning's order: setup, the DataModule's state, the loader, its state
     fresh.load_state_dict(state)
@@ -487,7 +494,7 @@ def test_plug_in_sft_then_grpo_in_a_plain_trainer(tiny_model_dir, tmp_path):
     trainer = L.Trainer(max_epochs=2, callbacks=callbacks, **QUIET)
     trainer.fit(grpo, datamodule=dm)
     assert trainer.global_step >= 1
-    assert cur.schedule is callbacks[1]  # installed in the fit's curriculum
+    assert cur.schedule is callbacks[1].schedule  # installed in the fit's curriculum
     # epoch 0 at least: its RL tally closed (one accuracy each) and a measurement (another)
     assert all(len(cur.pools.history(pid)) >= history[pid] + 2 for pid in dm.problems)
     assert cur.measurements >= measurements + 1

@@ -256,3 +256,26 @@ def test_the_from_trl_conversational_example_runs_as_written(
     assert list(question) == rows[0]["prompt"]
     assert module.prompt.chat_template_kwargs == {"enable_thinking": False}
     assert module.prompt(question, module.tokenizer).endswith("</s>a:[no think]")
+
+
+def test_the_rollout_n_table_in_method_md_holds():
+    """Each cell of docs/method.md's table sets the N it says, and the default it names is the
+    code's one default."""
+    import yaml
+
+    from coscale.callbacks import RolloutNSchedule
+    from coscale.loop.schedule import N_INIT
+    from coscale.pipeline import PipelineConfig
+
+    text = (ROOT / "docs" / "method.md").read_text()
+    assert f"every problem gets N = {N_INIT}, the one default" in " ".join(text.split())
+    rows = re.findall(
+        r"^\| (?:a fixed N: )?`(pipeline: .*?)` \| (?:a fixed N: )?`(.*?)` \|$", text, re.M
+    )
+    assert len(rows) == 2
+    for run_yaml, trainer_code in rows:
+        in_run = yaml.safe_load(run_yaml)["pipeline"]["schedule"]
+        PipelineConfig(model="m", schedule=in_run)  # nothing refused
+        call = re.search(r"RolloutNSchedule\((.*?)\)", trainer_code).group(1)
+        in_trainer = eval(f"dict({call})")  # the page's own arguments
+        assert in_run == in_trainer and RolloutNSchedule(**in_trainer).schedule.n_init == 4

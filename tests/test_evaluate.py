@@ -16,6 +16,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from coscale.app import evaluate as ev
 from coscale.app.benchmark_eval import evaluate, format_table, result_rows
 from coscale.app.cli import main, pipeline_parser
+from coscale.callbacks import RolloutNSchedule
 from coscale.loop.problem import Problem
 from coscale.modules import GRPOModule, SFTModule
 from coscale.rollout import RolloutBackend, Rollouts, SamplingParams
@@ -261,10 +262,9 @@ def test_grpo_steps_keep_a_colocated_engine_in_sync(tiny_model_dir):
     initial = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     module.backend = _backend(module.policy, module.tokenizer, parity={"tokens": 4})
     rows = [{"id": f"p{i}", "question": f"{i}+{i}", "answer": str(2 * i)} for i in range(8)]
-    data = ProblemDataModule(
-        train=rows, batch_size=4, curriculum={"rollout_n": 2, "rl_unmeasured": True}
-    )
+    data = ProblemDataModule(train=rows, batch_size=4, curriculum={"rl_unmeasured": True})
     trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                        callbacks=[RolloutNSchedule(n_init=2, factor=1.0)],
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     trainer.fit(module, datamodule=data)
     backend = module.backend

@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from coscale.callbacks import RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
 from coscale.models import gguf
 from coscale.models.policy import builtin_model, load_policy, resolve_model_path
@@ -36,8 +37,9 @@ class DigitReward:
         return [float(any(ch.isdigit() for ch in c)) for c in completions]
 
 
-def _trainer(steps: int) -> L.Trainer:
+def _trainer(steps: int, *callbacks) -> L.Trainer:
     return L.Trainer(
+        callbacks=list(callbacks),
         accelerator="cpu",
         devices=1,
         max_steps=steps,
@@ -95,7 +97,7 @@ def test_sft_then_grpo_then_export_reloads_in_plain_transformers(smollm2_dir, tm
     dm = ProblemDataModule(
         train=_rows(2, seed=1),
         batch_size=2,
-        curriculum={"rollout_n": 5, "rl_unmeasured": True, "low": 0.0},
+        curriculum={"rl_unmeasured": True, "low": 0.0},
     )
     grpo = GRPOModule(
         model=sft_dir,
@@ -105,7 +107,7 @@ def test_sft_then_grpo_then_export_reloads_in_plain_transformers(smollm2_dir, tm
         sampling={"max_new_tokens": 16, "temperature": 1.0},
     )
     before = _weights(grpo)
-    trainer = _trainer(1)
+    trainer = _trainer(1, RolloutNSchedule(n_init=5, factor=1.0))
     trainer.fit(grpo, datamodule=dm)
     assert trainer.global_step == 1 and trainer.callback_metrics["train/skipped"] == 0
     assert _changed(before, grpo)

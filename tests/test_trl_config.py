@@ -105,7 +105,7 @@ def test_a_trl_set_up_lands_where_the_docs_say():
     assert grpo["rollout"] == {"backend": "vllm", "options": {"engine": engine}}
     assert grpo["reward_weights"] == [1.0, 0.5] and grpo["log_completions_every"] == 5
     # 8 rollouts a micro-batch x 2 accumulated = 16 rollouts a step = 4 problems x N = 4
-    curriculum = {"rollout_n": 4, "rl_unmeasured": True, "low": 0.0, "seed": 7}
+    curriculum = {"rl_unmeasured": True, "low": 0.0, "seed": 7}
     assert s["data"] == {"batch_size": 4, "curriculum": curriculum}
     assert s["trainer"] == {
         "log_every_n_steps": 5,
@@ -114,7 +114,7 @@ def test_a_trl_set_up_lands_where_the_docs_say():
         "precision": "32-true",
         "accelerator": "cpu",
     }
-    assert s["schedule"] == {"n_init": 4} and s["seed_everything"] == 7
+    assert s["schedule"] == {"n_init": 4, "factor": 1.0} and s["seed_everything"] == 7  # fixed N
     assert s["prompt"] == {"chat_template_kwargs": {"enable_thinking": False}}
 
 

@@ -1,8 +1,9 @@
 """RolloutNSchedule: gives the fit's curriculum a Rollout N schedule (one N per difficulty group).
 
-A thin adapter for a user's own ``Trainer``. The rule (groups by difficulty, N raised on
-plateaus or set from lr / N_eff) is :class:`coscale.loop.schedule.NSchedule`; the curriculum owns it,
-saves its state, and steps it when the RL module closes an epoch.
+The way to set Rollout N in your own ``Trainer`` (``coscale run`` has ``pipeline.schedule``, the
+same arguments; docs/pipeline.md). The rule (groups by difficulty, N raised on plateaus or set
+from lr / N_eff) is :class:`coscale.loop.schedule.NSchedule`; the curriculum owns it, saves its
+state with the rest of the loop's, and steps it when the RL module closes an epoch.
 """
 
 from __future__ import annotations
@@ -17,17 +18,21 @@ from coscale.modules.feed import curriculum_of
 from coscale.modules.loggers import log_to_loggers
 
 
-class RolloutNSchedule(NSchedule, Callback):
-    """An :class:`~coscale.loop.schedule.NSchedule` (same arguments) that installs itself in the fit's
+class RolloutNSchedule(Callback):
+    """Installs an :class:`~coscale.loop.schedule.NSchedule` built from ``settings`` (its
+    arguments: ``RolloutNSchedule(n_init=4, factor=1.0)`` keeps every N at 4) in the fit's
     curriculum, unless that has one already (e.g. restored), and groups the solvable problems at
-    fit start. Lightning saves its state with the callbacks; the curriculum saves it too.
+    fit start. Its state is the curriculum's, saved once with the DataModule's.
     """
+
+    def __init__(self, **settings: Any) -> None:
+        self.schedule = NSchedule(**settings)
 
     @override
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         cur = getattr(getattr(trainer, "datamodule", None), "curriculum", None)
         if cur is not None and cur.schedule is None:
-            cur.schedule = self
+            cur.schedule = self.schedule
 
     @override
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:

@@ -8,6 +8,7 @@ problems with their N to an RL module, saving the curriculum in every checkpoint
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,6 +22,10 @@ from coscale.tasks.benchmarks import SOURCE_PREFIX, source_rows
 from coscale.tasks.builtin import builtin_rows, is_builtin
 
 Source = str | list[dict[str, Any]] | None
+SCHEDULE_MOVED = (
+    "ProblemDataModule(schedule=...) is deprecated and goes in the next release: pass "
+    "RolloutNSchedule(...) (the same arguments) to the Trainer's callbacks"
+)
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,8 @@ class ProblemDataModule(CurriculumDataModule):
             ``redistill`` (latest correct RL rollouts) or ``all`` (both: what re-distillation
             and the final retrain train on).
         teacher: Where solutions beyond the data set's own come from (``class_path`` in YAML).
-        schedule: Rollout N per difficulty group (``RolloutNSchedule`` sets one too).
+        schedule: Deprecated (a warning names the way now): pass ``RolloutNSchedule`` to the
+            ``Trainer``'s callbacks instead.
         sft_replay: Earlier (question, solution) data mixed into every SFT set so that what the
             model already knows is not forgotten: a problem source whose rows have solutions
             (its share: ``curriculum.replay_fraction``).
@@ -94,6 +100,8 @@ class ProblemDataModule(CurriculumDataModule):
         errors += serving_errors(sft_source, batch_size, sft_batch_size, val_batch_size)
         if errors:
             raise ValueError("ProblemDataModule: " + "; ".join(errors))
+        if schedule is not None:
+            warnings.warn(SCHEDULE_MOVED, FutureWarning, stacklevel=2)
         super().__init__(
             Curriculum(settings, teacher=teacher, schedule=schedule),
             sft_source,

@@ -9,10 +9,11 @@
   ``coscale run`` one, :func:`coscale.integrations.trl_pipeline.pipeline_settings` moves the
   run's sampling settings to ``pipeline.sampling``);
 * ``data``: :class:`~coscale.datamodules.ProblemDataModule` arguments for a plain GRPO fit
-  (problems per step, the start N as ``curriculum.rollout_n``, every problem served to RL);
+  (problems per step, every problem served to RL);
 * ``trainer``: ``lightning.Trainer`` arguments (steps or epochs, logging, precision, folder);
-* ``schedule``: ``{"n_init": num_generations}``, the start N under a Rollout N schedule
-  (``pipeline.schedule`` of ``coscale run``; then leave ``data.curriculum.rollout_n`` out);
+* ``schedule``: ``{"n_init": num_generations, "factor": 1.0}``, TRL's fixed N as
+  :class:`~coscale.callbacks.RolloutNSchedule` arguments (``coscale run`` takes ``n_init`` as
+  ``pipeline.schedule``'s start N and raises N per difficulty group from there);
 * ``prompt``: ``{"chat_template_kwargs": ...}``, fields of the run's prompt definition
   (:class:`~coscale.models.prompting.PromptFormat`): ``GRPOModule(prompt=settings["prompt"])``,
   or ``pipeline.sampling.prompt`` of a ``coscale run`` config (with its other fields);
@@ -87,7 +88,7 @@ def from_grpo_config(config: Any, num_processes: int = 1) -> dict[str, Any]:
         "grpo": _grpo(v, loss_settings(v, num_processes, errors), errors),
         "data": _data(v, num_processes, errors),
         "trainer": _trainer(v, errors),
-        "schedule": {"n_init": v["num_generations"]},
+        "schedule": {"n_init": v["num_generations"], "factor": 1.0},
         "prompt": {"chat_template_kwargs": dict(v["chat_template_kwargs"] or {})},
         "seed_everything": v["seed"],
     }
@@ -189,7 +190,7 @@ def _data(v: Mapping[str, Any], num_processes: int, errors: list[str]) -> dict[s
             f"generation_batch_size={generation} is no whole number of groups of "
             f"num_generations={n} on each of {num_processes} ranks"
         )
-    curriculum = {"rollout_n": n, "rl_unmeasured": True, "low": 0.0}
+    curriculum: dict[str, Any] = {"rl_unmeasured": True, "low": 0.0}
     curriculum["seed"] = v["data_seed"] if v["data_seed"] is not None else v["seed"]
     return {"batch_size": max(generation // (n * num_processes), 1), "curriculum": curriculum}
 

@@ -36,8 +36,8 @@ TRANSLATED: dict[str, str] = {
     "optim": "`adamw_torch_fused` / `adamw_torch`: coscale's AdamW (fused where torch can)",
     "max_grad_norm": "`grpo.update.max_grad_norm`",
     # sampling
-    "num_generations": "`data.curriculum.rollout_n`, the start N (`schedule.n_init` under a "
-    "Rollout N schedule)",
+    "num_generations": "`schedule.n_init` with `factor: 1.0` (`RolloutNSchedule`; in "
+    "`coscale run`, `pipeline.schedule.n_init`, the start N)",
     "num_generations_eval": "`grpo.validation.samples`",
     "max_completion_length": "`grpo.sampling.max_new_tokens` (and `DrGRPOLoss.max_tokens`)",
     "temperature": "`grpo.sampling.temperature` and `grpo.validation.temperature`",

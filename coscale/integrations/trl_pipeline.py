@@ -28,7 +28,8 @@ def pipeline_settings(settings: dict[str, Any]) -> dict[str, Any]:
         grpo["validation"] = validation
     if settings.get("prompt"):  # PromptFormat fields (chat_template_kwargs): the run's prompt
         run["prompt"] = dict(settings["prompt"])
-    out = {"sampling": run, "grpo": grpo, "schedule": dict(settings["schedule"])}
+    # the start N; the run's schedule raises N per difficulty group from there (TRL's is fixed)
+    out = {"sampling": run, "grpo": grpo, "schedule": {"n_init": settings["schedule"]["n_init"]}}
     if "rollout" in grpo:
         out["rollout"] = grpo.pop("rollout")
     return out

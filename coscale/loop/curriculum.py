@@ -14,6 +14,7 @@ serves it, the modules report to it, the pipeline's stages call it.
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,7 +23,7 @@ from coscale.checks import at_least, one_of
 from coscale.loop.mastered import mastered_items
 from coscale.loop.pools import Pool, PoolRules, ProblemPools
 from coscale.loop.problem import Problem
-from coscale.loop.schedule import NSchedule
+from coscale.loop.schedule import N_INIT, NSchedule
 from coscale.loop.solution_sources import DatasetSolutions, SolutionSource
 from coscale.loop.solutions import SolutionBank
 from coscale.rl.theory import effective_rollouts
@@ -30,8 +31,11 @@ from coscale.rl.theory import effective_rollouts
 Item = dict[str, Any]
 SFTSource = Literal["bank", "redistill", "all"]
 SFT_SOURCES = ("bank", "redistill", "all")
-DEFAULT_N = 8
-"""Rollout N of every problem when neither a schedule nor ``rollout_n`` sets one."""
+ROLLOUT_N_MOVED = (
+    "data.curriculum.rollout_n is deprecated and goes in the next release: set Rollout N with "
+    "the RolloutNSchedule callback (RolloutNSchedule(n_init={n}, factor=1.0) keeps it fixed), "
+    "or pipeline.schedule.n_init in coscale run"
+)
 
 
 @dataclass(frozen=True)
@@ -40,9 +44,9 @@ class CurriculumSettings(PoolRules):
     N, set sizes (``data.curriculum:`` in YAML).
 
     Attributes:
-        rollout_n: Rollout N of every problem when no schedule is attached (None: 8). With a
-            schedule, its ``n_init`` is the one start N (of every problem it has not grouped
-            yet too), and setting this as well is refused.
+        rollout_n: Deprecated (a warning names the way now): Rollout N of every problem when no
+            schedule is attached. N is set by the schedule (``RolloutNSchedule`` in a
+            ``Trainer``, ``pipeline.schedule`` in ``coscale run``).
         solutions_per_round: Solutions added to each unsolvable problem per data-scaling round.
         redistill_per_problem: Latest correct rollouts taken per problem for re-distillation.
         redistill_max_total: Cap on the re-distillation set (a seeded subset beyond it).
@@ -81,7 +85,7 @@ class Curriculum:
     Args:
         settings: The rules' thresholds, budgets and sizes.
         teacher: Where solutions beyond a problem's own come from (None: its own only).
-        schedule: Rollout N per difficulty group (None: every problem gets ``rollout_n``).
+        schedule: Rollout N per difficulty group (None: every problem gets ``N_INIT``).
             Attached later by assigning ``curriculum.schedule``, under the same rule.
         replay_pairs: Earlier ``{"question", "solution"}`` pairs mixed into every SFT set.
     """
@@ -95,6 +99,8 @@ class Curriculum:
     ) -> None:
         if errors := settings.errors():
             raise ValueError("data: " + "; ".join(errors))
+        if settings.rollout_n is not None:
+            warnings.warn(ROLLOUT_N_MOVED.format(n=settings.rollout_n), FutureWarning, stacklevel=2)
         s = self.settings = settings
         self.teacher, self.replay_pairs = teacher, list(replay_pairs)
         self.schedule = schedule
@@ -184,7 +190,7 @@ class Curriculum:
     # ------------------------------------------------- computation scaling (RL)
     @property
     def schedule(self) -> NSchedule | None:
-        """The Rollout N schedule (None: every problem gets ``rollout_n``)."""
+        """The Rollout N schedule (None: every problem gets ``N_INIT``)."""
         return self._schedule
 
     @schedule.setter
@@ -200,10 +206,10 @@ class Curriculum:
     @property
     def start_n(self) -> int:
         """Rollout N of a problem no schedule has grouped: the schedule's ``n_init``, else
-        ``rollout_n`` (8 when unset)."""
+        :data:`~coscale.loop.schedule.N_INIT` (the deprecated ``rollout_n`` when set)."""
         if self.schedule is not None:
             return self.schedule.n_init
-        return DEFAULT_N if self.settings.rollout_n is None else self.settings.rollout_n
+        return N_INIT if self.settings.rollout_n is None else self.settings.rollout_n
 
     def n_of(self, pid: str) -> int:
         """Rollout N of a problem (its group's N once the schedule has set one)."""

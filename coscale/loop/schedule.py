@@ -23,6 +23,8 @@ from coscale.checks import at_least
 from coscale.rl.theory import n_for_lr_ratio
 
 MODES = ("plateau", "lr_ratio")
+N_INIT = 8
+"""Rollout N of a problem nothing else sets: the one default (a schedule's ``n_init``)."""
 
 
 class NSchedule:
@@ -46,7 +48,7 @@ class NSchedule:
     def __init__(
         self,
         num_groups: int = 3,
-        n_init: int = 8,
+        n_init: int = N_INIT,
         factor: float = 2.0,
         n_max: int = 64,
         patience: int = 1,
