@@ -11,6 +11,8 @@ import math
 import pytest
 import torch
 
+from coscale.modules.grpo import settings_errors as grpo_settings_errors
+from coscale.modules.sft import settings_errors as sft_settings_errors
 from coscale.scoring.reward_functions import (
     RewardError,
     RewardFunction,
@@ -236,8 +238,10 @@ def test_settings_errors_name_the_settings_and_both_sides_of_a_mismatch():
     ]
     assert reward_errors([{"class_path": "m.R"}, exact], [1, 0.5]) == []  # YAML's form
     assert reward_errors(["some/reward-model", exact], None) == []  # a reward model, as in TRL
-    with pytest.raises(ValueError, match="reward_weights has 1 weight but reward has 2"):
-        RewardSet([exact, length_bonus], [1.0])
+    # the one check, where the settings come in: the modules' (the pipeline runs them on YAML)
+    grpo = grpo_settings_errors(reward=[exact, length_bonus], reward_weights=[1.0])
+    assert grpo[0].startswith("reward_weights has 1 weight but reward has 2")
+    assert sft_settings_errors(verifier=3)[0].startswith("verifier must be callable")
 
 
 # -------------------------------------------------------------------------------- the verifier

@@ -38,7 +38,7 @@ from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.policy_mixin import PolicyMixin
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.rollout.base import SamplingParams
-from coscale.scoring.reward_set import RewardSet
+from coscale.scoring.reward_set import RewardSet, reward_errors
 from coscale.sft.batch import solution_loss, tokenize_pairs
 from coscale.sft.distill import Distillation, Teacher, distill_loss
 from coscale.sft.forgetting import (
@@ -115,7 +115,11 @@ class SFTModule(PolicyMixin, L.LightningModule):
         guard, distill = as_group(GuardSettings, forgetting_guard), as_group(Distillation, distill)
         groups = dict(load=load, optimizer=optimizer, validation=validation)
         errors = settings_errors(
-            max_length=max_length, forgetting_guard=guard, distill=distill, **groups
+            verifier=verifier,
+            max_length=max_length,
+            forgetting_guard=guard,
+            distill=distill,
+            **groups,
         )
         if errors:
             raise ValueError("SFTModule: " + "; ".join(errors))
@@ -137,10 +141,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
             optimizer,
             max_length,
         )
-        try:
-            self.rewards = RewardSet(verifier=verifier)
-        except ValueError as err:
-            raise ValueError(f"SFTModule: {err}") from None
+        self.rewards = RewardSet(verifier=verifier)
         self.padding_free, self.load = padding_free, load
         self.val_samples = validation.samples
         self.val_sampling = SamplingParams(
@@ -350,9 +351,10 @@ GROUPS = {
 
 
 def settings_errors(**args: Any) -> list[str]:
-    """Every out-of-range setting among ``args`` (groups as objects or mappings), named; the
-    pipeline checks ``pipeline.sft`` with it before any work."""
-    errors = at_least(2, max_length=args["max_length"]) if "max_length" in args else []
+    """Every out-of-range setting among ``args`` (groups as objects or mappings, the verifier),
+    named; the pipeline checks ``pipeline.sft`` with it before any work."""
+    errors = reward_errors(None, None, args.get("verifier"))
+    errors += at_least(2, max_length=args["max_length"]) if "max_length" in args else []
     groups = {k: as_group(GROUPS[k], v) for k, v in args.items() if k in GROUPS}
     return errors + group_errors(**groups)
 

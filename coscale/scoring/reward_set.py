@@ -152,8 +152,8 @@ class RewardSet:
         reward_weights: One weight per reward function (None: all 1.0).
         verifier: Decides correctness (None: :func:`default_verifier`).
 
-    Raises:
-        ValueError: Naming every bad setting (a length mismatch names both settings).
+    The settings are checked by :func:`reward_errors` where they come in (the modules'
+    ``settings_errors``, which the pipeline runs on its YAML before any work), not again here.
     """
 
     def __init__(
@@ -162,9 +162,6 @@ class RewardSet:
         reward_weights: Sequence[float] | None = None,
         verifier: RewardSpec | None = None,
     ) -> None:
-        errors = reward_errors(reward, reward_weights, verifier)
-        if errors:
-            raise ValueError("; ".join(errors))
         reward, verifier = _built(reward, verifier)
         self.verifier_fn = default_verifier(reward, verifier)
         raw = as_list(reward) or [self.verifier_fn]
