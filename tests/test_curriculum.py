@@ -440,9 +440,7 @@ def test_record_measurement_groups_newly_solvable_problems_and_sets_their_n():
 def test_the_start_n_is_the_schedules_n_init_and_rollout_n_a_deprecated_alias():
     rows = [{"id": "a", "question": "q", "answer": "x"}]
     assert _cur(rows).n_of("a") == 8 and _cur(rows, schedule=NSchedule(n_init=6)).n_of("a") == 6
-    with pytest.warns(
-        FutureWarning, match=r"rollout_n is deprecated .*RolloutNSchedule\(n_init=4"
-    ):
+    with pytest.warns(FutureWarning, match=r"rollout_n is deprecated .*RolloutNSchedule\(n_init=4"):
         cur = _cur(rows, rollout_n=4)
     with pytest.raises(ValueError, match=r"n_init \(6\) is the start N; remove curriculum"):
         cur.schedule = NSchedule(n_init=6)  # as the pipeline and RolloutNSchedule attach one

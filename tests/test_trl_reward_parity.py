@@ -5,7 +5,7 @@ stand-in for the trainer it reads: ``trl_reference.py``) gives the per-function 
 own expression from ``_generate_and_score_completions``, read from TRL's source and evaluated
 (``rewards_per_func * self.reward_weights ... .nansum(dim=1)``), so a change on TRL's side fails
 this test rather than passing unnoticed. coscale's side is ``GRPOModule``'s path:
-``reward_inputs`` from a ``Rollouts`` batch, then ``RewardSet.score``.
+``RewardInputs.of_rollouts`` from a ``Rollouts`` batch, then ``RewardSet.score``.
 
 What makes the two equal: TRL in its standard (not conversational) format, so prompts and
 completions are plain text; the data set's answer column named ``answer`` (coscale passes the
@@ -29,8 +29,8 @@ import trl.trainer.grpo_trainer as trl_grpo  # TRL is a dev dependency: never sk
 from trl.rewards import get_soft_overlong_punishment
 from trl_reference import stand_in, trl_rewards
 
-from coscale.modules.policy_mixin import reward_inputs
 from coscale.rollout.base import Rollouts
+from coscale.scoring.reward_functions import RewardInputs
 from coscale.scoring.reward_set import RewardSet
 
 
@@ -109,7 +109,8 @@ def _trl_totals(rollouts: Rollouts) -> tuple[torch.Tensor, torch.Tensor, list[st
 def test_trl_reward_list_with_weights_gives_trls_totals():
     rollouts = _rollouts()
     trl_per_function, trl_totals, trl_names = _trl_totals(rollouts)
-    inputs = reward_inputs(PROBLEMS, PROMPTS, rollouts)
+    answers, metas = [p["answer"] for p in PROBLEMS], [p["meta"] for p in PROBLEMS]
+    inputs = RewardInputs.of_rollouts(rollouts, PROMPTS, answers, metas)
     scores = RewardSet(FUNCTIONS, WEIGHTS, verifier=accuracy).score(inputs)
     assert list(scores.names) == trl_names  # train/rewards/<name> as TRL's rewards/<name>
     # the same NaNs (hard_only's None on problem a) and the same numbers, bit for bit

@@ -11,11 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
 from coscale.loop.problem import Problem
 from coscale.rollout.base import RolloutBackend, SamplingParams
 from coscale.scoring.metrics import pass_at_k
+from coscale.scoring.reward_set import correct_per_prompt, is_correct
 
 
 @dataclass
@@ -50,7 +49,7 @@ def evaluate(
         backend: Generates the completions.
         prompts: Questions -> prompts (the model's prompt format).
         benchmarks: Problems per benchmark name.
-        reward: ``reward(completions, answers) -> [0/1]`` (1 = correct).
+        reward: ``reward(completions, answers) -> scores``, correct by :func:`is_correct`.
         samples: n, completions per problem.
         ks: pass@k budgets, each <= n.
         sampling: Sampling settings; call j is seeded ``sampling.seed + j`` when seeded.
@@ -70,11 +69,8 @@ def _evaluate_one(
         chunk = problems[start : start + batch_size]
         seeded = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
         rollouts = backend.generate(prompts([p.question for p in chunk]), samples, seeded)
-        index = rollouts.prompt_index.cpu()  # [R]
-        scores = reward(rollouts.texts, [chunk[i].answer for i in index.tolist()])
-        hits = torch.zeros(len(chunk), dtype=torch.long)  # [B]
-        hits.index_add_(0, index, (torch.tensor(scores) >= 1.0).long())
-        correct += hits.tolist()
+        scores = reward(rollouts.texts, [chunk[i].answer for i in rollouts.prompt_index.tolist()])
+        correct += correct_per_prompt(rollouts.prompt_index, is_correct(scores), len(chunk))
         tokens += float(rollouts.lengths.sum())
         truncated += sum(r == "length" for r in rollouts.finish_reasons)
     total = max(1, len(problems) * samples)

@@ -158,28 +158,25 @@ def correct_counts(
     ``engine`` (default: the machine's ``auto`` backend, the demo task's plain prompt, 96
     tokens, temperature 1.0); ``fmt`` and ``max_new_tokens`` override its prompt and limit (a
     chat format uses the model's own chat template)."""
+    from coscale.app.benchmark_eval import evaluate
     from coscale.scoring.rewards import MathReward
 
     own = engine is None
     engine = engine or ReportEngine()
     fmt, limit = fmt or engine.fmt, max_new_tokens or engine.max_new_tokens
     sampling = SamplingParams(max_new_tokens=limit, temperature=engine.temperature, seed=seed)
-    correct: list[int] = []
     try:
         backend, tok = engine.backend_for(path)
+
+        def prompts(questions: list[str]) -> list[str]:
+            return [fmt(q, tok) for q in questions]
+
         with MathReward() as reward:
-            for start in range(0, len(problems), 64):
-                chunk = problems[start : start + 64]
-                ro = backend.generate([fmt(p.question, tok) for p in chunk], k, sampling)
-                scores = reward(ro.texts, [chunk[i].answer for i in ro.prompt_index.tolist()])
-                counts = [0] * len(chunk)
-                for i, s in zip(ro.prompt_index.tolist(), scores):
-                    counts[i] += int(s >= 1.0)
-                correct += counts
+            (result,) = evaluate(backend, prompts, {"": problems}, reward, k, [1], sampling, 64)
     finally:
         if own:
             engine.close()
-    return correct
+    return result.correct
 
 
 def average(report: dict[str, Any], label: str, metric: str = "pass@1") -> float:

@@ -14,7 +14,8 @@ from typing import Any
 from coscale.loop.problem import Problem
 from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import SamplingParams
-from coscale.scoring.reward_functions import RewardFunction, RewardInputs, columns_of
+from coscale.scoring.reward_functions import RewardFunction, RewardInputs
+from coscale.scoring.reward_set import is_correct
 
 Request = tuple[Problem, int]  # (problem, how many new solutions it needs)
 
@@ -116,21 +117,19 @@ class TeacherSolutions(SolutionSource):
         questions = [p.question for p, _ in todo]
         prompts = [self.prompt(q, backend.tokenizer) for q in questions]
         rollouts = backend.generate(prompts, self.samples_per_problem, self.sampling)
-        index = rollouts.prompt_index.tolist()
-        messages = self.prompt.conversations(questions)
-        inputs = RewardInputs(
-            prompts=[prompts[i] for i in index],
-            completions=rollouts.texts,
-            completion_ids=rollouts.kept_completion_ids(),
-            answers=[todo[i][0].answer for i in index],
-            columns=columns_of([todo[i][0].meta for i in index]),
-            prompt_messages=None if messages is None else [messages[i] for i in index],
+        problems = [p for p, _ in todo]
+        inputs = RewardInputs.of_rollouts(
+            rollouts,
+            prompts,
+            [p.answer for p in problems],
+            [p.meta for p in problems],
+            self.prompt.conversations(questions),
         )
-        scores = RewardFunction(self.reward, "teacher's reward").score(inputs)
-        for i, text, score in zip(rollouts.prompt_index.tolist(), rollouts.texts, scores):
+        correct = is_correct(RewardFunction(self.reward, "teacher's reward").score(inputs))
+        for i, text, ok in zip(rollouts.prompt_index.tolist(), rollouts.texts, correct.tolist()):
             problem, k = todo[i]
             taken, text = out[problem.id], text.strip()
-            if score >= 1.0 and len(taken) < k and text not in taken + known(problem.id):
+            if ok and len(taken) < k and text not in taken + known(problem.id):
                 taken.append(text)
 
     def adopt_verifier(self, verifier: Callable[..., Any]) -> None:

@@ -27,8 +27,8 @@ from coscale.rollout.base import RolloutBackend, Rollouts, SampleCall, SamplingP
 from coscale.rollout.dtype import precision_dtype
 from coscale.rollout.factory import Rollout, close_backend
 from coscale.scoring.metrics import PassAtK
-from coscale.scoring.reward_functions import RewardInputs, columns_of
-from coscale.scoring.reward_set import RewardSet, Scores
+from coscale.scoring.reward_functions import RewardInputs
+from coscale.scoring.reward_set import RewardSet, Scores, correct_per_prompt
 
 
 class PolicyMixin:
@@ -124,8 +124,17 @@ class PolicyMixin:
         with timed("sampling"):
             rollouts = self.backend.generate(prompts, n, sampling)
         self._spend(rollouts.num_rollouts)
-        messages = self.prompt.conversations(questions)
-        return rollouts, reward_inputs(problems, prompts, rollouts, messages)
+        return rollouts, self.reward_inputs(problems, prompts, rollouts)
+
+    def reward_inputs(
+        self, problems: list[dict], prompts: list[str], rollouts: Rollouts
+    ) -> RewardInputs:
+        """What the reward functions read about ``rollouts`` of ``problems`` (whose texts were
+        ``prompts``): each problem's answer and other columns (``meta``), and the messages the
+        prompt was rendered from when it is a conversation."""
+        messages = self.prompt.conversations([p["question"] for p in problems])
+        answers, metas = [p["answer"] for p in problems], [p.get("meta") for p in problems]
+        return RewardInputs.of_rollouts(rollouts, prompts, answers, metas, messages)
 
     def count_correct(self, problems: list[dict], n: int, sampling: SamplingParams) -> list[int]:
         """Number of correct samples (by the verifier alone) out of ``n`` per problem."""
@@ -142,13 +151,10 @@ class PolicyMixin:
         with timed("sampling"):
             batches = self.backend.generate_many(calls)
         counts = []
-        for chunk, asked, texts, rollouts in zip(chunks, questions, prompts, batches):
+        for chunk, texts, rollouts in zip(chunks, prompts, batches):
             self._spend(rollouts.num_rollouts)
-            messages = self.prompt.conversations(asked)
-            verdicts = self.rewards.verify(reward_inputs(chunk, texts, rollouts, messages)).long()
-            correct = torch.zeros(len(chunk), dtype=torch.long)
-            correct.index_add_(0, rollouts.prompt_index.cpu(), verdicts)
-            counts.append(correct.tolist())
+            verdicts = self.rewards.verify(self.reward_inputs(chunk, texts, rollouts))
+            counts.append(correct_per_prompt(rollouts.prompt_index, verdicts, len(chunk)))
         return counts
 
     def _spend(self, rollouts: int) -> None:
@@ -212,26 +218,6 @@ def shard_policy(policy: torch.nn.Module, mesh: Any) -> torch.nn.Module:
     fully_shard(root, mesh=mesh["data_parallel"])
     policy._is_fsdp_managed_module = True  # HF generate keeps ranks in lockstep
     return policy
-
-
-def reward_inputs(
-    problems: list[dict],
-    prompts: list[str],
-    rollouts: Rollouts,
-    messages: list[list[dict]] | None = None,
-) -> RewardInputs:
-    """What the reward functions read about ``rollouts`` of ``problems`` (whose texts were
-    ``prompts``, rendered from ``messages`` when chat-rendered), one entry per rollout: its
-    problem's answer and other columns (``meta``)."""
-    index = rollouts.prompt_index.tolist()
-    return RewardInputs(
-        prompts=[prompts[i] for i in index],
-        completions=rollouts.texts,
-        completion_ids=rollouts.kept_completion_ids(),
-        answers=[problems[i]["answer"] for i in index],
-        columns=columns_of([problems[i].get("meta") or {} for i in index]),
-        prompt_messages=None if messages is None else [messages[i] for i in index],
-    )
 
 
 def _pass_ks(samples: int) -> tuple[int, ...]:

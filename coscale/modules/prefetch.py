@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 from coscale.clock import timed
 from coscale.modules.feed import batch_position, upcoming_batches
-from coscale.modules.policy_mixin import reward_inputs
 from coscale.rollout.base import SamplingParams
 
 Key = tuple[int, int]  # (epoch, batch index in it)
@@ -114,9 +113,8 @@ def sample_ahead(module: Any, batch: list[dict]) -> tuple[Any, Any, int]:
             "are not those of the weights that sampled"
         )
     module._spend(rollouts.num_rollouts)
-    questions = [p["question"] for p in batch]
-    prompts, messages = module.prompts_for(questions), module.prompt.conversations(questions)
-    scores = module.rewards.score(reward_inputs(batch, prompts, rollouts, messages))
+    prompts = module.prompts_for([p["question"] for p in batch])
+    scores = module.rewards.score(module.reward_inputs(batch, prompts, rollouts))
     return rollouts, scores, backend.book.version - pending.version
 
 

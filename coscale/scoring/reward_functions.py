@@ -84,6 +84,28 @@ class RewardInputs:
         ids = [list(ids) for ids in self.completion_ids]
         return {"prompts": prompts, "completions": completions, "completion_ids": ids}
 
+    @classmethod
+    def of_rollouts(
+        cls,
+        rollouts: Any,
+        prompts: Sequence[str],
+        answers: Sequence[str],
+        metas: Sequence[Mapping[str, Any] | None],
+        messages: Sequence[Sequence[Mapping[str, Any]]] | None = None,
+    ) -> RewardInputs:
+        """The inputs of a ``Rollouts`` batch of B prompts (``prompts``, rendered from
+        ``messages`` when chat-rendered), given each prompt's gold answer and other columns
+        (``metas``, B entries each): one entry per rollout."""
+        index = rollouts.prompt_index.tolist()  # [R] prompt of each rollout
+        return cls(
+            prompts=[prompts[i] for i in index],
+            completions=rollouts.texts,
+            completion_ids=rollouts.kept_completion_ids(),
+            answers=[answers[i] for i in index],
+            columns=columns_of([metas[i] or {} for i in index]),
+            prompt_messages=None if messages is None else [messages[i] for i in index],
+        )
+
     def __len__(self) -> int:
         return len(self.completions)
 

@@ -4,12 +4,13 @@ GRPO's advantages use the **reward**: the weighted sum of the reward functions' 
 function's ``None`` ("no opinion") left out of the sum, as TRL sums with ``nansum``. Which
 completions are **correct** (the pools, pass-rate measurement, the solution bank, the replay
 buffer) is the **verifier's** call: a completion is correct when the verifier scores it
-``>= 1.0``. A format bonus in the reward therefore moves advantages, never a pool label.
+``>= 1.0`` (:data:`CORRECT_AT`, :func:`is_correct`). A format bonus in the reward therefore
+moves advantages, never a pool label.
 
 Which verifier, when none is given (:func:`default_verifier`):
 
 * no reward either: ``MathReward()``, whose score is also the reward (the defaults);
-* one reward function: that function (the reward decides correctness, as before ``verifier``);
+* one reward function: that function (the reward decides correctness);
 * several: the first ``MathReward`` among them, else a new ``MathReward()``.
 
 And with a verifier but no reward, the verifier's score is the reward. A verifier that is also
@@ -198,11 +199,11 @@ class RewardSet:
         per_function = per_function.reshape(len(self.functions), len(inputs)).T  # [R, F]
         verdict = columns[-1] if extra else columns[self._verifier_column]
         reward = (per_function * self.weights.unsqueeze(0)).nansum(dim=1)  # [R] TRL's sum
-        return Scores(reward, per_function, tuple(self.names), _correct(verdict))
+        return Scores(reward, per_function, tuple(self.names), is_correct(verdict))
 
     def verify(self, inputs: RewardInputs, context: RewardContext | None = None) -> Tensor:
         """``[R]`` bool: the verifier alone (measurement needs no shaped reward)."""
-        return _correct(run_all([self.verifier], inputs, self._context_for(context))[0])
+        return is_correct(run_all([self.verifier], inputs, self._context_for(context))[0])
 
     def _context_for(self, context: RewardContext | None) -> RewardContext:
         """The call's context; reward models are moved to its device first."""
@@ -225,8 +226,20 @@ def _built(reward: Any, verifier: Any) -> tuple[list[Any] | None, Any]:
     return rewards, None if verifier is None else built[id(verifier)]
 
 
-def _correct(scores: Sequence[float]) -> Tensor:
-    return torch.tensor(scores, dtype=torch.float32) >= 1.0  # NaN (no opinion): not correct
+CORRECT_AT = 1.0
+"""A completion is correct when the verifier scores it at least this (the module docstring)."""
+
+
+def is_correct(scores: Sequence[float]) -> Tensor:
+    """``[R]`` bool of ``[R]`` verifier scores; NaN (no opinion) is not correct."""
+    return torch.tensor(scores, dtype=torch.float32) >= CORRECT_AT
+
+
+def correct_per_prompt(prompt_index: Tensor, correct: Tensor, num_prompts: int) -> list[int]:
+    """Correct rollouts of each of B prompts: ``prompt_index`` and ``correct`` are ``[R]``."""
+    counts = torch.zeros(num_prompts, dtype=torch.long)  # [B]
+    counts.index_add_(0, prompt_index.cpu(), correct.long().cpu())
+    return counts.tolist()
 
 
 def _unique(names: list[str]) -> list[str]:
