@@ -36,6 +36,7 @@ from coscale.loop.schedule import NSchedule
 from coscale.measure import pass_rates
 from coscale.modules import GRPOModule, SFTModule
 from coscale.rollout.base import SamplingParams
+from coscale.seeds import derive_seed
 
 
 # ----------------------------------------------------------------------------- stand-ins
@@ -225,8 +226,8 @@ def test_pass_rate_subset_and_seeds_follow_the_curriculum():
     cb = PassRateEvaluation(k=2, max_problems=2, seed=5)
     first = [set(cb.evaluate(_trainer(dm, policy), policy)) for dm in dms]
     assert len(first[0]) == 2 and first[0] == first[1]  # seeded: the same subset from one state
-    # samples seeded with seed * 1_000_003 + measurements * 10_007 (+ the chunk's index)
-    assert [s.seed for *_, s in policy.calls] == [5 * 1_000_003] * 2
+    # samples seeded with derive_seed("measure", seed, measurements) (+ the chunk's index)
+    assert [s.seed for *_, s in policy.calls] == [derive_seed("measure", 5, 0)] * 2
     later = [set(cb.evaluate(_trainer(dms[0], policy), policy)) for _ in range(2)]
     assert len({frozenset(x) for x in [first[0], *later]}) > 1  # a new subset each measurement
     # the count is the curriculum's, saved with it: a restored one carries on where it was
@@ -235,7 +236,7 @@ def test_pass_rate_subset_and_seeds_follow_the_curriculum():
     policy.calls.clear()
     picked = [set(cb.evaluate(_trainer(dm, policy), policy)) for dm in (dms[0], restored)]
     assert picked[0] == picked[1] and restored.curriculum.measurements == 4
-    assert [s.seed for *_, s in policy.calls] == [5 * 1_000_003 + 3 * 10_007] * 2
+    assert [s.seed for *_, s in policy.calls] == [derive_seed("measure", 5, 3)] * 2
     with pytest.raises(ValueError, match=r"k must be an int >= 1, got 0.*pools must be"):
         PassRateEvaluation(k=0, pools=("bogus",))
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1 or None"):

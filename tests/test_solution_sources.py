@@ -167,8 +167,8 @@ def test_teacher_without_need_does_not_sample():
     [
         ({"samples_per_problem": 0}, ["samples_per_problem", "got 0 and 1"]),
         ({"rounds": 0}, ["rounds", "got 16 and 0"]),
-        ({"max_new_tokens": 0}, ["max_new_tokens must be >= 1, got 0"]),
-        ({"temperature": -0.5}, ["temperature must be >= 0", "got -0.5"]),
+        ({"max_new_tokens": 0}, ["max_new_tokens must be an int >= 1, got 0"]),
+        ({"temperature": -0.5}, ["temperature must be a number >= 0", "got -0.5"]),
     ],
 )
 def test_teacher_rejects_bad_settings(kwargs, names):

@@ -32,7 +32,7 @@ __all__ = ["main", "pipeline_parser"]
 
 def _offline_defaults() -> None:
     """W&B without an API key runs offline instead of failing."""
-    from coscale.modules.wandb_mode import wandb_mode
+    from coscale.modules.loggers import wandb_mode
 
     os.environ["WANDB_MODE"] = wandb_mode()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

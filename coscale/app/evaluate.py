@@ -140,7 +140,7 @@ def log_to_wandb(rows: Sequence[dict[str, Any]], config: EvalConfig) -> None:
     """``eval/<benchmark>/<metric>`` values and an ``eval/results`` table in one W&B run."""
     import wandb
 
-    from coscale.modules.wandb_mode import wandb_mode
+    from coscale.modules.loggers import wandb_mode
 
     run = wandb.init(
         project=config.project,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from coscale.callbacks.sft_in_fit import SFTLoop, copy_weights, fabric_for, loop_from, sft_in_fit
@@ -14,6 +13,7 @@ from coscale.checks import as_group
 from coscale.loop.curriculum import Curriculum
 from coscale.measure.selection import Selection
 from coscale.modules.sft import SFTModule, check_guard_strategy
+from coscale.seeds import seeded
 from coscale.sft.forgetting import GuardSettings
 
 _SHARED = ("prompt", "tokenizer", "verifier", "load")  # the SFT takes these from the policy module
@@ -84,9 +84,7 @@ def retrain_from_initial(
     if guard.on and "mastered" not in kwargs:
         kwargs["mastered"] = curriculum.mastered()
     seed = curriculum.settings.seed
-    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.manual_seed(seed)
+    with seeded(seed):
         module = SFTModule(model=initial_weights(owner, pl_module), **kwargs)
         select = _selection(owner, trainer, curriculum)
         sft_in_fit(fabric_for(trainer), module, items, settings.loop, seed, select)

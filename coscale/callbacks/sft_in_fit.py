@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
-import torch
 
 from coscale.checks import at_least
 from coscale.datamodules.batches import shard_batches
@@ -32,6 +31,7 @@ from coscale.measure.selection import SelectOnProblems
 from coscale.models.full_state import full_state_dict, load_full_state_dict
 from coscale.modules.policy_mixin import shard_policy
 from coscale.modules.sft import SFTModule
+from coscale.seeds import seeded
 
 
 @dataclass(frozen=True)
@@ -247,8 +247,6 @@ def run_sft(
         errors.append("items must hold at least one {'question', 'solution'} dict")
     if errors:
         raise ValueError("run_sft: " + "; ".join(errors))
-    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.manual_seed(seed)
+    with seeded(seed):
         module = SFTModule(model=initial_model, **kwargs)
         return sft_in_fit(fabric_for(None, precision), module, items, loop, seed)

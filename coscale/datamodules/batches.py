@@ -17,6 +17,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from coscale.distributed import rank_world
+from coscale.seeds import derive_seed
 
 Item = dict[str, Any]
 
@@ -31,7 +32,7 @@ def shard_batches(
     repeated. Evaluation passes ``pad=False`` so that no problem is scored twice.
     """
     order = list(items)
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    random.Random(derive_seed("shuffle", seed, epoch)).shuffle(order)
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     rank, world = rank_world()
     if not batches:

@@ -27,6 +27,7 @@ from coscale.loop.schedule import N_INIT, NSchedule
 from coscale.loop.solution_sources import DatasetSolutions, SolutionSource
 from coscale.loop.solutions import SolutionBank
 from coscale.rl.theory import effective_rollouts
+from coscale.seeds import derive_seed
 
 Item = dict[str, Any]
 SFTSource = Literal["bank", "redistill", "all"]
@@ -177,7 +178,7 @@ class Curriculum:
         if not self.replay_pairs or not n_new or not fraction:
             return []
         want = round(n_new * fraction / (1 - fraction))
-        rng = random.Random(self.settings.seed + n_new)
+        rng = random.Random(derive_seed("replay", self.settings.seed, n_new))
         return [dict(rng.choice(self.replay_pairs)) for _ in range(want)]
 
     def _pair(self, pid: str, solution: str) -> Item:
@@ -304,7 +305,7 @@ class Curriculum:
         ids = [i for i in self.pools.ids() if self.pools.pool_of(i).value in pools]
         if max_problems is None or len(ids) <= max_problems:
             return ids
-        rng = random.Random(self.settings.seed * 7_919 + self.measurements)
+        rng = random.Random(derive_seed("measure_ids", self.settings.seed, self.measurements))
         return [ids[i] for i in sorted(rng.sample(range(len(ids)), max_problems))]
 
     def record_measurement(self, counts: dict[str, tuple[int, int]], lr=None) -> dict[str, str]:

@@ -15,6 +15,7 @@ from coscale.distributed import all_gather_objects, rank_world
 from coscale.loop.curriculum import Curriculum
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.metrics import PassAtK
+from coscale.seeds import derive_seed
 
 
 def measure(
@@ -39,7 +40,7 @@ def measure(
     ids = curriculum.measure_ids(pools, max_problems)
     problems = [curriculum.problems[i].to_dict() for i in ids]
     base = getattr(module, "val_sampling", None) or SamplingParams()
-    run_seed = seed * 1_000_003 + curriculum.measurements * 10_007
+    run_seed = derive_seed("measure", seed, curriculum.measurements)
     sampling = replace(
         base,
         temperature=temperature,

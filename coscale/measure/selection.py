@@ -26,6 +26,7 @@ from coscale.checks import at_least
 from coscale.distributed import barrier, is_writer
 from coscale.loop.commit import commit_point
 from coscale.measure.pass_rates import sample_counts
+from coscale.modules.loggers import log_to_loggers
 from coscale.rollout.base import SamplingParams
 
 
@@ -149,8 +150,7 @@ class SelectOnProblems(Callback):
             pl_module.export(self.path(step))
             self.best_step = step
         metrics = {"select/pass@1": value, "select/best_step": float(self.best_step)}
-        for logger in trainer.loggers if trainer.is_global_zero else []:
-            logger.log_metrics(metrics, step=step)
+        log_to_loggers(trainer, metrics, step)
         # scored (and a new best exported), not yet in a checkpoint: a kill here redoes the step
         commit_point(f"{self.label} select step {step} scored")
 

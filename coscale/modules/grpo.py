@@ -42,6 +42,7 @@ from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.rollout.factory import Rollout
 from coscale.rollout.lockstep import in_lockstep
 from coscale.scoring.reward_set import RewardSet, RewardSpec, reward_errors
+from coscale.seeds import derive_seed
 
 if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves the name
     from peft import PeftConfig
@@ -119,17 +120,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     ) -> None:
         super().__init__()
         peft = as_peft_config(peft)
-        groups = {
-            name: as_group(cls, value)
-            for name, cls, value in (
-                ("load", PolicyLoad, load),
-                ("optimizer", AdamW, optimizer),
-                ("sampling", Sampling, sampling),
-                ("update", Update, update),
-                ("validation", Validation, validation),
-                ("rollout", Rollout, rollout),
-            )
-        }
+        given = dict(load=load, optimizer=optimizer, sampling=sampling, update=update)
+        given |= dict(validation=validation, rollout=rollout)
+        groups = {name: as_group(GROUPS[name], value) for name, value in given.items()}
         errors = settings_errors(
             reward=reward, reward_weights=reward_weights, verifier=verifier, **groups
         )
@@ -322,7 +315,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     def _step_seed(self) -> int:
         rank = self.global_rank if self._trainer is not None else 0
-        return self.seed * 1_000_003 + self.global_step * 1_009 + rank
+        return derive_seed("step", self.seed, self.global_step, rank)
 
     @override
     def on_train_start(self) -> None:

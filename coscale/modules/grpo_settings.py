@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coscale.checks import at_least, one_of
-
-SCALE_REWARDS = ("group", "batch", "none")
+from coscale.rl.advantages import SCALES
+from coscale.rollout.base import sampling_errors
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Sampling:
         temperature: Sampling temperature (the update scores the rollouts at the same one).
         top_p: Nucleus sampling.
         top_k: Keep the k most likely tokens (0: off).
-        seed: Base seed: each step samples with ``seed * 1_000_003 + step * 1_009 + rank``.
+        seed: Base seed: each step samples with ``derive_seed("step", seed, step, rank)``.
     """
 
     max_new_tokens: int = 256
@@ -33,12 +33,8 @@ class Sampling:
     seed: int = 0
 
     def errors(self) -> list[str]:
-        errors = at_least(1, max_new_tokens=self.max_new_tokens)
-        errors += at_least(0, float, temperature=self.temperature) + at_least(0, seed=self.seed)
-        errors += at_least(0, top_k=self.top_k)
-        if not 0 < self.top_p <= 1:
-            errors.append(f"top_p must be in (0, 1], got {self.top_p!r}")
-        return errors
+        errors = sampling_errors(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
+        return errors + at_least(0, seed=self.seed)
 
 
 @dataclass(frozen=True)
@@ -73,4 +69,4 @@ class Update:
         )
         errors += at_least(1, micro_batch_size=self.micro_batch_size)
         errors += at_least(0, float, max_grad_norm=self.max_grad_norm)
-        return errors + one_of(SCALE_REWARDS, scale_rewards=self.scale_rewards)
+        return errors + one_of(SCALES, scale_rewards=self.scale_rewards)

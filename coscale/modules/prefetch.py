@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from coscale.clock import timed
 from coscale.modules.feed import batch_position, upcoming_batches
 from coscale.rollout.base import SamplingParams
+from coscale.seeds import derive_seed
 
 Key = tuple[int, int]  # (epoch, batch index in it)
 
@@ -122,7 +123,7 @@ def _submit(module: Any, key: Key, batch: list[dict]) -> Pending:
     """The requests of the batch at `key`, seeded by its position (not by the step that
     happens to send them), so a resumed fit sends the same."""
     epoch, index = key
-    seed = module.seed * 1_000_003 + (epoch * 100_003 + index) * 1_009 + module.global_rank
+    seed = derive_seed("batch", module.seed, epoch, index, module.global_rank)
     sampling = SamplingParams(**{**module.sampling.__dict__, "seed": seed})
     prompts = module.prompts_for([p["question"] for p in batch])
     return module.backend.submit(prompts, [p["n"] for p in batch], sampling)

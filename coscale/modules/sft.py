@@ -34,6 +34,7 @@ from coscale.distributed import rank_world, sum_over_ranks
 from coscale.models.adapters import as_peft_config, config_fields
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.feed import curriculum_of
+from coscale.modules.loggers import log_to_loggers
 from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.policy_mixin import PolicyMixin
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
@@ -110,17 +111,13 @@ class SFTModule(PolicyMixin, L.LightningModule):
     ) -> None:
         super().__init__()
         peft = as_peft_config(peft)
-        load, optimizer = as_group(PolicyLoad, load), as_group(AdamW, optimizer)
-        validation = as_group(Validation, validation)
-        guard, distill = as_group(GuardSettings, forgetting_guard), as_group(Distillation, distill)
+        given = dict(load=load, optimizer=optimizer, validation=validation)
+        given |= dict(forgetting_guard=forgetting_guard, distill=distill)
+        every = {name: as_group(GROUPS[name], value) for name, value in given.items()}
+        errors = settings_errors(verifier=verifier, max_length=max_length, **every)
+        load, optimizer, validation = every["load"], every["optimizer"], every["validation"]
+        guard, distill = every["forgetting_guard"], every["distill"]
         groups = dict(load=load, optimizer=optimizer, validation=validation)
-        errors = settings_errors(
-            verifier=verifier,
-            max_length=max_length,
-            forgetting_guard=guard,
-            distill=distill,
-            **groups,
-        )
         if errors:
             raise ValueError("SFTModule: " + "; ".join(errors))
         in_memory = not isinstance(model, (str, os.PathLike))
@@ -324,9 +321,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
     def _report(self, values: dict[str, float]) -> None:
         """Keeps ``values`` in :attr:`guard_report` and logs them as ``train/<key>``."""
         self.guard_report |= values
-        if self.trainer.is_global_zero:
-            for logger in self.trainer.loggers:
-                logger.log_metrics({f"train/{k}": v for k, v in values.items()}, self.global_step)
+        log_to_loggers(self.trainer, {f"train/{k}": v for k, v in values.items()})
 
 
 def check_guard_strategy(strategy: Any, guard: str) -> None:

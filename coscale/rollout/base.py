@@ -11,9 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from coscale.checks import at_least, is_number
 
 FINISH_REASONS: tuple[str, ...] = ("stop", "length")
 """`"stop"`: an end token (EOS or the chat template's end-of-turn token, e.g. `<|im_end|>`) or a
@@ -26,6 +29,16 @@ backends share it; vLLM recomputing them); `"engine"`, an engine with its own co
 ones zero-filled, with no trainer's model to recompute them (evaluation only)."""
 
 _TENSOR_FIELDS = ("prompt_index", "input_ids", "attention_mask", "completion_mask", "logprobs")
+
+
+def sampling_errors(max_new_tokens: Any, temperature: Any, top_p: Any, top_k: Any) -> list[str]:
+    """Every bad sampling setting, named: the one check of every settings group that holds them
+    (these parameters, ``pipeline.sampling``, ``GRPOModule``'s ``sampling``)."""
+    errors = at_least(1, max_new_tokens=max_new_tokens) + at_least(0, top_k=top_k)
+    errors += at_least(0, float, temperature=temperature)
+    if not (is_number(top_p) and 0 < top_p <= 1):
+        errors.append(f"top_p must be in (0, 1], got {top_p!r}")
+    return errors
 
 
 @dataclass(frozen=True)
@@ -52,15 +65,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
-        problems = []
-        if self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            problems.append(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            problems.append(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        problems = sampling_errors(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
         if any(not isinstance(s, str) or not s for s in self.stop):
             problems.append(f"stop must hold non-empty strings, got {self.stop!r}")
         if problems:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+from types import SimpleNamespace
 
 import lightning as L
 import torch
@@ -18,11 +19,12 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from coscale.datamodules.serving import CurriculumDataModule
 from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.loop.curriculum import Curriculum
+from coscale.modules.loggers import log_to_loggers
 from coscale.rollout.dtype import precision_dtype
 from coscale.rollout.run_engine import RunEngine
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
 from coscale.stages.epoch_counts import WholeEpochCounts
-from coscale.stages.precision import resolve_precision
+from coscale.stages.precision import resolve_precision, training_device
 
 
 class StageContext:
@@ -108,11 +110,8 @@ class StageContext:
 
     def device(self) -> torch.device:
         """Where measurement samples outside a fit: the trainer's accelerator."""
-        accel = str(self.trainer_args.get("accelerator", "auto"))
-        cuda = accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
-        return torch.device("cuda" if cuda else "cpu")
+        return torch.device(training_device(str(self.trainer_args.get("accelerator", "auto"))))
 
     def log(self, metrics: dict[str, float]) -> None:
-        """Metrics of work outside a fit, straight to the logger."""
-        if self.logger and metrics:
-            self.logger.log_metrics(dict(metrics), step=0)
+        """Metrics of work outside a fit, straight to the logger (at step 0)."""
+        log_to_loggers(SimpleNamespace(loggers=[self.logger] if self.logger else []), metrics, 0)

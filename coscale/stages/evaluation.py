@@ -31,6 +31,7 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
         max_new_tokens=sampling.max_new_tokens,
         top_p=sampling.top_p,
         top_k=sampling.top_k,
+        seed=ctx.cfg.seed,
     )
     seconds = time.perf_counter() - start
     if is_writer():  # each problem's samples, correct ones and new pool: what moved, and why

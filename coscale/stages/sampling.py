@@ -19,6 +19,7 @@ from typing import Any
 
 from coscale.checks import at_least
 from coscale.models.prompting import PromptFormat, as_prompt_format
+from coscale.rollout.base import sampling_errors
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,8 @@ class RunSampling:
 
     def errors(self) -> list[str]:
         """Every out-of-range setting, named."""
-        errors = at_least(1, max_new_tokens=self.max_new_tokens)
-        errors += at_least(0, float, temperature=self.temperature)
-        errors += at_least(0, float, optional=True, judge_temperature=self.judge_temperature)
-        errors += at_least(0, top_k=self.top_k)
-        if not 0 < self.top_p <= 1:
-            errors.append(f"top_p must be in (0, 1], got {self.top_p!r}")
-        return errors
+        errors = sampling_errors(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
+        return errors + at_least(0, float, optional=True, judge_temperature=self.judge_temperature)
 
     @property
     def judging_temperature(self) -> float:
