@@ -511,7 +511,8 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
     results = cb.run(trainer, policy)
     assert measured == [["v0", "v1", "v2"]] * 2  # before, then after, on the val problems
     # ToyReward: every non-blank sample of a "yes" problem is correct
-    assert results == {f"val/final_{w}_pass@{k}": 1.0 for w in ("before", "after") for k in (1, 2)}
+    judged = {f"val/final_{w}_pass@{k}": 1.0 for w in ("before", "after") for k in (1, 2)}
+    assert results == judged | {"val/final_kept_retrained": 1.0}  # as the pipeline's final
     assert trainer.loggers[0].metrics == [(5, results)] and not _same(before, _weights(policy))
     state = json.loads(json.dumps(cb.state_dict()))
     fresh = FinalRetrain()
@@ -610,7 +611,8 @@ def test_one_fit_with_all_four_callbacks(tiny_model_dir):
     assert cur.measurements == 2 and cur.tally == {}  # epoch 0 closed once, then measured
     assert callbacks[2].state_dict() == {"runs": 1, "last_size": 2}  # latest correct of h1, h2
     final = callbacks[3].results
-    assert set(final) == {f"val/final_{w}_pass@{k}" for w in ("before", "after") for k in (1, 2)}
+    judged = {f"val/final_{w}_pass@{k}" for w in ("before", "after") for k in (1, 2)}
+    assert set(final) == judged | {"val/final_kept_retrained"}
     assert all(logger.last(key) == value for key, value in final.items())
     logged = {k for _, metrics in logger.metrics for k in metrics}
     assert {"pool/pass@4", "pool/solvable", "sched/n_group1", "pool/redistill_examples"} <= logged

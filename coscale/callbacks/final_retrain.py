@@ -25,8 +25,7 @@ from coscale.callbacks.retrain import (
 )
 from coscale.checks import at_least, one_of
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
-from coscale.measure.keep import KEEP, keeps_retrained
-from coscale.measure.pass_rates import judge, judged_problems
+from coscale.measure.pass_rates import KEEP, judge, judged_problems, keep_retrained
 from coscale.measure.selection import Selection
 from coscale.modules.loggers import log_to_loggers
 
@@ -134,14 +133,9 @@ class FinalRetrain(Callback):
         self.results |= {f"final/{k}": v for k, v in guard.items()}
         self.runs += 1
         self.results |= judge(pl_module, problems, "after", self.eval_k, self.seed)
-        if fit_end is None or not problems:
-            return
-        before = self.results["val/final_before_pass@1"]
-        kept = keeps_retrained(self.keep, before, self.results["val/final_after_pass@1"])
-        if not kept:
+        if problems and not keep_retrained(self.results, self.keep):  # only with keep: better
             pl_module.policy.load_state_dict(fit_end)
             rank_zero_info("FinalRetrain: the retrain lowered pass@1; the fit's weights are kept")
-        self.results["val/final_kept_retrained"] = float(kept)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -120,3 +120,19 @@ def pass_rates(n: int, counts: list[int]) -> dict[str, float]:
     metric = PassAtK(k=sorted({1, n}), sync_on_compute=False)  # counts are gathered already
     metric.update([n] * len(counts), counts)
     return {key: float(v) for key, v in metric.compute().items()}
+
+
+KEEP = ("retrained", "better", "best")
+"""Values of ``pipeline.final.keep``; :class:`~coscale.callbacks.FinalRetrain`'s ``keep``, which
+has no earlier iterations' models, takes the first two."""
+
+
+def keep_retrained(results: dict[str, float], keep: str) -> bool:
+    """Whether the final retrain replaces the model before it, by the judged ``results``
+    (:func:`judge`'s ``before`` and ``after``): always with ``retrained``, else when its pass@1
+    is not lower. Written to ``results`` as ``val/final_kept_retrained``. The one rule of the
+    pipeline's final stage and of :class:`~coscale.callbacks.FinalRetrain`."""
+    before, after = results["val/final_before_pass@1"], results["val/final_after_pass@1"]
+    take = keep == "retrained" or after >= before
+    results["val/final_kept_retrained"] = float(take)
+    return take

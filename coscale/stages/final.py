@@ -12,15 +12,11 @@ problems when there are none), never on the sets you report:
 
 from __future__ import annotations
 
-import os
-import shutil
-
-from coscale.distributed import barrier, is_writer
 from coscale.loop.commit import commit_point
-from coscale.measure.keep import keeps_retrained
-from coscale.measure.pass_rates import judged_problems
+from coscale.measure.pass_rates import judged_problems, keep_retrained
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import judge
+from coscale.stages.sft import copy_model
 
 
 def final_stage(
@@ -44,11 +40,8 @@ def final_stage(
     kept, score = current, results["val/final_before_pass@1"]
     if candidate is not None:
         results |= judge(ctx, candidate, problems, "after", k)
-        after = results["val/final_after_pass@1"]
-        take = keeps_retrained(keep, score, after)
-        results["val/final_kept_retrained"] = float(take)
-        if take:
-            kept, score = candidate, after
+        if keep_retrained(results, keep):
+            kept, score = candidate, results["val/final_after_pass@1"]
     if keep == "best":
         results["val/final_kept_iteration"] = 0.0
         for it, folder in sorted(earlier, reverse=True):
@@ -59,9 +52,6 @@ def final_stage(
                 results["val/final_kept_iteration"] = float(it)
     ctx.log(results)
     commit_point(f"{name} judged, before the copy")  # a kill here judges again on restart
-    out = ctx.path(name, "model")
-    if os.path.abspath(kept) != os.path.abspath(out) and is_writer():
-        shutil.copytree(kept, out, dirs_exist_ok=True)
-    barrier()  # no rank reads the kept model before rank 0 has copied it
+    out = copy_model(kept, ctx.path(name, "model"))  # no rank reads it before rank 0 copied it
     print("[coscale] final: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()), flush=True)
     return results, out

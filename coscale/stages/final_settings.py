@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from coscale.checks import at_least, one_of
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
-from coscale.measure.keep import KEEP
+from coscale.measure.pass_rates import KEEP
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ the adapter in ``model/adapter``; sampling loads the merged folder, with no adap
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from coscale.distributed import barrier, is_writer
@@ -21,11 +22,10 @@ def sft_stage(
     ctx: StageContext,
     name: str,
     source: str = "all",
-    start: str | None = None,
     teacher: str | None = None,
     epochs: int | None = None,
 ):
-    """SFT of ``start`` (default: the initial model) on the curriculum's ``source`` pairs,
+    """SFT of the initial model on the curriculum's ``source`` pairs,
     distilled from ``teacher`` as well when one is given and ``pipeline.distill_weight`` > 0,
     for ``epochs`` passes (default: ``pipeline.sft_epochs``).
 
@@ -40,11 +40,11 @@ def sft_stage(
     if teacher is not None and ctx.cfg.distill_weight > 0:
         distill = {"distill": Distillation(teacher, weight=ctx.cfg.distill_weight)}
         print(f"[coscale] {name}: distilling from {teacher} (weight {ctx.cfg.distill_weight})")
-    module = SFTModule(model=start or ctx.cfg.model, peft=ctx.cfg.peft, **ctx.sft_args, **distill)
-    select = selection(ctx, name) if start is None else None
+    module = SFTModule(model=ctx.cfg.model, peft=ctx.cfg.peft, **ctx.sft_args, **distill)
+    select = selection(ctx, name)
     callbacks = [select] if select is not None else []
     if select is not None:  # the scorings sample with the run's engine
-        ctx.attach(module, start or ctx.cfg.model)
+        ctx.attach(module, ctx.cfg.model)
     epochs = epochs or ctx.cfg.sft_epochs
     ctx.fit(name, module, view, callbacks, epochs, max_steps=ctx.cfg.sft_max_steps)
     out = ctx.path(name, "model")
@@ -62,8 +62,9 @@ def selection(ctx: StageContext, name: str) -> SelectOnProblems | None:
 
 
 def copy_model(src: str, dst: str) -> str:
-    """``src``'s files into ``dst`` (rank 0 copies; every rank returns once it is done)."""
-    if is_writer():
+    """``src``'s files into ``dst`` (rank 0 copies; every rank returns once it is done); nothing
+    to do when they are one folder."""
+    if os.path.abspath(src) != os.path.abspath(dst) and is_writer():
         shutil.copytree(src, dst, dirs_exist_ok=True)
     barrier()
     return dst
