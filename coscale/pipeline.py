@@ -46,11 +46,16 @@ from coscale.rollout.factory import Rollout
 from coscale.stages.context import StageContext
 from coscale.stages.evaluation import measure_stage
 from coscale.stages.final import final_stage
-from coscale.stages.final_settings import FinalSettings
-from coscale.stages.module_args import instantiate, one_verifier, typed_errors
 from coscale.stages.plan import Stage, plan
 from coscale.stages.rl import rl_stage
-from coscale.stages.sampling import RunSampling, moved_errors
+from coscale.stages.run_settings import (
+    FinalSettings,
+    RunSampling,
+    instantiate,
+    one_verifier,
+    set_by_run_errors,
+    typed_errors,
+)
 from coscale.stages.sft import sft_stage
 
 if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves the name
@@ -174,22 +179,10 @@ class PipelineConfig:
         groups = {"sampling": self.sampling, "rollout": self.rollout}
         errors += group_errors(selection=self.selection, final=self.final, **groups)
         self.sft, self.grpo = dict(self.sft), dict(self.grpo)
-        errors += moved_errors("sft", self.sft) + moved_errors("grpo", self.grpo)
+        errors += set_by_run_errors("sft", self.sft) + set_by_run_errors("grpo", self.grpo)
         errors += at_least(1, optional=True, eval_max_problems=self.eval_max_problems)
         if not 0.0 <= self.distill_weight <= 1.0:
             errors.append(f"distill_weight must be in [0, 1]; got {self.distill_weight!r}")
-        if "distill" in self.sft:
-            errors.append(
-                "sft.distill is chosen by the pipeline (the latest RL model); set "
-                "pipeline.distill_weight > 0 to distil from it"
-            )
-        if "verifier" in self.sft:
-            errors.append("sft.verifier is the run's one verifier: set grpo.verifier instead")
-        for group in ("sft", "grpo"):
-            if "peft" in getattr(self, group):
-                errors.append(
-                    f"{group}.peft is set for every stage by pipeline.peft: move it there"
-                )
         self.peft = as_peft_config(instantiate(self.peft))  # YAML's class_path, a saved mapping
         errors += typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
         errors += typed_errors("grpo", GRPOModule, self.grpo, grpo_settings_errors)

@@ -24,7 +24,7 @@ LORA_FLAG = json.dumps({**LORA, "init_args": {**LORA["init_args"], "target_modul
 
 @pytest.mark.parametrize("group", ["sft", "grpo"])
 def test_peft_under_a_module_group_is_refused_naming_pipeline_peft(group, tmp_path, capsys):
-    refused = rf"{group}\.peft is set for every stage by pipeline\.peft"
+    refused = rf"{group}\.peft is set by the run for every stage: set pipeline\.peft instead"
     with pytest.raises(ValueError, match=refused):
         PipelineConfig(model="m", **{group: {"peft": LORA}})  # Python
     yaml = tmp_path / "peft.yaml"

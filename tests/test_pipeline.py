@@ -11,7 +11,7 @@ import pytest
 
 from coscale.app.cli import main
 from coscale.sft.distill import Distillation
-from coscale.stages.final_settings import FinalSettings
+from coscale.stages.run_settings import FinalSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -334,8 +334,10 @@ def test_settings_are_checked_before_any_work():
     assert "sft.max_length must be an int >= 2, got 1" in msg
     with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\]; got 2"):
         PipelineConfig(model="m", distill_weight=2)
-    with pytest.raises(ValueError, match=r"sft\.distill is chosen by the pipeline"):
+    with pytest.raises(ValueError, match=r"sft\.distill is set by the run .* pipeline\.distill_w"):
         PipelineConfig(model="m", sft={"distill": {"teacher": "other"}})
+    with pytest.raises(ValueError, match=r"grpo\.model is set by the run .* set pipeline\.model"):
+        PipelineConfig(model="m", grpo={"model": "other"})
     ok = {"loss": {"class_path": "coscale.rl.losses.DAPOLoss", "init_args": {"epsilon": 0.2}}}
     PipelineConfig(model="m", grpo=ok, sampling={"prompt": {"template": "Q:{question}"}})
     # the run's one sampling definition: a module's own copy is refused, naming where it goes
@@ -352,7 +354,7 @@ def test_settings_are_checked_before_any_work():
         ("grpo.rollout", "pipeline.rollout"),
         ("grpo.sampling.temperature", "pipeline.sampling.temperature"),
     ):
-        assert f"{key} is the run's one sampling setting: set {where} instead" in msg
+        assert f"{key} is set by the run for every stage: set {where} instead" in msg
     assert "seed" not in msg  # GRPO's own sampling seed stays its setting
     with pytest.raises(ValueError, match=r"sampling\.max_new_tokens must be an int >= 1"):
         PipelineConfig(model="m", sampling={"max_new_tokens": 0})

@@ -1,4 +1,4 @@
-"""The run's one sampling definition and its one engine (`coscale.stages.sampling`,
+"""The run's one sampling definition and its one engine (`coscale.stages.run_settings`,
 `coscale.rollout.run_engine`), without an engine process: the vLLM path runs on the real engine
 in tests/test_vllm_pipeline.py."""
 
@@ -13,7 +13,7 @@ from coscale.rollout.base import SamplingParams
 from coscale.rollout.cached.backend import CachedDecodeBackend
 from coscale.rollout.factory import Rollout, resolve_backend
 from coscale.rollout.run_engine import RunEngine
-from coscale.stages.sampling import RunSampling, moved_errors
+from coscale.stages.run_settings import RunSampling, set_by_run_errors
 
 
 def test_one_definition_is_written_into_both_modules_settings():
@@ -37,10 +37,10 @@ def test_one_definition_is_written_into_both_modules_settings():
 def test_the_clis_unset_copies_are_dropped_and_set_ones_refused():
     unset = dict.fromkeys(("max_new_tokens", "temperature", "top_p", "top_k"))
     grpo = {"sampling": {**unset, "seed": 1}}
-    assert moved_errors("grpo", grpo) == [] and grpo == {"sampling": {"seed": 1}}
+    assert set_by_run_errors("grpo", grpo) == [] and grpo == {"sampling": {"seed": 1}}
     sft = {"validation": {"temperature": 0.3, "samples": 2}, "max_length": 64}
-    (error,) = moved_errors("sft", sft)
-    assert error.startswith("sft.validation.temperature is the run's one sampling setting: set ")
+    (error,) = set_by_run_errors("sft", sft)
+    assert error.startswith("sft.validation.temperature is set by the run for every stage: set ")
     assert "pipeline.sampling.judge_temperature" in error
     assert sft == {"validation": {"samples": 2}, "max_length": 64}
 

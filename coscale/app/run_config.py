@@ -20,25 +20,17 @@ MAPPINGS = ("pipeline.trainer",)
 """The dict-typed settings that several ``--config`` files merge rather than replace (the module
 settings are groups of typed arguments: a later file sets only the keys it names)."""
 
-PIPELINE_SETS = {
-    "sft": {"model", "distill", "peft", "verifier"},
-    "grpo": {"model", "peft"},
-    "schedule": set(),
-}
-"""Arguments of ``pipeline.sft`` / ``grpo`` / ``schedule``'s class that the pipeline sets itself
-(every stage's model; the SFT's teacher for ``distill_weight``; every stage's adapter from
-``pipeline.peft``; the run's one verifier, ``pipeline.grpo.verifier``): not settings. The
-run's sampling definition sets more (:func:`coscale.stages.sampling.moved_keys`): a whole
-argument (``prompt``, ``rollout``) is left out of the parser as these are, a field inside a
-group (``grpo.sampling.temperature``) is left unset (None) and refused when a config sets it."""
+GROUPS = ("sft", "grpo", "schedule")
+"""``PipelineConfig`` fields that are groups of a class's typed arguments in the parser."""
 
 
 def _set_by_the_run(group: str) -> tuple[set[str], list[str]]:
-    """``pipeline.<group>``'s arguments and group fields that ``pipeline.sampling`` /
-    ``pipeline.rollout`` set: (whole arguments, ``<group>.<arg>.<field>`` keys)."""
-    from coscale.stages.sampling import moved_keys
+    """``pipeline.<group>``'s arguments and group fields that the run sets itself
+    (:data:`coscale.stages.run_settings.SET_BY_RUN`): whole arguments, left out of the parser,
+    and ``<group>.<arg>.<field>`` keys, left unset (None) and refused when a config sets them."""
+    from coscale.stages.run_settings import set_by_run
 
-    keys = moved_keys(group) if group in ("sft", "grpo") else {}
+    keys = set_by_run(group)
     whole = {k for k in keys if "." not in k}
     return whole, [f"{group}.{k}" for k in keys if "." in k]
 
@@ -61,12 +53,11 @@ def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTIO
         action=config_file,
         help="YAML with pipeline and data sections; a later file's mappings add to an earlier's",
     )
-    parser.add_class_arguments(PipelineConfig, "pipeline", skip=set(PIPELINE_SETS))
+    parser.add_class_arguments(PipelineConfig, "pipeline", skip=set(GROUPS))
     groups = {"sft": SFTModule, "grpo": GRPOModule, "schedule": NSchedule}
     unset = []
     for key, cls in groups.items():
-        whole, fields = _set_by_the_run(key)
-        skip = PIPELINE_SETS[key] | whole
+        skip, fields = _set_by_the_run(key)
         parser.add_class_arguments(cls, f"pipeline.{key}", skip=skip, instantiate=False)
         unset += fields
     parser.add_class_arguments(ProblemDataModule, "data")

@@ -10,27 +10,13 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-SET_BY = {
-    ("sft", "distill"): "pipeline.distill_weight (the teacher is the latest RL model)",
-    ("sft", "peft"): "pipeline.peft, for every stage",
-    ("sft", "verifier"): "pipeline.grpo.verifier, for every stage",
-    ("grpo", "peft"): "pipeline.peft, for every stage",
-}
-"""What a refusal of an argument the pipeline sets itself (``run_config.PIPELINE_SETS``) names
-instead (the models need no hint: ``pipeline.model`` is in ``--help``); the arguments the run's
-sampling definition sets name their key in it (:func:`coscale.stages.sampling.moved_keys`)."""
-
 
 def _set_by() -> dict[tuple[str, str], str]:
-    from coscale.stages.sampling import moved_keys
+    """The arguments the run sets itself (not offered by the parser) -> the key that sets them
+    (:data:`coscale.stages.run_settings.SET_BY_RUN`)."""
+    from coscale.stages.run_settings import SET_BY_RUN
 
-    run = {
-        (group, key): f"{where}, the run's one for every stage"
-        for group in ("sft", "grpo")
-        for key, where in moved_keys(group).items()
-        if "." not in key
-    }
-    return {**SET_BY, **run}
+    return {(g, key): where for (g, key), where in SET_BY_RUN.items() if "." not in key}
 
 
 class RunParser(ArgumentParser):
@@ -46,7 +32,7 @@ class RunParser(ArgumentParser):
         """jsonargparse's refusal, with the setting to use instead for each argument of a
         group that the pipeline sets itself (``pipeline.sft.peft``: ``pipeline.peft``)."""
         hints = [
-            f"pipeline.{group}.{key} is set by {where}"
+            f"pipeline.{group}.{key} is set by {where}, for every stage"
             for (group, key), where in _set_by().items()
             if re.search(rf"\b{group}\.{key}\b", message)  # a flag, or a YAML key
         ]
