@@ -38,12 +38,12 @@ class Steps(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.drop_at:
-            module._prefetch.clear()  # waited for, then dropped: nothing out at the kill
+            module.prefetched.clear()  # waited for, then dropped: nothing out at the kill
         row = {
             "step": trainer.global_step,
             "epoch": trainer.current_epoch,
             "batch": batch_idx,
-            "out": len(module._prefetch),
+            "out": len(module.prefetched),
             "staleness": float(trainer.callback_metrics["train/staleness"]),
         }
         with open(self.path, "a") as f:

@@ -157,7 +157,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         kl = self.loss_fn.beta > 0  # its reference: a frozen copy, or the base under the adapter
         self.ref_policy = frozen_copy(self.policy) if kl and peft is None else None
         self.base_is_reference = kl and peft is not None
-        self._prefetch = Prefetch()  # rollouts sampled ahead (update.max_staleness)
+        self.prefetched = Prefetch()  # rollouts sampled ahead (update.max_staleness)
 
     @property
     def lr(self) -> float:
@@ -231,7 +231,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             opt.step()
             if (sched := self.lr_schedulers()) is not None:
                 sched.step()
-        self._prefetch.wait()  # no request straddles the sync (coscale.modules.prefetch)
+        self.prefetched.wait()  # no request straddles the sync (coscale.modules.prefetch)
         self.backend.update_weights(self.policy)  # an engine with its own copy (vLLM) follows
         return stats
 
@@ -325,7 +325,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     def teardown(self, stage: str) -> None:
         # the vLLM engine this module built (its GPU memory), after any fit / validate / test;
         # rebuilt (and synced) on the next use. A lent engine (the run's) stays up.
-        self._prefetch.clear()  # requests sampled ahead of a stopped fit are not kept
+        self.prefetched.clear()  # requests sampled ahead of a stopped fit are not kept
         self.close_own_backend()
 
     def close_epoch_if_done(self) -> None:

@@ -123,7 +123,7 @@ class PolicyMixin:
         prompts = self.prompts_for(questions)
         with timed("sampling"):
             rollouts = self.backend.generate(prompts, n, sampling)
-        self._spend(rollouts.num_rollouts)
+        self.record_spend(rollouts.num_rollouts)
         return rollouts, self.reward_inputs(problems, prompts, rollouts)
 
     def reward_inputs(
@@ -152,12 +152,12 @@ class PolicyMixin:
             batches = self.backend.generate_many(calls)
         counts = []
         for chunk, texts, rollouts in zip(chunks, prompts, batches):
-            self._spend(rollouts.num_rollouts)
+            self.record_spend(rollouts.num_rollouts)
             verdicts = self.rewards.verify(self.reward_inputs(chunk, texts, rollouts))
             counts.append(correct_per_prompt(rollouts.prompt_index, verdicts, len(chunk)))
         return counts
 
-    def _spend(self, rollouts: int) -> None:
+    def record_spend(self, rollouts: int) -> None:
         """Counts ``rollouts`` in the run's budget, and on the backend that sampled them."""
         spend("rollouts", rollouts)
         spend(ON + getattr(self.backend, "name", type(self.backend).__name__), rollouts)

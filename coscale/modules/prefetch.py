@@ -101,10 +101,10 @@ def sample_ahead(module: Any, batch: list[dict]) -> tuple[Any, Any, int]:
             "update.max_staleness > 0 needs a fit on coscale's data modules (ProblemDataModule, "
             "CurriculumDataModule): with another loader the batches ahead are unknown"
         )
-    pending = module._prefetch.take(here, batch) or _submit(module, here, batch)
+    pending = module.prefetched.take(here, batch) or _submit(module, here, batch)
     for key, ahead in upcoming_batches(module.trainer, module.update_settings.max_staleness):
-        if key not in module._prefetch:
-            module._prefetch.add(key, ahead, _submit(module, key, ahead))
+        if key not in module.prefetched:
+            module.prefetched.add(key, ahead, _submit(module, key, ahead))
     with timed("sampling"):  # the wait: what sampling ahead did not hide
         rollouts = pending.result()
     if rollouts.logprob_source != "engine":
@@ -113,7 +113,7 @@ def sample_ahead(module: Any, batch: list[dict]) -> tuple[Any, Any, int]:
             "auto or engine, with sampling.top_k 0 and top_p 1): the trainer's, computed now, "
             "are not those of the weights that sampled"
         )
-    module._spend(rollouts.num_rollouts)
+    module.record_spend(rollouts.num_rollouts)
     prompts = module.prompts_for([p["question"] for p in batch])
     scores = module.rewards.score(module.reward_inputs(batch, prompts, rollouts))
     return rollouts, scores, backend.book.version - pending.version

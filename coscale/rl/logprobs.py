@@ -196,7 +196,7 @@ def _shared_prompt_logits(
 def cache_kwargs(model: nn.Module, cache: object) -> dict:
     """Keywords that make `model` read and extend `cache`: ``cache`` in transformers 5
     signatures, ``past_key_values`` before."""
-    name = "cache" if _takes(model, "cache") else "past_key_values"
+    name = "cache" if accepts(model, "cache") else "past_key_values"
     return {name: cache, "use_cache": True}
 
 
@@ -213,7 +213,7 @@ def _used_columns(attention_mask: Tensor, prompt_length: int) -> tuple[int, int]
 
 def keep_last_logits(model: nn.Module, count: int) -> dict[str, int]:
     """`logits_to_keep=count` when `model.forward` takes it (skips the prompt's logits)."""
-    return {"logits_to_keep": count} if _takes(model, "logits_to_keep") else {}
+    return {"logits_to_keep": count} if accepts(model, "logits_to_keep") else {}
 
 
 def _checkpointing(model: nn.Module) -> bool:
@@ -224,7 +224,7 @@ def _checkpointing(model: nn.Module) -> bool:
     return False
 
 
-def _takes(model: nn.Module, name: str) -> bool:
+def accepts(model: nn.Module, name: str) -> bool:
     """Whether `model.forward` has a parameter `name` (a PEFT wrapper's base model's: the
     wrapper hands it every keyword it does not take itself)."""
     try:

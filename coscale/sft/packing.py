@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface
 
-from coscale.rl.logprobs import _takes, unwrapped
+from coscale.rl.logprobs import accepts, unwrapped
 from coscale.rollout.cached.kv_cache import full_attention_only
 
 ATTENTION = "coscale_varlen_sdpa"
@@ -91,8 +91,8 @@ def can_pack(model: nn.Module, longest: int | None = None) -> bool:
         and _sees_whole_rows(text, longest)
         and getattr(text, "attn_logit_softcapping", None) is None
         and not _recomputes(model)
-        and _takes(model, "position_ids")
-        and _takes(model, "logits_to_keep")
+        and accepts(model, "position_ids")
+        and accepts(model, "logits_to_keep")
     )
 
 
