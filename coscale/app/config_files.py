@@ -1,12 +1,12 @@
 """``--config`` given more than once: a later file's mappings add to an earlier one's.
 
-jsonargparse replaces a dict-typed setting (``pipeline.grpo``, ``pipeline.sft``, ...) as a whole
-when a later ``--config`` sets it, so ``--config base.yaml --config fast.yaml`` with only
-``pipeline.grpo: {temperature: 0.9}`` in ``fast.yaml`` silently put every other GRPO setting of
-``base.yaml`` back to its default. Here the later file's keys are merged into the earlier
-mapping, recursively, as ``--pipeline.grpo.temperature 0.9`` on the command line already does. A
-mapping that names another ``class_path`` replaces the earlier one (its ``init_args`` belong to
-another class).
+jsonargparse replaces a dict-typed setting as a whole when a later ``--config`` sets it. The
+module settings of ``coscale run`` are groups of typed arguments, so a later file sets only the
+keys it names; the dict-typed settings named to :func:`merging_config_file` (``coscale run``'s
+``pipeline.trainer``) are merged here instead: with ``pipeline.trainer: {max_epochs: 2}`` in a
+later file, the earlier file's other trainer keys stay, as ``--pipeline.trainer.max_epochs 2``
+on the command line would leave them. A mapping that names another ``class_path`` replaces the
+earlier one (its ``init_args`` belong to another class).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``coscale eval --config eval.yaml``: pass@1 / pass@k of a model on named benchmarks.
 
 Every problem gets ``samples`` completions from the chosen rollout backend (the cached decode,
-HF ``generate`` or vLLM), scored by the same `MathReward` as training; pass@k is the unbiased estimator of
+HF ``generate``, vLLM or a vLLM server), scored by a `MathReward` (``reward``: its arguments; not
+a run's own verifier); pass@k is the unbiased estimator of
 `coscale.scoring.metrics.pass_at_k`, averaged over a benchmark's problems. The result is a table on
 stdout, a JSON file, and (``logger: wandb``) ``eval/<benchmark>/pass@<k>`` metrics plus a
 results table in W&B (offline without an API key). Lightning-free: plain PyTorch.
@@ -48,7 +49,8 @@ class EvalConfig:
         top_p: Nucleus sampling (unset: the run's, else 1.0).
         batch_size: Problems per backend call.
         backend: ``auto`` (vLLM where it is installed and the model is on CUDA, else the cached
-            decode), ``cached``, ``hf`` or ``vllm`` (unset: the run's, else ``auto``).
+            decode), ``cached``, ``hf``, ``vllm`` or ``vllm-server`` (unset: the run's, else
+            ``auto``).
         backend_options: Arguments of the backend class (vLLM: ``engine: {gpu_memory_utilization:
             0.85}``, ...; see `coscale.rollout.vllm.settings`).
         reward: `MathReward` arguments (``extract``, ``timeout``, ``num_workers``).

@@ -42,7 +42,7 @@ class PassRateEvaluation(Callback):
         max_new_tokens: Token limit per sample; None keeps the module's ``val_sampling``.
         on_fit_start: Also evaluate at the start of a fresh fit (``global_step == 0``).
         log_table: Log the per-problem table.
-        batch_size: Problems per ``count_correct`` call.
+        batch_size: Problems per seeded chunk of samples (:func:`.pass_rates.sample_counts`).
         seed: Base seed of the samples.
         top_p: Nucleus sampling (1: off), as the RL rollouts sample.
         top_k: Keep the k most likely tokens (0: off), as the RL rollouts sample.

@@ -1,8 +1,10 @@
-"""How a module reaches the curriculum of its fit: the one typed interface, no duck typing.
+"""How a module reaches its fit's curriculum and batches: every read of them is here.
 
-A fit on a :class:`~coscale.datamodules.CurriculumDataModule` (or a ProblemDataModule) exposes
-``datamodule.curriculum``; modules read from and report to that object only. A fit on any other
-loader has none, and the modules then train without reporting.
+A fit on a :class:`~coscale.datamodules.serving.CurriculumDataModule` (a ProblemDataModule is
+one) exposes ``datamodule.curriculum`` (a :class:`~coscale.loop.curriculum.Curriculum`, checked
+by type) and a cursor into its epoch's batches; the functions below find them on the trainer
+(by attribute: a trainer of any other loader has none) and return None or nothing then, and the
+modules train without reporting.
 """
 
 from __future__ import annotations

@@ -70,8 +70,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             scores, Nones left out (TRL's rule). None: all 1.0.
         verifier: Decides which rollouts are correct (score >= 1.0) for the pools, pass-rate
             measurement, the replay buffer and validation; never the advantages. None: the one
-            reward function when exactly one is given (as before this setting), else the
-            MathReward among the rewards, else ``MathReward()``.
+            reward function when exactly one is given, else the MathReward among the rewards,
+            else ``MathReward()``.
         loss: Policy loss object (``class_path`` in YAML, and that mapping in Python too):
             GRPOLoss, DrGRPOLoss, DAPOLoss, GSPOLoss or CISPOLoss, with its KL, entropy bonus
             and engine/trainer mismatch correction (``docs/losses.md``). ``train/entropy`` is
@@ -83,14 +83,17 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         update: Optimiser steps per batch, micro-batch size, clipping, advantage scaling.
         validation: Samples and temperature of validation on held-out problems (the token
             limit defaults to ``sampling.max_new_tokens``).
-        rollout: Where rollouts come from: ``cached`` (the default), ``hf`` or ``vllm``, with the
-            backend's options. Assigning ``module.backend`` in Python replaces it.
+        rollout: Where rollouts come from: ``cached`` (the default), ``hf``, ``vllm``,
+            ``vllm-server`` or ``auto``, with the backend's options
+            (:func:`coscale.rollout.factory.build_backend`). Assigning ``module.backend`` in
+            Python replaces it.
         log_completions_every: Log a table of sampled completions every this many steps (0: never).
         peft: Train a PEFT adapter on the frozen base instead of every weight (a
             ``peft.PeftConfig`` such as ``peft.LoraConfig``; :mod:`coscale.models.adapters`).
             The KL reference (``loss.beta`` > 0) is the base with the adapter off, not a copy;
-            exports are merged, the adapter in ``<folder>/adapter``; rollouts ``cached`` or
-            ``hf``. None: full fine-tune.
+            exports are merged, the adapter in ``<folder>/adapter``. Every backend samples it:
+            ``cached`` and ``hf`` on the policy, ``vllm`` from merged weights or as a LoRA
+            adapter (``sync.adapter``; ``vllm-server`` merged only). None: full fine-tune.
 
     The update groups rollouts of similar length into its micro-batches and runs each distinct
     prompt through the policy once per micro-batch (its KV cache feeds the prompt's

@@ -99,12 +99,9 @@ def resolve_backend(kind: str, cuda: bool) -> tuple[str, str]:
     """``kind``, or for ``auto`` the backend this machine samples fastest with, and why.
 
     vLLM where it is installed and the policy is on a CUDA device (continuous batching, paged
-    KV cache). Elsewhere the cached decode: on the CPUs here it sampled SmolLM2-135M at 124 and
-    199 tok/s against HF ``generate``'s 79 and 126 (``benchmarks/bench_backends.py``). vLLM's CPU
-    build measures 2.2-2.4x faster again, and SmolLM2's ``pipeline_cpu.yaml`` ran 14.7 min on it
-    against 17.0 on the cached decode (``benchmarks/results/engine_2026-12-03.md``), but its
-    80-160 s start and second copy of the weights do not pay back on a short run, so on CPU it
-    is chosen only when asked for.
+    KV cache). Elsewhere the cached decode, which samples faster than HF ``generate``; vLLM's
+    CPU build is faster again, but its start and second copy of the weights do not pay back on
+    a short run, so on CPU it is chosen only when asked for (the measurements: docs/results.md).
     """
     if kind != "auto":
         return kind, f"rollout.backend={kind}"
@@ -130,7 +127,8 @@ def build_backend(
     Args:
         kind: ``cached`` (coscale's decode loop on the policy), ``hf`` (HF ``generate`` on the
             policy), ``vllm`` (a colocated engine loading `model_path`, then following
-            ``update_weights``) or a `RolloutBackend` (kept).
+            ``update_weights``), ``vllm-server`` (a vLLM server, started or attached, synced the
+            same way), ``auto`` (:func:`resolve_backend`) or a `RolloutBackend` (kept).
         policy: The trainer's model (None only for a vLLM engine used for evaluation).
         tokenizer: The policy's tokenizer.
         model_path: Hub name or folder of the policy's current weights (``builtin:`` specs are
@@ -138,10 +136,11 @@ def build_backend(
         dtype: The compute dtype of an engine with its own weights (vLLM) where its options
             leave ``engine.dtype`` unset (`coscale.rollout.dtype.engine_dtype`: the trainer's
             precision); None: the policy's parameter dtype.
-        **options: Arguments of the backend's class (`HFGenerateBackend` or `VLLMBackend`).
+        **options: Arguments of the backend's class (:func:`backend_class` of `kind`:
+            `CachedDecodeBackend`, `HFGenerateBackend`, `VLLMBackend` or `VLLMServerBackend`).
 
     Raises:
-        ValueError: For an unknown `kind`, or ``vllm`` without `model_path`.
+        ValueError: For an unknown `kind`, or ``vllm`` / ``vllm-server`` without `model_path`.
         ImportError: For ``vllm`` when vllm is not installed.
     """
     if isinstance(kind, RolloutBackend):

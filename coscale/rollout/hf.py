@@ -1,4 +1,4 @@
-"""Rollouts with HF `model.generate`: the default backend, on CPU or GPU, no extra package.
+"""Rollouts with HF `model.generate` (``rollout.backend: hf``), on CPU or GPU, no extra package.
 
 The backend shares the policy module with the trainer, so there are no weights to sync.
 Per-prompt N is done by repeating each prompt N_i times in one batch (chunked by

@@ -1,8 +1,8 @@
 """``precision: auto``: the faster of float32 and bf16-mixed, measured on the model's own shapes.
 
-CPU flags do not tell which is faster: on a CPU without native bf16 kernels bf16 is emulated and
-an SFT step ran ~15x slower than in float32 (docs/results.md), but on an AMD EPYC (Zen 4) with
-``avx512_bf16`` bf16-mixed also ran the demo's stages 20-45% slower (issue 33). So on the CPU
+CPU flags do not tell which is faster: without native bf16 kernels bf16 is emulated and far
+slower, and even with ``avx512_bf16`` bf16-mixed can be the slower of the two (measurements in
+docs/results.md). So on the CPU
 ``auto`` times one training step of the model in each (:mod:`coscale.stages.precision_timing`,
 about a second for a small model) and takes the faster; bf16-mixed only when it is faster. A
 CPU whose flags list neither ``avx512_bf16`` nor ``amx_bf16`` gets ``32-true`` untimed (bf16 would

@@ -1,8 +1,8 @@
 """How long one training step of a model takes in float32 and under bf16 autocast, on the CPU.
 
 ``precision: auto`` (:mod:`coscale.stages.precision`) decides from this measurement, not from the
-CPU's flags: on an AMD EPYC (Zen 4) with ``avx512_bf16``, bf16-mixed ran the demo's stages
-20-45% slower than float32 (issue 33). The model is built from its own config with random
+CPU's flags (a CPU with ``avx512_bf16`` can still run bf16-mixed slower; docs/results.md). The
+model is built from its own config with random
 weights (its shapes are what matters, not its values), and each step is a forward pass with the
 labels and a backward pass of one small batch, the way Lightning runs it: ``32-true`` plainly,
 ``bf16-mixed`` with the forward under ``torch.autocast("cpu", dtype=torch.bfloat16)`` and
