@@ -25,15 +25,27 @@ from coscale.modules import sft as sft_module
 from coscale.sft.batch import token_mean_loss, tokenize_pairs
 from coscale.sft.forgetting import (
     ForgettingGuard,
-    conflict_masks,
     guarded_parameters,
     keep_mask,
-    masked_fraction,
     reference_gradient,
 )
 from coscale.tasks import arithmetic
 
 T, F = True, False
+
+
+def conflict_masks(g_new, g_old, granularity) -> dict[str, torch.Tensor]:
+    """:func:`keep_mask` of every name both gradients have (as ``ForgettingGuard`` masks)."""
+    return {
+        name: keep_mask(g, g_old[name], granularity) for name, g in g_new.items() if name in g_old
+    }
+
+
+def masked_fraction(masks, total=None) -> float:
+    """Share of coordinates frozen by ``masks``, over ``total`` (default: theirs)."""
+    frozen = sum(int((~m).sum()) for m in masks.values())
+    total = sum(m.numel() for m in masks.values()) if total is None else total
+    return frozen / total if total else 0.0
 
 
 def test_parameter_mask_hand_worked():

@@ -43,7 +43,7 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys, wandb_log):
     # each measurement's per-problem counts and labels, as the pools took them
     measured = json.loads((run_dir / "it1" / "eval" / "pass_rates.json").read_text())
     assert 0 < len(measured) <= 48
-    assert all(set(r) == {"n", "c", "pool"} for r in measured.values())
+    assert all(set(r) == {"n", "c", "pool", "solutions", "rl_rounds"} for r in measured.values())
     # the W&B offline run holds pool sizes, pass rates, N per group and a completions table
     keys = [
         b"pool/solvable",

@@ -140,17 +140,22 @@ def test_called_from_a_thread(reward: MathReward) -> None:
     assert out == {"pool": [1.0, 0.0], "in_process": [1.0]}
 
 
+def _pids(reward: MathReward) -> list[int]:
+    """The live child processes of ``reward`` (none before its first call and after close)."""
+    return reward._pool.pids() if reward._pool is not None else []
+
+
 def test_pathological_answer_times_out_and_worker_is_replaced() -> None:
     with MathReward(timeout=1.0, num_workers=2) as reward:
         assert reward([r"\boxed{1}"], ["1"]) == [1.0]  # start-up is not part of the bound
-        before = set(reward.worker_pids())
+        before = set(_pids(reward))
         start = time.monotonic()
         out = reward([TOWER, r"\boxed{2}", r"\boxed{3}"], ["1", "2", "4"])
         elapsed = time.monotonic() - start
         assert out == [0.0, 1.0, 0.0]
         assert elapsed < 2.5, f"scored in {elapsed:.2f} s, bound is timeout 1 s + 1 s"
         assert reward.stats["timeouts"] == 1
-        after = set(reward.worker_pids())
+        after = set(_pids(reward))
         assert len(after) == 2 and len(before - after) == 1  # the stuck child was replaced
         assert not any(_alive(pid) for pid in before - after)
         assert reward([r"\boxed{5}", r"\boxed{6}"], ["5", "7"]) == [1.0, 0.0]
@@ -165,11 +170,11 @@ def test_answers_longer_than_a_pipe_buffer() -> None:
 def test_close_and_finalizer_leave_no_children() -> None:
     with MathReward(num_workers=2) as reward:
         assert reward([r"\boxed{1}"], ["1"]) == [1.0]
-        pids = reward.worker_pids()
+        pids = _pids(reward)
         assert len(pids) == 2 and all(_alive(pid) for pid in pids)
-    assert reward.worker_pids() == [] and not any(_alive(pid) for pid in pids)
+    assert _pids(reward) == [] and not any(_alive(pid) for pid in pids)
     assert reward([r"\boxed{1}"], ["1"]) == [1.0]  # a later call starts new children
-    pids = reward.worker_pids()
+    pids = _pids(reward)
     del reward
     gc.collect()
     assert not any(_alive(pid) for pid in pids)
@@ -178,12 +183,12 @@ def test_close_and_finalizer_leave_no_children() -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_forked_copy_starts_its_own_children(reward: MathReward) -> None:
     assert reward([r"\boxed{1}"], ["1"]) == [1.0]
-    parent_pids = reward.worker_pids()
+    parent_pids = _pids(reward)
     pid = os.fork()
     if pid == 0:  # child: must not talk to, nor kill, the parent's children
         ok = False
         try:
-            ok = reward([r"\boxed{2}"], ["2"]) == [1.0] and not set(reward.worker_pids()) & set(
+            ok = reward([r"\boxed{2}"], ["2"]) == [1.0] and not set(_pids(reward)) & set(
                 parent_pids
             )
             reward.close()
@@ -191,7 +196,7 @@ def test_forked_copy_starts_its_own_children(reward: MathReward) -> None:
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert reward.worker_pids() == parent_pids and all(_alive(p) for p in parent_pids)
+    assert _pids(reward) == parent_pids and all(_alive(p) for p in parent_pids)
     assert reward([r"\boxed{3}"], ["3"]) == [1.0]
 
 
@@ -204,7 +209,7 @@ def test_pickles_config_only_and_starts_lazily() -> None:
         1,
         False,
     )
-    assert clone.worker_pids() == [] and clone([], []) == [] and clone.worker_pids() == []
+    assert _pids(clone) == [] and clone([], []) == [] and _pids(clone) == []
 
 
 def test_bad_arguments_name_the_values() -> None:

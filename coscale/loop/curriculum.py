@@ -145,7 +145,7 @@ class Curriculum:
 
     def _add_from(self, source: SolutionSource, requests) -> dict[str, int]:
         found = source.propose(requests, lambda pid: self.bank.take(pid, self.bank.count(pid)))
-        return {p.id: sum(self.bank.add(p.id, s) for s in found.get(p.id, [])) for p, _ in requests}
+        return {p.id: self.bank.add_many(p.id, found.get(p.id, [])) for p, _ in requests}
 
     def sft_pairs(
         self,

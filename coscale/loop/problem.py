@@ -19,8 +19,6 @@ from typing import Any
 Question = str | tuple[dict[str, Any], ...]
 """A question: a text, or a conversation as ``{"role", "content"}`` messages."""
 
-_REQUIRED = ("id", "question", "answer")
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -51,7 +49,7 @@ class Problem:
             object.__setattr__(self, "question", tuple(dict(m) for m in self.question))
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly dict that :meth:`from_dict` turns back into an equal problem."""
+        """A JSON-friendly dict; ``Problem(**problem.to_dict())`` is an equal problem."""
         return {
             "id": self.id,
             "question": self.question if isinstance(self.question, str) else list(self.question),
@@ -59,21 +57,3 @@ class Problem:
             "solutions": list(self.solutions),
             "meta": dict(self.meta),
         }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Problem:
-        """Build a problem from a :meth:`to_dict` dict (``solutions``/``meta`` optional).
-
-        Raises:
-            ValueError: Naming the keys that are missing.
-        """
-        missing = [key for key in _REQUIRED if key not in data]
-        if missing:
-            raise ValueError(f"Problem.from_dict: missing keys {missing}, got {sorted(data)}")
-        return cls(
-            id=data["id"],
-            question=data["question"],
-            answer=data["answer"],
-            solutions=tuple(data.get("solutions", ())),
-            meta=dict(data.get("meta", {})),
-        )

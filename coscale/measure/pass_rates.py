@@ -34,7 +34,8 @@ def measure(
     """Samples ``k`` completions of every chosen problem and records the accuracy.
 
     Returns:
-        ``{id: {"n", "c", "pool"}}`` of the measured problems, and the ``pool/`` metrics (pool
+        ``{id: {"n", "c", "pool", "solutions", "rl_rounds"}}`` of the measured problems (the
+        budgets spent on each: what its pool may depend on), and the ``pool/`` metrics (pool
         sizes, pass@1 and pass@k over the measured problems).
     """
     ids = curriculum.measure_ids(pools, max_problems)
@@ -53,7 +54,12 @@ def measure(
     labels = curriculum.record_measurement(
         {pid: (k, c) for pid, c in zip(ids, counts)}, lr=getattr(module, "lr", None)
     )
-    results = {pid: {"n": k, "c": c, "pool": labels[pid]} for pid, c in zip(ids, counts)}
+    spent = curriculum.pools
+    results = {
+        pid: {"n": k, "c": c, "pool": labels[pid]}
+        | {"solutions": spent.solutions_used(pid), "rl_rounds": spent.rl_rounds(pid)}
+        for pid, c in zip(ids, counts)
+    }
     metrics = {f"pool/{name}": float(n) for name, n in curriculum.pools.counts().items()}
     metrics |= {f"pool/{key}": v for key, v in (pass_rates(k, counts) if counts else {}).items()}
     return results, metrics

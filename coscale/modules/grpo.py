@@ -333,7 +333,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     def close_epoch_if_done(self) -> None:
         """After the step that trains an epoch's last batch: closes that epoch in the curriculum
-        (tally -> pools, the N schedule's step) and logs the pools and the schedule's decisions.
+        (tally -> pools, the N schedule's step) and logs the pools, the replay buffer's counts and the
+        schedule's decisions.
 
         This module is the one owner of the close, and it closes in that step rather than in
         ``on_train_epoch_end``: Lightning runs the callbacks' ``on_train_epoch_end`` before the
@@ -349,6 +350,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             return
         metrics = curriculum.close_epoch(lr=self.lr)
         metrics |= {f"pool/{k}": float(v) for k, v in curriculum.pools.counts().items()}
+        metrics |= {f"replay/{k}": float(v) for k, v in curriculum.bank.replay_stats().items()}
         # epoch-level: logged at the epoch's end whatever log_every_n_steps is
         self.log_dict(metrics, on_step=False, on_epoch=True, rank_zero_only=True, batch_size=1)
 

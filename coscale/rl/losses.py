@@ -11,9 +11,9 @@ are aggregated:
 GSPO clips one ratio per sequence (the geometric mean of its token ratios) and aggregates like
 GRPO; CISPO weights each token's log-prob by its capped ratio, the weight carrying no gradient,
 and aggregates like DAPO. Every variant takes the base's ``beta`` (KL), ``entropy_coef`` and
-``mismatch`` (engine/trainer correction) settings. A variant is picked in YAML by ``class_path``
-or in code by :func:`build_loss`; ``docs/losses.md`` lists them with the TRL settings that give
-the same numbers.
+``mismatch`` (engine/trainer correction) settings. A variant is picked by its class (in YAML by
+``class_path``, built by :func:`as_loss`); ``docs/losses.md`` lists them with the TRL settings
+that give the same numbers.
 
 Shapes: R rollouts (sequences) in this call, T completion tokens.
 """
@@ -31,7 +31,6 @@ from coscale.rl.mismatch import Mismatch
 from coscale.rl.policy_loss import LossOutput, PolicyLoss
 
 __all__ = [
-    "LOSSES",
     "CISPOLoss",
     "DAPOLoss",
     "DrGRPOLoss",
@@ -41,7 +40,6 @@ __all__ = [
     "Mismatch",
     "PolicyLoss",
     "as_loss",
-    "build_loss",
 ]
 
 
@@ -152,26 +150,6 @@ class CISPOLoss(DAPOLoss):
 
     def clipped(self, ratio, adv):
         return torch.zeros_like(ratio, dtype=torch.bool), ratio > self.max_weight  # [R, T] each
-
-
-LOSSES: dict[str, type[PolicyLoss]] = {
-    cls.name: cls for cls in (GRPOLoss, DrGRPOLoss, DAPOLoss, GSPOLoss, CISPOLoss)
-}
-
-
-def build_loss(name: str, **kwargs) -> PolicyLoss:
-    """Builds a loss by name.
-
-    Args:
-        name: One of ``"grpo"``, ``"dr_grpo"``, ``"dapo"``, ``"gspo"``, ``"cispo"``.
-        **kwargs: Constructor arguments of the chosen class.
-
-    Raises:
-        ValueError: For an unknown name (the message lists the choices).
-    """
-    if name not in LOSSES:
-        raise ValueError(f"loss name={name!r} is not one of {sorted(LOSSES)}")
-    return LOSSES[name](**kwargs)
 
 
 def as_loss(value: PolicyLoss | Mapping[str, Any] | None) -> PolicyLoss | None:

@@ -134,15 +134,8 @@ def n_for_lr_ratio(
         That N, or ``n_max`` when no N in range reaches the target (always so for p of 0 or 1).
     """
     lr = _real("lr", lr, low=0.0, open_low=True)
-    p = _real("p", p, low=0.0, high=1.0)
     target = _real("target_lr_over_n_eff", target_lr_over_n_eff, low=0.0, open_low=True)
-    n_min, n_max = _bounds(n_min, n_max)
-
-    def reached(n: int) -> bool:
-        n_eff = effective_rollouts(p, n)
-        return n_eff > 0 and lr / n_eff <= target
-
-    return _smallest(reached, n_min, n_max)
+    return rollouts_for(p, lr / target, n_max, n_min)  # lr / N_eff <= target: N_eff >= lr / target
 
 
 def _smallest(reached: Callable[[int], bool], n_min: int, n_max: int) -> int:

@@ -196,10 +196,6 @@ class MathReward:
         with self._lock:
             self.stats = dict.fromkeys(STAT_KEYS, 0)
 
-    def worker_pids(self) -> list[int]:
-        """Process ids of the live child processes (empty before the first call and after close)."""
-        return self._pool.pids() if self._pool is not None else []
-
     def close(self) -> None:
         """Kills the child processes; a later call starts new ones."""
         with self._lock:

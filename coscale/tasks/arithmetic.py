@@ -9,10 +9,8 @@ different orders, so "more solutions per problem" is real. Answers are checked b
 from __future__ import annotations
 
 import itertools
-import json
 import random
 from collections.abc import Sequence
-from pathlib import Path
 
 from coscale.loop.problem import Problem
 from coscale.loop.solution_sources import Request, SolutionSource
@@ -61,19 +59,6 @@ def generate(n: int, terms: Sequence[int], seed: int, prefix: str) -> list[Probl
     """``n`` problems with term counts cycled from ``terms``, reproducible from ``seed``."""
     rng = random.Random(seed)
     return [make_problem(rng, terms[i % len(terms)], i, prefix) for i in range(n)]
-
-
-def write_jsonl(problems: Sequence[Problem], path: str | Path, with_solutions: int = 0) -> Path:
-    """Writes problems as JSONL rows (question, answer, id, optional solutions)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for p in problems:
-            row = {"id": p.id, "question": p.question, "answer": p.answer}
-            if with_solutions:
-                row["solutions"] = solutions_of(p, with_solutions)
-            f.write(json.dumps(row) + "\n")
-    return path
 
 
 class ArithmeticTeacher(SolutionSource):

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from safetensors.torch import save_file
 from torch import Tensor
 
-from coscale.distributed import all_gather_objects, barrier, is_writer
+from coscale.distributed import barrier, is_writer
 from coscale.rollout.base import SamplingParams
 from coscale.rollout.vllm.requests import Request, logprobs_trusted
 from coscale.rollout.vllm.server.client import ServerClient
@@ -196,10 +196,3 @@ def check_extension(client: ServerClient) -> int:
             "--worker-extension-cls coscale.rollout.vllm.server.worker.WorkerExtension"
         )
     return len(answers)
-
-
-def gather_ok(error: str | None) -> None:
-    """Raises on every rank when any rank failed (`error` is this rank's message or None)."""
-    errors = [e for e in all_gather_objects([error]) if e]
-    if errors:
-        raise ServerError(errors[0])
