@@ -17,9 +17,8 @@ from torch.utils.data import DataLoader
 from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
-from coscale.loop.mastered import mastered_items
-from coscale.loop.pools import ProblemPools
-from coscale.loop.solutions import SolutionBank
+from coscale.loop.curriculum import Curriculum
+from coscale.loop.problem import Problem
 from coscale.modules import SFTModule
 from coscale.modules import sft as sft_module
 from coscale.sft.batch import token_mean_loss, tokenize_pairs
@@ -185,17 +184,18 @@ def test_reference_gradient_is_the_token_mean_over_batches():
 
 
 def test_mastered_items_are_solved_problems_with_latest_correct_else_first_bank_solution():
-    pools, bank = ProblemPools(), SolutionBank()
     problems = {p.id: p for p in arithmetic.generate(4, (2,), 0, "m")}
+    cur = Curriculum()
+    cur.add_problems([*problems.values(), Problem("m-9", "9+9", "18")])
+    pools, bank = cur.pools, cur.bank
     for i, pid in enumerate(problems):
         pools.record(pid, 10, [9, 9, 1, 8][i])  # m-2 unsolvable, the rest solved
         bank.add(pid, f"bank {i} a")
         bank.add(pid, f"bank {i} b")
     bank.record_rollout("m-1", "rl 1 old", True, step=1)
     bank.record_rollout("m-1", "rl 1 new", True, step=2)
-    problems["m-9"] = problems["m-0"]  # solved but with no solution at all: left out
-    pools.record("m-9", 10, 10)
-    got = mastered_items(problems, pools, bank)
+    pools.record("m-9", 10, 10)  # solved but with no solution at all: left out
+    got = cur.mastered()
     assert [(r["id"], r["solution"]) for r in got] == [
         ("m-0", "bank 0 a"),
         ("m-1", "rl 1 new"),

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from coscale.checks import at_least, one_of
-from coscale.loop.mastered import mastered_items
 from coscale.loop.pools import Pool, PoolRules, ProblemPools
 from coscale.loop.problem import Problem
 from coscale.loop.schedule import N_INIT, NSchedule
@@ -185,8 +184,15 @@ class Curriculum:
         return {"id": pid, "question": self.problems[pid].question, "solution": solution}
 
     def mastered(self) -> list[Item]:
-        """Solved problems with their latest correct rollout (else first bank solution)."""
-        return mastered_items(self.problems, self.pools, self.bank)
+        """The mastered set the forgetting guard protects (:mod:`coscale.sft.forgetting`):
+        ``{"id", "question", "solution"}`` per solved problem, the solution its latest correct
+        RL rollout, else its first bank solution (a solved problem with neither is left out)."""
+        items = []
+        for pid in self.pools.members(Pool.SOLVED):
+            text = self.bank.latest_correct(pid) or next(iter(self.bank.take(pid, 1)), None)
+            if text is not None:
+                items.append({"id": pid, "question": self.problems[pid].question, "solution": text})
+        return items
 
     # ------------------------------------------------- computation scaling (RL)
     @property
