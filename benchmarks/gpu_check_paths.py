@@ -35,9 +35,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 CONFIG = TESTS / "configs" / "two_ranks.yaml"
-STAGES = ["warmup", "it1/scale", "it1/sft", "it1/eval", "it1/rl", "it1/redistill",
-          "it2/scale", "it2/sft", "it2/eval", "it2/rl",
-          "final/retrain", "final/eval", "final/rl", "final"]  # fmt: skip
+STAGES = ["warmup", "it1/scale", "it1/sft", "it1/measure", "it1/rl", "it1/redistill",
+          "it2/scale", "it2/sft", "it2/measure", "it2/rl",
+          "final/retrain", "final/measure", "final/rl", "final"]  # fmt: skip
 """What two_ranks.yaml runs (the same list as tests/test_multiprocess.py)."""
 LIMITS = {"speed": 180, "lockstep": 90, "fits": 150, "pipeline": 240, "vllm": 300, "matmul": 90,
           "vllm-server": 360}  # fmt: skip

@@ -17,7 +17,7 @@ import datetime
 
 from paired import cpu_line
 
-from coscale.app.demo import SETS, _measure, lead_cell, table
+from coscale.app.demo import SETS, evaluate_model, lead_cell, table
 from coscale.tasks import tiers
 
 
@@ -31,7 +31,8 @@ def main() -> None:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"{when}; {cpu_line()}; in %, {args.n} problems x {args.k} samples per set\n")
     models = {
-        path: {name: _measure(path, p, args.k) for name, p in sets.items()} for path in args.models
+        path: {name: evaluate_model(path, p, args.k) for name, p in sets.items()}
+        for path in args.models
     }
     report = {"k": args.k, "models": models}
     print(table(report, base=args.models[0]))

@@ -21,7 +21,7 @@ from typing import Any
 
 import lightning as L
 
-from coscale.app.demo import correct_counts
+from coscale.app.demo import count_correct
 from coscale.callbacks import RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule
@@ -78,7 +78,7 @@ def plain_grpo(
 
 def sometimes_solved(start: str, pool: list, k: int, limit: int) -> list:
     """Up to ``limit`` problems of ``pool`` the start model solves in some but not all of k."""
-    counts = correct_counts(start, pool, k, seed=11)
+    counts = count_correct(start, pool, k, seed=11)
     return [p for p, c in zip(pool, counts) if 0 < c < k][:limit]
 
 
@@ -97,7 +97,7 @@ def sweep(
     problems = sometimes_solved(start, pool, k, limit)
     if len(problems) < 4:
         raise ValueError(f"lr/N sweep: only {len(problems)} sometimes-solved problems in the pool")
-    before = sum(correct_counts(start, problems, k)) / (k * len(problems))
+    before = sum(count_correct(start, problems, k)) / (k * len(problems))
     rows = []
     for lr, n in grid:
         t0 = time.time()
@@ -112,7 +112,7 @@ def sweep(
             os.path.join(work, f"{lr}_{n}"),
             precision=precision,
         )
-        after = sum(correct_counts(path, problems, k)) / (k * len(problems))
+        after = sum(count_correct(path, problems, k)) / (k * len(problems))
         rows.append({"lr": lr, "n": n, "x": lr / n, "gain": after - before, "after": after})
         print(
             f"lr/N sweep: lr {lr:g} N {n}: pass@1 {before:.3f} -> {after:.3f} "

@@ -25,7 +25,7 @@ import time
 from paired import cpu_line
 
 from coscale.app.cli import pipeline_parser
-from coscale.app.demo import _measure, stage_models
+from coscale.app.demo import evaluate_model, stage_models
 from coscale.pipeline import Pipeline
 from coscale.stages.precision import resolve_precision
 from coscale.tasks import tiers
@@ -59,7 +59,7 @@ def measure_models(cfg, results, n_test: int, k: int) -> dict:
     report: dict = {}
     for label, path in stage_models(cfg, results).items():
         start = time.perf_counter()
-        report[label] = {n: _measure(path, p, k, fmt, tokens) for n, p in sets.items()}
+        report[label] = {n: evaluate_model(path, p, k, fmt, tokens) for n, p in sets.items()}
         row = ", ".join(f"{n} {v['pass@1'].mean * 100:.1f}" for n, v in report[label].items())
         print(f"[bench] {label} ({time.perf_counter() - start:.0f} s): {row}", flush=True)
     return report

@@ -33,10 +33,10 @@ from paired import cpu_line
 from coscale.app.cli import pipeline_parser
 from coscale.app.demo import (
     QUICK,
-    _measure,
     average,
     average_cell,
     demo_config,
+    evaluate_model,
     lead_cell,
     table,
 )
@@ -204,7 +204,7 @@ def grpo_arm(start: str, problems: list, rollouts: int, cfg, data, out: str) -> 
 
 def trained_pass16(path: str, problems: list) -> float:
     """Sampled success on the SFT's own problems (the paper's measure of RL potential)."""
-    return _measure(path, problems, 16)["pass@16"].mean
+    return evaluate_model(path, problems, 16)["pass@16"].mean
 
 
 def main() -> None:
@@ -279,7 +279,9 @@ def evaluate(models: dict, n_test: int) -> dict:
     }
     report = {"k": 8, "n_test": n_test, "models": {}}
     for label, path in models.items():
-        report["models"][label] = {name: _measure(path, probs, 8) for name, probs in sets.items()}
+        report["models"][label] = {
+            name: evaluate_model(path, probs, 8) for name, probs in sets.items()
+        }
         print(f"evaluated {label}", flush=True)
     return report
 

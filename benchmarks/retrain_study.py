@@ -24,7 +24,7 @@ import time
 from paired import cpu_line
 
 from coscale.app.cli import pipeline_parser
-from coscale.app.demo import _measure, demo_config
+from coscale.app.demo import demo_config, evaluate_model
 from coscale.callbacks import run_sft
 from coscale.models.policy import export_policy, resolve_model_path
 from coscale.pipeline import instantiate
@@ -90,7 +90,10 @@ def retrain(cfg, data, items: list[dict], change: dict, out: str, rl_model: str 
 
 
 def judge(path: str, train: list, easy: list, k: int) -> dict:
-    return {"train": _measure(path, train, k)["pass@1"], "T1": _measure(path, easy, k)["pass@1"]}
+    return {
+        "train": evaluate_model(path, train, k)["pass@1"],
+        "T1": evaluate_model(path, easy, k)["pass@1"],
+    }
 
 
 def main(argv: list[str]) -> None:

@@ -3,10 +3,10 @@
     warmup       SFT pi0 on one solution of a few problems (output format) -> measure all
     for each iteration k:
       it<k>/scale     data scaling: more solutions for the unsolvable problems
-      it<k>/sft       SFT from pi0 on the bank (+ re-distilled set) -> it<k>/eval: measure
+      it<k>/sft       SFT from pi0 on the bank (+ re-distilled set) -> it<k>/measure: measure
       it<k>/rl        GRPO on the solvable problems, Rollout N per difficulty group
       it<k>/redistill SFT from pi0 on what RL found (when ``redistill_each_iteration``)
-    final/retrain   SFT from pi0 on everything collected (-> final/eval, final/rl with ``final.rl``)
+    final/retrain   SFT from pi0 on everything collected (-> final/measure, final/rl with ``final.rl``)
     final        judge the retrain against the last iteration's model; keep one (``final.keep``)
 
 State lives in one :class:`~coscale.loop.curriculum.Curriculum`. Commit points: a stage fit writes
@@ -44,9 +44,9 @@ from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.modules.sft import settings_errors as sft_settings_errors
 from coscale.rollout.factory import Rollout
 from coscale.stages.context import StageContext
-from coscale.stages.evaluation import measure_stage
 from coscale.stages.final import final_stage
-from coscale.stages.plan import Stage, plan
+from coscale.stages.measure import measure_stage
+from coscale.stages.plan import Stage, plan, upgrade_state
 from coscale.stages.rl import rl_stage
 from coscale.stages.run_settings import (
     FinalSettings,
@@ -54,6 +54,7 @@ from coscale.stages.run_settings import (
     instantiate,
     one_verifier,
     set_by_run_errors,
+    take_renamed,
     typed_errors,
 )
 from coscale.stages.sft import sft_stage
@@ -71,10 +72,11 @@ class PipelineConfig:
         run_dir: Where stage checkpoints, exported models, logs and the state file go.
         iterations: Outer CoScale-RL iterations.
         warmup_problems: Problems whose first solution forms the warm-up (format) SFT set.
-        eval_k: Samples per problem when measuring accuracy for the pools.
-        eval_max_problems: Measure at most this many problems per evaluation (None: all).
-        rl_eval_every: Also re-measure the pools with K fresh samples every this many RL epochs;
-            0 relies on the RL rollouts themselves (each epoch's tally relabels the pools).
+        measure_k: Samples per problem when measuring accuracy for the pools.
+        measure_max_problems: Measure at most this many problems per measurement (None: all).
+        rl_measure_every: Also re-measure the pools with K fresh samples every this many RL
+            epochs; 0 relies on the RL rollouts themselves (each epoch's tally relabels them).
+        eval_k, eval_max_problems, rl_eval_every: Deprecated names of the three above.
         sft_epochs: Epochs of every SFT stage.
         sft_max_steps: Cap on the optimiser steps of every SFT stage, the re-distillation and
             final retrain included (None: the epochs alone decide). SFT sets grow with every
@@ -138,9 +140,9 @@ class PipelineConfig:
     run_dir: str = "runs/coscale"
     iterations: int = 2
     warmup_problems: int = 16
-    eval_k: int = 16
-    eval_max_problems: int | None = None
-    rl_eval_every: int = 0
+    measure_k: int = 16
+    measure_max_problems: int | None = None
+    rl_measure_every: int = 0
     sft_epochs: int = 2
     sft_max_steps: int | None = None
     selection: Selection = field(default_factory=Selection)
@@ -160,14 +162,18 @@ class PipelineConfig:
     sft: dict[str, Any] = field(default_factory=dict)
     grpo: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)
+    eval_k: int | None = None
+    eval_max_problems: int | None = None
+    rl_eval_every: int | None = None
 
     def __post_init__(self) -> None:
         """Every setting is checked here, before any work: all problems in one error."""
-        errors = at_least(1, iterations=self.iterations, eval_k=self.eval_k)
+        take_renamed(self)
+        errors = at_least(1, iterations=self.iterations, measure_k=self.measure_k)
         errors += at_least(1, sft_epochs=self.sft_epochs, rl_epochs=self.rl_epochs)
         errors += at_least(1, checkpoint_every_n_steps=self.checkpoint_every_n_steps)
         errors += at_least(
-            0, warmup_problems=self.warmup_problems, rl_eval_every=self.rl_eval_every
+            0, warmup_problems=self.warmup_problems, rl_measure_every=self.rl_measure_every
         )
         errors += at_least(1, optional=True, sft_max_steps=self.sft_max_steps)
         self.selection = as_group(Selection, self.selection)
@@ -180,7 +186,7 @@ class PipelineConfig:
         errors += group_errors(selection=self.selection, final=self.final, **groups)
         self.sft, self.grpo = dict(self.sft), dict(self.grpo)
         errors += set_by_run_errors("sft", self.sft) + set_by_run_errors("grpo", self.grpo)
-        errors += at_least(1, optional=True, eval_max_problems=self.eval_max_problems)
+        errors += at_least(1, optional=True, measure_max_problems=self.measure_max_problems)
         if not 0.0 <= self.distill_weight <= 1.0:
             errors.append(f"distill_weight must be in [0, 1]; got {self.distill_weight!r}")
         self.peft = as_peft_config(instantiate(self.peft))  # YAML's class_path, a saved mapping
@@ -294,7 +300,7 @@ class Pipeline:
         """The method that runs a stage of ``stage``'s kind (looked up now: tests stub them)."""
         if stage.kind in ("sft", "redistill", "retrain"):
             return self.sft
-        other = {"warmup": self.warmup, "scale": self.scale, "eval": self.measure, "rl": self.rl}
+        other = {"warmup": self.warmup, "scale": self.scale, "measure": self.measure, "rl": self.rl}
         return {**other, "final": self.final}[stage.kind]
 
     def _before_final(self) -> str:
@@ -381,7 +387,7 @@ class Pipeline:
         if not os.path.exists(self.state_path):
             return
         with open(self.state_path) as f:
-            state = json.load(f)
+            state = upgrade_state(json.load(f))
         self.done, self.current, self.results = state["done"], state["current"], state["results"]
         self.models, self.seconds = state["models"], state.get("seconds", {})
         self.timing = state.get("timing", {})

@@ -60,7 +60,7 @@ def first_saves(path: Path, run_dir: Path, devices: int = 1) -> list[dict[str, A
         run_dir=str(run_dir),
         logger="none",
         checkpoint_every_n_steps=1,
-        eval_max_problems=min(init.pipeline.eval_max_problems or MEASURED, MEASURED),
+        measure_max_problems=min(init.pipeline.measure_max_problems or MEASURED, MEASURED),
         trainer=trainer,
     )
     saves: list[dict[str, Any]] = []

@@ -507,7 +507,7 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
 
     each_chunk(policy, spy)
     before, trainer = _weights(policy), _trainer(dm, step=5)
-    cb = FinalRetrain(sft=SFT, eval_k=2)
+    cb = FinalRetrain(sft=SFT, judge_k=2)
     results = cb.run(trainer, policy)
     assert measured == [["v0", "v1", "v2"]] * 2  # before, then after, on the val problems
     # ToyReward: every non-blank sample of a "yes" problem is correct
@@ -518,8 +518,8 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
     fresh = FinalRetrain()
     fresh.load_state_dict(state)
     assert fresh.state_dict() == {"runs": 1, "results": results}
-    with pytest.raises(ValueError, match=r"eval_k must be an int >= 1, got 0"):
-        FinalRetrain(eval_k=0)
+    with pytest.raises(ValueError, match=r"judge_k must be an int >= 1, got 0"):
+        FinalRetrain(judge_k=0)
 
 
 @pytest.mark.parametrize("after_correct", [False, True])
@@ -542,7 +542,7 @@ def test_final_retrain_keep_better_restores_the_fit_weights_when_the_retrain_is_
 
     each_chunk(policy, spy)
     fit_end = _weights(policy)
-    cb = FinalRetrain(sft=SFT, eval_k=2, keep="better")
+    cb = FinalRetrain(sft=SFT, judge_k=2, keep="better")
     results = cb.run(_trainer(dm, step=1), policy)
     assert results["val/final_kept_retrained"] == float(after_correct)
     assert _same(fit_end, _weights(policy)) == (not after_correct)
@@ -565,7 +565,7 @@ def test_final_retrain_source_leaves_the_rollouts_out(tiny_model_dir, monkeypatc
         ),
     )
     for source in ("all", "bank"):
-        FinalRetrain(sft=SFT, eval_k=1, source=source).run(_trainer(dm), policy)
+        FinalRetrain(sft=SFT, judge_k=1, source=source).run(_trainer(dm), policy)
     assert trained == [["a bank", "b rollout"], ["a bank"]]
     with pytest.raises(ValueError, match="source must be one of bank, redistill, all"):
         FinalRetrain(source="rollouts")
@@ -587,7 +587,7 @@ def _fit_with_all_callbacks(model_dir, ids):
         PassRateEvaluation(k=4, on_fit_start=True, max_new_tokens=8),
         RolloutNSchedule(num_groups=2, n_init=4, n_max=8),
         ReDistillation(**stage),
-        FinalRetrain(eval_k=2, **stage),
+        FinalRetrain(judge_k=2, **stage),
     ]
     logger = RecordingLogger()
     off = dict(enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)

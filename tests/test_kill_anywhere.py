@@ -93,7 +93,7 @@ def _last_step_of_first_epoch(labels: list[str], stage: str) -> str:
 def _kill_points(labels: list[str]) -> list[str]:
     """The points to kill at, in the order a run reaches them."""
     points = []
-    for stage in ("warmup", "it1/sft", "it1/eval", "it1/rl", "final/retrain", "final"):
+    for stage in ("warmup", "it1/sft", "it1/measure", "it1/rl", "final/retrain", "final"):
         steps = [x for x in labels if x.startswith(f"{stage} ckpt step")]
         if stage == "it1/rl":  # after its first epoch's last step, before that epoch's end,
             first = _last_step_of_first_epoch(labels, stage)  # then inside the next epoch

@@ -11,11 +11,12 @@ import pytest
 
 from coscale.app.cli import main
 from coscale.sft.distill import Distillation
+from coscale.stages.plan import plan, upgrade_state
 from coscale.stages.run_settings import FinalSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
-STAGES = ["warmup", "it1/scale", "it1/sft", "it1/eval", "it1/rl", "final/retrain", "final"]
+STAGES = ["warmup", "it1/scale", "it1/sft", "it1/measure", "it1/rl", "final/retrain", "final"]
 
 
 @pytest.mark.slow
@@ -35,13 +36,13 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capsys, wandb_log):
     # each stage's wall time split: a measurement samples, an SFT stage trains and selects
     timing = state["timing"]
     assert set(timing) == set(STAGES)
-    assert timing["it1/eval"]["sampling"] > 0 and timing["it1/sft"]["other"] > 0
+    assert timing["it1/measure"]["sampling"] > 0 and timing["it1/sft"]["other"] > 0
     for stage, parts in timing.items():
         seconds = sum(v for k, v in parts.items() if k != "engine_starts")
         assert seconds == pytest.approx(state["seconds"][stage], abs=0.3), stage
-    assert "[coscale] it1/eval took" in out and "sampling" in out
+    assert "[coscale] it1/measure took" in out and "sampling" in out
     # each measurement's per-problem counts and labels, as the pools took them
-    measured = json.loads((run_dir / "it1" / "eval" / "pass_rates.json").read_text())
+    measured = json.loads((run_dir / "it1" / "measure" / "pass_rates.json").read_text())
     assert 0 < len(measured) <= 48
     assert all(set(r) == {"n", "c", "pool", "solutions", "rl_rounds"} for r in measured.values())
     # the W&B offline run holds pool sizes, pass rates, N per group and a completions table
@@ -205,7 +206,9 @@ def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
     assert "distill" not in first
     assert redistill["distill"] == Distillation("runs/x/it1/rl/model", weight=0.4)
     assert later["distill"].teacher == "runs/x/it2/rl/model"
-    pipe.sft("final/retrain")  # the final retrain too; final/eval and final/rl then start from it
+    pipe.sft(
+        "final/retrain"
+    )  # the final retrain too; final/measure and final/rl then start from it
     assert _StubSFT.built[-1]["distill"].teacher == "runs/x/it2/rl/model"
     assert pipe.current == pipe.models["final/retrain"]
     off = _pipeline(tmp_path / "off", distill_weight=0.0)
@@ -231,8 +234,8 @@ def test_redistillation_each_iteration_or_only_through_the_next_sft(tmp_path):
     plan = _stage_plan(tmp_path / "a", iterations=3)
     assert plan == [
         "warmup",
-        *[f"it{i}/{s}" for i in (1, 2) for s in ("scale", "sft", "eval", "rl", "redistill")],
-        *[f"it3/{s}" for s in ("scale", "sft", "eval", "rl")],  # last: the final retrain
+        *[f"it{i}/{s}" for i in (1, 2) for s in ("scale", "sft", "measure", "rl", "redistill")],
+        *[f"it3/{s}" for s in ("scale", "sft", "measure", "rl")],  # last: the final retrain
         "final/retrain",
         "final",
     ]
@@ -243,7 +246,7 @@ def test_redistillation_each_iteration_or_only_through_the_next_sft(tmp_path):
     )
     assert plan[-1] == "it2/redistill" and "it1/redistill" not in plan
     plan = _stage_plan(tmp_path / "d", iterations=1, final={"rl": True})
-    assert plan[-4:] == ["final/retrain", "final/eval", "final/rl", "final"]
+    assert plan[-4:] == ["final/retrain", "final/measure", "final/rl", "final"]
 
 
 def test_stages_carry_their_kind_and_iteration_as_data(tmp_path):
@@ -255,9 +258,9 @@ def test_stages_carry_their_kind_and_iteration_as_data(tmp_path):
         Stage("it1/scale", "scale", 1),
     ]
     assert pipe.plan["it1/redistill"] == Stage("it1/redistill", "redistill", 1)
-    assert [pipe.plan[n] for n in ("final/retrain", "final/eval", "final/rl", "final")] == [
+    assert [pipe.plan[n] for n in ("final/retrain", "final/measure", "final/rl", "final")] == [
         Stage("final/retrain", "retrain", None),
-        Stage("final/eval", "eval", None),
+        Stage("final/measure", "measure", None),
         Stage("final/rl", "rl", None),
         Stage("final", "final", None),
     ]
@@ -288,27 +291,27 @@ def test_final_judges_the_retrain_after_its_rl_against_the_last_iterations_model
 
 
 def test_eval_max_problems_measures_a_seeded_subset_each_time(tmp_path):
-    """A measurement of a large problem set can take a subset: ``eval_max_problems`` of the
+    """A measurement of a large problem set can take a subset: ``measure_max_problems`` of the
     unfailed problems get K samples, a new seeded subset at each measurement."""
     from coscale.datamodules import ProblemDataModule
     from coscale.pipeline import Pipeline, PipelineConfig
 
     rows = [{"id": f"p{i}", "question": f"{i}+1", "answer": str(i + 1)} for i in range(6)]
     model = "builtin:tiny?hidden_size=32&num_layers=1&seed=0"
-    settings = {"run_dir": str(tmp_path), "logger": "none", "eval_k": 1}
-    cfg = PipelineConfig(model=model, eval_max_problems=2, **settings)
+    settings = {"run_dir": str(tmp_path), "logger": "none", "measure_k": 1}
+    cfg = PipelineConfig(model=model, measure_max_problems=2, **settings)
     pipe = Pipeline(cfg, ProblemDataModule(train=rows))
     pipe.data.load()
     pools = pipe.curriculum.pools
     measured = []
     for _ in range(3):
-        pipe.measure("it1/eval")
+        pipe.measure("it1/measure")
         measured.append({p for p in pipe.curriculum.problems if pools.history(p)})
     sizes = [len(m) for m in measured]
     assert sizes[0] == 2 and sizes[0] < sizes[1] <= sizes[2] <= 6  # 2 more problems each time
     every = Pipeline(PipelineConfig(model=model, **settings), ProblemDataModule(train=rows))
     every.data.load()
-    every.measure("it1/eval")
+    every.measure("it1/measure")
     assert all(every.curriculum.pools.history(p) for p in every.curriculum.problems)
 
 
@@ -445,7 +448,7 @@ def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path,
         judged.append(tag)
         return {f"val/final_{tag}_pass@1": scores[os.path.basename(model)]}
 
-    monkeypatch.setattr(final_module, "judge", fake_judge)
+    monkeypatch.setattr(final_module, "judge_model", fake_judge)
     monkeypatch.setattr(final_module, "judged_problems", lambda held_out, curriculum: [])
     pipe = _pipeline(tmp_path / "run", final={"keep": "best"}, iterations=3)
     earlier = [(1, folder("it1")), (2, folder("it2"))]
@@ -473,3 +476,38 @@ def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path,
         pipe.ctx, "final4", folder("last"), folder("retrain"), earlier
     )
     assert Path(kept, "who").read_text() == "retrain" and "val/final_kept_iteration" not in out
+
+
+def test_a_state_file_of_an_earlier_release_resumes_under_todays_stage_names():
+    old = {
+        "done": ["warmup", "it1/scale", "it1/sft", "it1/eval"],
+        "current": "runs/x/it1/sft/model",
+        "models": {"it1/sft": "runs/x/it1/sft/model"},
+        "results": {"it1/eval": {"solvable": 3}, "spend": {"it1/eval": {"rollouts": 8}}},
+        "seconds": {"it1/eval": 1.5},
+        "curriculum": {},
+    }
+    new = upgrade_state(old)
+    assert new["done"][-1] == "it1/measure" and new["done"][:3] == old["done"][:3]
+    assert new["results"] == {
+        "it1/measure": {"solvable": 3},
+        "spend": {"it1/measure": {"rollouts": 8}},
+    }
+    assert new["seconds"] == {"it1/measure": 1.5} and new["timing"] == {}
+    assert new["models"] == old["models"] and upgrade_state(new) == new
+    from coscale.pipeline import PipelineConfig
+
+    assert "it1/measure" in plan(PipelineConfig(model="m"))  # the names the plan runs
+
+
+def test_the_settings_renamed_to_measure_keep_their_old_names_for_one_release():
+    from coscale.callbacks import FinalRetrain
+    from coscale.pipeline import PipelineConfig
+
+    with pytest.warns(
+        FutureWarning, match=r"pipeline\.eval_k is deprecated .* pipeline\.measure_k"
+    ):
+        cfg = PipelineConfig(model="m", eval_k=4, rl_eval_every=2)
+    assert (cfg.measure_k, cfg.rl_measure_every, cfg.eval_k) == (4, 2, None)
+    with pytest.warns(FutureWarning, match=r"eval_k=\.\.\.\) is deprecated: use judge_k"):
+        assert FinalRetrain(eval_k=3).judge_k == 3

@@ -93,14 +93,14 @@ def test_every_sample_of_the_run_goes_to_one_vllm_engine_started_once(uninterrup
     sampled = {name for name, s in spend.items() if s["rollouts"] > 0}
     # the warm-up's and it1's measurements, it1/sft's and final/retrain's selection scorings,
     # RL, the final judge: all of them, and only on the engine
-    assert {"warmup", "it1/sft", "it1/eval", "it1/rl", "final/retrain", "final"} <= sampled
+    assert {"warmup", "it1/sft", "it1/measure", "it1/rl", "final/retrain", "final"} <= sampled
     for name in sampled:
         assert spend[name]["rollouts_on_vllm"] == spend[name]["rollouts"], (name, spend[name])
-    assert "rollout.backend=vllm" in log and "it1/eval: " in log and "samples on vllm" in log
+    assert "rollout.backend=vllm" in log and "it1/measure: " in log and "samples on vllm" in log
     # the stage times split: the one start in the warm-up; weights synced into it after
     timing = state["timing"]
     assert sum(parts["engine_starts"] for parts in timing.values()) == 1
-    assert timing["warmup"]["engine_start"] > 0 and "weight_sync" in timing["it1/eval"]
+    assert timing["warmup"]["engine_start"] > 0 and "weight_sync" in timing["it1/measure"]
     assert "it1/rl ckpt epoch 0 end" in labels
     assert state["done"][-1] == "final"
     model = AutoModelForCausalLM.from_pretrained(run_dir / "final" / "model")
@@ -118,7 +118,7 @@ def _inside_rl(labels: list[str]) -> str:
 def test_killed_where_it_samples_resumes_to_the_same_result(uninterrupted, tmp_path, where):
     _, (want_state, want_weights), labels, _ = uninterrupted
     point = {
-        "a measurement": "it1/eval end, before the state file",
+        "a measurement": "it1/measure end, before the state file",
         "the RL stage": _inside_rl(labels),
         "the final judge": "final judged, before the copy",
     }[where]
@@ -144,7 +144,7 @@ def test_ddp_on_two_cpu_ranks_runs_every_stage_on_one_engine_per_rank(two_rank_r
     assert state["done"][-1] == "final" and "it2/rl" in state["models"]
     spend = state["results"]["spend"]
     sampled = [name for name, s in spend.items() if s["rollouts"] > 0]
-    assert {"warmup", "it1/sft", "it1/eval", "it1/rl", "final/eval", "final"} <= set(sampled)
+    assert {"warmup", "it1/sft", "it1/measure", "it1/rl", "final/measure", "final"} <= set(sampled)
     for name in sampled:  # rank 0's count: its share of every stage's samples, all on vLLM
         assert spend[name]["rollouts_on_vllm"] == spend[name]["rollouts"], (name, spend[name])
 
@@ -161,5 +161,5 @@ def test_a_lora_run_syncs_each_stages_merged_weights_into_one_engine(two_rank_ru
     assert state["done"][-1] == "final"
     assert (run_dir / "it1" / "rl" / "model" / "adapter").is_dir()  # RL trained an adapter
     spend = state["results"]["spend"]
-    for name in ("warmup", "it1/sft", "it1/eval", "it1/rl", "final"):
+    for name in ("warmup", "it1/sft", "it1/measure", "it1/rl", "final"):
         assert spend[name]["rollouts_on_vllm"] == spend[name]["rollouts"] > 0, name

@@ -42,7 +42,7 @@ pytestmark = [
 TINY = (ROOT / "configs" / "tiny.yaml", ROOT / "tests" / "configs" / "vllm_tiny.yaml")
 SMOLLM2 = (ROOT / "configs" / "smollm2-135m" / "smoke.yaml",)
 STARTED = "[coscale] vLLM server started at"
-SAMPLED_TINY = {"warmup", "it1/sft", "it1/eval", "it1/rl", "final/retrain", "final"}
+SAMPLED_TINY = {"warmup", "it1/sft", "it1/measure", "it1/rl", "final/retrain", "final"}
 
 
 def _cmd(configs: tuple[Path, ...], run_dir: Path, server_log: Path, *extra: str) -> list[str]:
@@ -119,14 +119,14 @@ def test_the_server_dying_mid_run_is_a_clear_error_and_the_same_command_resumes(
         run = subprocess.Popen(
             cmd, env=_env(COSCALE_COMMIT_LOG=str(commits)), stdout=out, stderr=out
         )
-        server = _kill_server_when("it1/eval state file written", run, commits)
+        server = _kill_server_when("it1/measure state file written", run, commits)
         code = run.wait(600)
     text = first.read_text()
     assert code != 0 and text.count(STARTED) == 1, text[-3000:]
     assert f"the vLLM server (pid {server}) exited with code -9 while" in text, text[-3000:]
     assert f"its log {server_log} ends with:" in text  # and its last lines
     before = _state(run_dir)
-    assert before["done"] == ["warmup", "it1/scale", "it1/sft", "it1/eval"]
+    assert before["done"] == ["warmup", "it1/scale", "it1/sft", "it1/measure"]
 
     again = tmp_path / "again.log"
     with open(again, "w") as out:
@@ -155,5 +155,5 @@ def test_smollm2_runs_every_stage_on_one_server_with_its_rl_sampled_a_step_ahead
         code = subprocess.run(cmd, env=_env(), stdout=out, stderr=out, timeout=1500).returncode
     text = log.read_text()
     assert code == 0 and text.count(STARTED) == 1, text[-3000:]
-    _all_sampled_on_the_server(_state(run_dir), {"warmup", "it1/eval", "it1/rl", "final"})
+    _all_sampled_on_the_server(_state(run_dir), {"warmup", "it1/measure", "it1/rl", "final"})
     assert 1.0 in _staleness(run_dir)  # a batch sampled by the weights one step before its own

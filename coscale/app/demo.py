@@ -28,7 +28,7 @@ QUICK = [
     "1",
     "--pipeline.final.epochs",
     "1",
-    "--pipeline.eval_k",
+    "--pipeline.measure_k",
     "8",
     "--data.train",
     "builtin:tiers?T3=4&T3v=4&T3w=4&T3x=4",
@@ -117,7 +117,7 @@ def _evaluate_models(cfg, results, sets, report, engine) -> None:
         kk, use = (
             (k, sets) if full else (max(1, k // 2), {n: p[: n_test // 2] for n, p in sets.items()})
         )
-        row = {name: _measure(path, probs, kk, engine=engine) for name, probs in use.items()}
+        row = {name: evaluate_model(path, probs, kk, engine=engine) for name, probs in use.items()}
         if full:
             report["models"][label] = row
         report["curve"][label] = {name: est["pass@1"] for name, est in row.items()}
@@ -128,7 +128,7 @@ def _evaluate_models(cfg, results, sets, report, engine) -> None:
         )
 
 
-def _measure(
+def evaluate_model(
     path: str,
     problems: list,
     k: int,
@@ -136,7 +136,9 @@ def _measure(
     max_new_tokens: int | None = None,
     engine: ReportEngine | None = None,
 ) -> dict[str, Estimate]:
-    correct = correct_counts(
+    """pass@1 and pass@k of the model at ``path`` on ``problems`` (a set the report shows),
+    from :func:`count_correct`'s ``k`` samples per problem."""
+    correct = count_correct(
         path, problems, k, fmt=fmt, max_new_tokens=max_new_tokens, engine=engine
     )
     return {
@@ -145,7 +147,7 @@ def _measure(
     }
 
 
-def correct_counts(
+def count_correct(
     path: str,
     problems: list,
     k: int,

@@ -10,6 +10,7 @@ before and after, on the held-out problems or, without any, the training problem
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ class FinalRetrain(Callback):
     """At ``on_fit_end``: judge -> SFT from the initial weights on the datamodule's ``source``
     set -> load it into the policy in place -> judge again.
 
-    Logs ``val/final_before_pass@1``, ``val/final_after_pass@1`` (and ``@eval_k``) to the
+    Logs ``val/final_before_pass@1``, ``val/final_after_pass@1`` (and ``@judge_k``) to the
     loggers, prints them, and keeps them in :attr:`results`.
 
     Args:
@@ -52,7 +53,7 @@ class FinalRetrain(Callback):
             (strategy and precision are the running Trainer's).
         selection: Keep the weights with the best pass@1 on a slice of the training problems.
         initial_model: Name or folder of the initial weights (default: ``model_source``).
-        eval_k: Samples per problem in the before / after judging.
+        judge_k: Samples per problem in the before / after judging.
         export_dir: Save the retrained policy here in HF format.
         seed: Seed of the judging samples (the same before and after).
         keep: ``retrained`` (the paper) keeps the retrained weights; ``better`` keeps them only
@@ -60,6 +61,7 @@ class FinalRetrain(Callback):
             with (``val/final_kept_retrained`` says which was kept).
         source: The retrain's set (plus the replay share): ``all`` (the paper: bank solutions
             and the latest correct RL rollouts), ``bank`` or ``redistill``.
+        eval_k: Deprecated name of ``judge_k`` (a warning names it).
     """
 
     def __init__(
@@ -68,20 +70,24 @@ class FinalRetrain(Callback):
         trainer: dict[str, Any] | None = None,
         selection: Selection | None = None,
         initial_model: str | None = None,
-        eval_k: int = 8,
+        judge_k: int = 8,
         export_dir: str | None = None,
         seed: int = 0,
         keep: str = "retrained",
         source: SFTSource = "all",
+        eval_k: int | None = None,
     ) -> None:
         super().__init__()
-        errors = at_least(0, seed=seed) + at_least(1, eval_k=eval_k)
+        if eval_k is not None:
+            warnings.warn("FinalRetrain(eval_k=...) is deprecated: use judge_k", FutureWarning, 2)
+            judge_k = eval_k
+        errors = at_least(0, seed=seed) + at_least(1, judge_k=judge_k)
         errors += one_of(CALLBACK_KEEP, keep=keep) + one_of(SFT_SOURCES, source=source)
         if errors:
             raise ValueError("FinalRetrain: " + "; ".join(errors))
         self.settings = RetrainSettings("FinalRetrain", sft, trainer, selection)
         self.initial_model, self.export_dir = initial_model, export_dir
-        self.eval_k, self.seed, self.keep, self.source = eval_k, seed, keep, source
+        self.judge_k, self.seed, self.keep, self.source = judge_k, seed, keep, source
         self.runs = 0  # retrains done
         self.results: dict[str, float] = {}  # val/final_{before,after}_pass@k of the last run
         self._device: torch.device | None = None
@@ -111,7 +117,7 @@ class FinalRetrain(Callback):
         back_to = pl_module.device
         pl_module.to(self._device or back_to)  # sample on the training device, not the CPU
         try:
-            self.results = judge(pl_module, problems, "before", self.eval_k, self.seed)
+            self.results = judge(pl_module, problems, "before", self.judge_k, self.seed)
             items = dm.curriculum.sft_pairs(self.source)
             if items:
                 self._retrain(trainer, pl_module, items, dm, problems)
@@ -132,7 +138,7 @@ class FinalRetrain(Callback):
         guard = retrain_from_initial(self, trainer, pl_module, items, dm.curriculum)
         self.results |= {f"final/{k}": v for k, v in guard.items()}
         self.runs += 1
-        self.results |= judge(pl_module, problems, "after", self.eval_k, self.seed)
+        self.results |= judge(pl_module, problems, "after", self.judge_k, self.seed)
         if problems and not keep_retrained(self.results, self.keep):  # only with keep: better
             pl_module.policy.load_state_dict(fit_end)
             rank_zero_info("FinalRetrain: the retrain lowered pass@1; the fit's weights are kept")

@@ -1,7 +1,7 @@
 """PassRateEvaluation: re-measures problems' accuracy with K samples at chosen epochs.
 
 A thin adapter for a user's own ``Trainer`` (import it from :mod:`coscale.callbacks`), used by
-the RL stage too (``rl_eval_every``): the sampling and the rule live in
+the RL stage too (``rl_measure_every``): the sampling and the rule live in
 :func:`coscale.measure.pass_rates.measure` and the curriculum. It closes nothing: the RL module
 closes each epoch in the step that trains its last batch, before any epoch-end hook, so a
 measurement at the end of a chosen epoch always comes after that epoch's close and is the last

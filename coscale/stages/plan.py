@@ -4,8 +4,8 @@ The pipeline runs the plan in order and takes what a stage is (its kind, its ite
 record, never from its name: the name is only its folder and its key in the state file.
 
     warmup
-    for each iteration k:  it<k>/scale, it<k>/sft, it<k>/eval, it<k>/rl[, it<k>/redistill]
-    final/retrain[, final/eval, final/rl], final        (with ``final.retrain``)
+    for each iteration k:  it<k>/scale, it<k>/sft, it<k>/measure, it<k>/rl[, it<k>/redistill]
+    final/retrain[, final/measure, final/rl], final        (with ``final.retrain``)
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["warmup", "scale", "sft", "eval", "rl", "redistill", "retrain", "final"]
-LOOP_KINDS: tuple[Kind, ...] = ("scale", "sft", "eval", "rl")
+Kind = Literal["warmup", "scale", "sft", "measure", "rl", "redistill", "retrain", "final"]
+LOOP_KINDS: tuple[Kind, ...] = ("scale", "sft", "measure", "rl")
+RENAMED = {"eval": "measure"}
+"""Stage kinds (the last part of a stage's name) as earlier releases named them -> now."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,26 @@ def plan(cfg: Any) -> dict[str, Stage]:
     if cfg.final.retrain:
         stages.append(Stage("final/retrain", "retrain", None))
         if cfg.final.rl:  # the retrain gets its own RL, as every iteration's SFT does
-            stages += [Stage("final/eval", "eval", None), Stage("final/rl", "rl", None)]
+            stages += [Stage("final/measure", "measure", None), Stage("final/rl", "rl", None)]
         stages.append(Stage("final", "final", None))
     return {stage.name: stage for stage in stages}
+
+
+def upgrade_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A ``pipeline_state.json`` of an earlier release with its stage names as now
+    (:data:`RENAMED`: ``it1/eval`` is ``it1/measure``), so that the same run resumes."""
+
+    def now(name: str) -> str:
+        head, _, kind = name.rpartition("/")
+        return f"{head}/{RENAMED[kind]}" if head and kind in RENAMED else name
+
+    def keys(mapping: dict[str, Any]) -> dict[str, Any]:
+        return {now(k): v for k, v in mapping.items()}
+
+    out = dict(state, done=[now(n) for n in state["done"]], models=keys(state["models"]))
+    out["results"] = keys(state["results"])
+    if isinstance(out["results"].get("spend"), dict):
+        out["results"]["spend"] = keys(out["results"]["spend"])
+    for part in ("seconds", "timing"):
+        out[part] = keys(state.get(part, {}))
+    return out

@@ -1,7 +1,7 @@
 """The RL stage: GRPO on the solvable problems, each with its group's Rollout N.
 
 Each epoch serves the solvable set anew; the module reports every rollout to the curriculum and
-closes the epoch there (tally -> pools, the N schedule's step); with ``rl_eval_every`` a
+closes the epoch there (tally -> pools, the N schedule's step); with ``rl_measure_every`` a
 measurement follows on chosen epochs. The run's one schedule starts afresh (N = ``n_init``) unless
 the stage resumes from its checkpoint, which holds the schedule with the rest of the curriculum.
 With ``pipeline.peft`` the stage trains a new adapter on the previous stage's merged export (the
@@ -30,12 +30,12 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
         cur.schedule.reset()
         ctx.log(cur.assign_groups(module.lr))
     callbacks = []
-    if cfg.rl_eval_every:
+    if cfg.rl_measure_every:
         callbacks.append(
             PassRateEvaluation(
-                k=cfg.eval_k,
-                max_problems=cfg.eval_max_problems,
-                every_n_epochs=cfg.rl_eval_every,
+                k=cfg.measure_k,
+                max_problems=cfg.measure_max_problems,
+                every_n_epochs=cfg.rl_measure_every,
                 temperature=cfg.sampling.temperature,
                 max_new_tokens=cfg.sampling.max_new_tokens,
                 top_p=cfg.sampling.top_p,

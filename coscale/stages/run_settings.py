@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
@@ -185,7 +186,7 @@ class FinalSettings:
             latest correct RL rollouts: "everything collected", the paper), ``bank`` (the bank
             only: each pass is cheaper, so the same time buys more passes) or ``redistill``
             (the rollouts only).
-        rl: After the retrain, measure it (``final/eval``) and run RL on its solvable problems
+        rl: After the retrain, measure it (``final/measure``) and run RL on its solvable problems
             (``final/rl``), as after every iteration's SFT; the final candidate is then that RL
             model. Off: the retrain itself (the paper).
         keep: ``retrained`` (the paper), ``better`` or ``best`` (:mod:`coscale.stages.final`),
@@ -243,3 +244,25 @@ def typed_errors(name: str, cls: type, args: dict[str, Any], ranges) -> list[str
         params = ", ".join(sorted(set(inspect.signature(cls).parameters) - {"model"}))
         return [f"{name}: {detail} ({cls.__name__} takes: {params})"]
     return [f"{name}.{e}" for e in ranges(**args)]
+
+
+RENAMED = {
+    "eval_k": "measure_k",
+    "eval_max_problems": "measure_max_problems",
+    "rl_eval_every": "rl_measure_every",
+}
+"""``pipeline.*`` settings of an earlier release -> their names now (kept for one release)."""
+
+
+def take_renamed(config: Any) -> None:
+    """Each old name of :data:`RENAMED` that ``config`` sets: its value under the new name, with
+    a ``FutureWarning`` naming it."""
+    for old, new in RENAMED.items():
+        if (value := getattr(config, old)) is not None:
+            warnings.warn(
+                f"pipeline.{old} is deprecated and goes in the next release: set pipeline.{new}",
+                FutureWarning,
+                stacklevel=3,
+            )
+            setattr(config, new, value)
+            setattr(config, old, None)

@@ -17,7 +17,7 @@ from coscale.stages.sft import load_for_sampling
 
 
 def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
-    """``eval_k`` samples of every unfailed problem with ``model`` -> pools relabelled; each
+    """``measure_k`` samples of every unfailed problem with ``model`` -> pools relabelled; each
     problem's ``{n, c, pool}`` goes to ``<run_dir>/<name>/pass_rates.json``."""
     module = load_for_sampling(ctx, model)
     sampling = ctx.cfg.sampling
@@ -25,8 +25,8 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
     results, metrics = pass_rates.measure(
         module,
         ctx.curriculum,
-        ctx.cfg.eval_k,
-        max_problems=ctx.cfg.eval_max_problems,
+        ctx.cfg.measure_k,
+        max_problems=ctx.cfg.measure_max_problems,
         temperature=sampling.temperature,
         max_new_tokens=sampling.max_new_tokens,
         top_p=sampling.top_p,
@@ -46,7 +46,7 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
     return ctx.curriculum.pools.counts()
 
 
-def judge(ctx: StageContext, model: str, problems: list[dict], tag: str, k: int) -> dict:
+def judge_model(ctx: StageContext, model: str, problems: list[dict], tag: str, k: int) -> dict:
     """``val/final_<tag>_pass@1`` and ``@k`` of the model in folder ``model``."""
     start = time.perf_counter()
     results = pass_rates.judge(load_for_sampling(ctx, model), problems, tag, k, ctx.cfg.seed)
