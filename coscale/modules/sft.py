@@ -321,7 +321,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
     def _report(self, values: dict[str, float]) -> None:
         """Keeps ``values`` in :attr:`guard_report` and logs them as ``train/<key>``."""
         self.guard_report |= values
-        log_to_loggers(self.trainer, {f"train/{k}": v for k, v in values.items()})
+        log_to_loggers(self.trainer, {f"train/{k}": v for k, v in values.items()}, self.global_step)
 
 
 def check_guard_strategy(strategy: Any, guard: str) -> None:
