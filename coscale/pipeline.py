@@ -43,6 +43,7 @@ from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.modules.sft import settings_errors as sft_settings_errors
 from coscale.rollout.factory import Rollout
+from coscale.stages.console import run_console
 from coscale.stages.context import StageContext
 from coscale.stages.final import final_stage
 from coscale.stages.measure import measure_stage
@@ -252,8 +253,9 @@ class Pipeline:
         self.data.load()
         self._restore()
         try:
-            for stage in self.plan.values():
-                self.stage(stage.name, self._runner(stage))
+            with run_console():
+                for stage in self.plan.values():
+                    self.stage(stage.name, self._runner(stage))
         finally:  # the run's engine (a vLLM engine's memory) ends with the run
             self.ctx.engine.close()
         if close_logger:

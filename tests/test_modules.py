@@ -372,3 +372,31 @@ def test_grpo_padding_pass_adds_nothing_to_the_loss(tiny_model_dir):
     # the same pass on row 0 as a real micro-batch does count its KL
     stats, tokens = module._micro_step(ro, adv, mask, ref, rows[:1], totals, ro.logprobs, False)
     assert tokens == float(mask[0].sum()) > 0 and stats["kl"] > 1e-4 and stats["loss"] != 0.0
+
+
+def test_grpo_kl_reference_is_read_without_dropout_and_leaves_no_module_in_eval_mode(
+    tiny_model_dir,
+):
+    # Lightning warns when a fit starts with modules in eval mode (one left in eval mode while
+    # it trains is a bug): the frozen reference is in train mode between calls, like the policy,
+    # and each call reads it in eval mode, so dropout never touches the reference.
+    from coscale.rl.logprobs import sequence_logprobs
+
+    module = GRPOModule(
+        model=str(tiny_model_dir),
+        reward=HalfReward(),
+        loss=GRPOLoss(beta=0.5),
+        sampling={"max_new_tokens": 4, "temperature": 1.0},
+    )
+    for layer in module.ref_policy.model.layers:  # dropout where the tiny Llama has it
+        layer.self_attn.attention_dropout = 0.5
+    assert [name for name, m in module.named_modules() if not m.training] == []
+    ro = module.backend.generate(["Q:1+1\nA:", "Q:2+3\nA:"], 2, SamplingParams(4, seed=0))
+    rows = torch.arange(ro.num_rollouts)
+    first, second = module._ref_logprobs(ro, rows), module._ref_logprobs(ro, rows)  # [R, T]
+    torch.testing.assert_close(first, second, rtol=0, atol=0)  # no dropout: the same each call
+    assert all(m.training for m in module.ref_policy.modules())  # back in train mode
+    with torch.no_grad():  # the same read in train mode differs: the dropout is real
+        args = (ro.input_ids, ro.attention_mask, ro.prompt_length)
+        dropped = sequence_logprobs(module.ref_policy, *args)  # [R, T]
+    assert not torch.allclose(dropped, first)

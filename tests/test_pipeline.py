@@ -21,12 +21,20 @@ STAGES = ["warmup", "it1/scale", "it1/sft", "it1/measure", "it1/rl", "final/retr
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_tiny_pipeline_runs_every_stage(tmp_path, capsys, wandb_log):
+def test_tiny_pipeline_runs_every_stage(tmp_path, capfd, caplog, recwarn, wandb_log):
     run_dir = tmp_path / "run"
     assert main(["run", "--config", str(TINY), "--pipeline.run_dir", str(run_dir)]) == 0
-    out = capsys.readouterr().out
+    out, err = capfd.readouterr()
     for stage in STAGES:
         assert f"== stage {stage} |" in out
+    # one program's console: Lightning's banner once for four fits, no tip or library warning
+    # a user cannot act on, one bar per fit that names its stage
+    console = out + err + caplog.text + "".join(str(w.message) for w in recwarn)
+    assert console.count("GPU available:") == 1 and "litlogger" not in console
+    for noise in ("LeafSpec", "IterableDataset", "in eval mode", "Loading weights"):
+        assert noise not in console, noise
+    for fit in ("warmup epoch 40/40", "it1/sft epoch 40/40", "it1/rl epoch 2/2: 100%"):
+        assert fit in out, fit
     state = json.loads((run_dir / "pipeline_state.json").read_text())
     assert state["done"] == STAGES
     counts = state["results"]["pools"]

@@ -130,11 +130,17 @@ def has_adapter(model: nn.Module) -> bool:
 def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
     """``model`` as its base: the adapter switched off and eval mode (no dropout), as the frozen
     copy that serves as the KL reference without an adapter; both restored on exit."""
+    with eval_mode(model), model.disable_adapter():
+        yield model
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode (no dropout) for the block, then back in the mode it was in."""
     training = model.training
     model.eval()
     try:
-        with model.disable_adapter():
-            yield model
+        yield model
     finally:
         model.train(training)
 

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from coscale.distributed import max_over_ranks
+from coscale.models.adapters import eval_mode
 from coscale.rl.logprobs import token_logprobs
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
 from coscale.rollout.lockstep import in_lockstep
@@ -203,12 +204,10 @@ def _sampling_mode(model: nn.Module) -> Iterator[None]:
     The blank config keeps the checkpoint's sampling defaults (repetition penalty, top-k, ...)
     out of `generate`, which fills every unset field from `model.generation_config`.
     """
-    was_training, saved = model.training, getattr(model, "generation_config", None)
-    model.eval()
+    saved = getattr(model, "generation_config", None)
     model.generation_config = GenerationConfig()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(model):
             yield
     finally:
         model.generation_config = saved
-        model.train(was_training)

@@ -14,7 +14,6 @@ from types import SimpleNamespace
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import TQDMProgressBar
 
 from coscale.datamodules.serving import CurriculumDataModule
 from coscale.loop.checkpoint_store import last_checkpoint
@@ -23,6 +22,7 @@ from coscale.modules.loggers import log_to_loggers
 from coscale.rollout.dtype import precision_dtype
 from coscale.rollout.run_engine import RunEngine
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
+from coscale.stages.console import RunConsole, StageProgressBar
 from coscale.stages.epoch_counts import WholeEpochCounts
 from coscale.stages.precision import resolve_precision, training_device
 
@@ -51,6 +51,7 @@ class StageContext:
         dtype = precision_dtype(self.trainer_args.get("precision", "32-true"))
         self.engine = RunEngine(cfg.rollout, dtype, cuda=self.device().type == "cuda")
         print(f"[coscale] {self.engine.why}", flush=True)
+        self.console = RunConsole()
 
     def attach(self, module: L.LightningModule, model: str) -> None:
         """Lends the run's engine to ``module`` (whose weights are in folder ``model``)."""
@@ -82,10 +83,11 @@ class StageContext:
         """One fit of stage ``name``, resumed from its last checkpoint when there is one."""
         ckpt_dir = self.path(name, "ckpt")
         commit = CommitCheckpoint(ckpt_dir, self.cfg.checkpoint_every_n_steps, label=name)
-        trainer = self.trainer(
-            name, [RunState(), WholeEpochCounts(), *callbacks, commit], epochs, max_steps
-        )
-        trainer.fit(module, datamodule=data, ckpt_path=commit.last())
+        with self.console.fit():
+            trainer = self.trainer(
+                name, [RunState(), WholeEpochCounts(), *callbacks, commit], epochs, max_steps
+            )
+            trainer.fit(module, datamodule=data, ckpt_path=commit.last())
 
     def trainer(self, name: str, callbacks: list, epochs: int, max_steps: int | None) -> L.Trainer:
         args = {
@@ -95,13 +97,14 @@ class StageContext:
             "enable_model_summary": False,
             "num_sanity_val_steps": 0,
             "limit_val_batches": 0,
+            "reload_dataloaders_every_n_epochs": 1,  # each epoch reads the pools as they are
             **self.trainer_args,
             "strategy": copy.deepcopy(self._strategy),
         }
         return L.Trainer(
             default_root_dir=self.path(name),
             logger=self.logger,
-            callbacks=[*callbacks, TQDMProgressBar()],
+            callbacks=[*callbacks, StageProgressBar(name)],
             enable_checkpointing=True,
             max_epochs=epochs,
             max_steps=-1 if max_steps is None else max_steps,
