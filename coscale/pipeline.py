@@ -42,7 +42,7 @@ from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.modules.sft import settings_errors as sft_settings_errors
-from coscale.rollout.factory import Rollout
+from coscale.rollout.factory import RolloutSettings
 from coscale.stages.console import run_console
 from coscale.stages.context import StageContext
 from coscale.stages.final import final_stage
@@ -159,7 +159,7 @@ class PipelineConfig:
     trainer: dict[str, Any] = field(default_factory=dict)
     peft: PeftConfig | None = None
     sampling: RunSampling = field(default_factory=RunSampling)
-    rollout: Rollout = field(default_factory=lambda: Rollout("auto"))
+    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings("auto"))
     sft: dict[str, Any] = field(default_factory=dict)
     grpo: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)
@@ -181,7 +181,7 @@ class PipelineConfig:
         self.final = as_group(FinalSettings, self.final)
         self.sampling, self.rollout = (
             as_group(RunSampling, self.sampling),
-            as_group(Rollout, self.rollout),
+            as_group(RolloutSettings, self.rollout),
         )
         groups = {"sampling": self.sampling, "rollout": self.rollout}
         errors += group_errors(selection=self.selection, final=self.final, **groups)
@@ -198,7 +198,7 @@ class PipelineConfig:
             raise ValueError("pipeline: " + "; ".join(errors))
 
 
-def _plain(cfg: PipelineConfig) -> dict[str, Any]:
+def _state_config(cfg: PipelineConfig) -> dict[str, Any]:
     """``cfg`` for the state file: its groups as mappings, other fields as they are (JSON writes
     objects such as a strategy by their str). No ``asdict`` of the whole: it would deep-copy a
     strategy that holds a sharded model, which FSDP2 refuses."""
@@ -266,7 +266,7 @@ class Pipeline:
     def warmup(self, name: str) -> None:
         firsts = list(self.curriculum.problems)[: self.cfg.warmup_problems]
         if self.curriculum.add_solutions(firsts, 1):
-            self._took(name, sft_stage(self.ctx, name))
+            self._adopt(name, sft_stage(self.ctx, name))
         self.results[name] = measure_stage(self.ctx, name, self.current)
 
     def scale(self, name: str) -> None:
@@ -277,7 +277,7 @@ class Pipeline:
         final = self.plan[name].kind == "retrain"
         epochs = self.cfg.final.epochs if final else None  # None: sft_epochs
         source = self.cfg.final.source if final else "all"
-        self._took(
+        self._adopt(
             name, sft_stage(self.ctx, name, source, teacher=self._latest_rl(), epochs=epochs)
         )
 
@@ -285,14 +285,16 @@ class Pipeline:
         self.results[name] = measure_stage(self.ctx, name, self.current)
 
     def rl(self, name: str) -> None:
-        self._took(name, rl_stage(self.ctx, name, self.current))
+        self._adopt(name, rl_stage(self.ctx, name, self.current))
         self.results[name] = {
             "pools": self.curriculum.pools.counts(),
             "n_per_group": self.curriculum.n_per_group(),
         }
 
     def final(self, name: str) -> None:
-        earlier = [(it, m) for it in range(1, self.cfg.iterations) if (m := self._model_of(it))]
+        earlier = [
+            (it, m) for it in range(1, self.cfg.iterations) if (m := self._iteration_model(it))
+        ]
         candidate = self.models.get("final/rl") or self.models.get("final/retrain")
         self.results[name], self.current = final_stage(
             self.ctx, name, self._before_final(), candidate, earlier
@@ -307,25 +309,28 @@ class Pipeline:
 
     def _before_final(self) -> str:
         """The model the last iteration ended with (what the final retrain must beat)."""
-        before = [m for s in self.plan.values() if s.iteration is not None and (m := self._of(s))]
+        before = [
+            m for s in self.plan.values() if s.iteration is not None and (m := self._exported(s))
+        ]
         return before[-1] if before else self.cfg.model
 
-    def _of(self, stage: Stage) -> str | None:
+    def _exported(self, stage: Stage) -> str | None:
         """``stage``'s exported model (None: not run yet, or it exported none)."""
         return self.models.get(stage.name)
 
-    def _took(self, name: str, model: str | None) -> None:
+    def _adopt(self, name: str, model: str | None) -> None:
+        """Stage ``name``'s exported ``model`` (if any) is the run's current model from now."""
         if model is not None:
             self.current = self.models[name] = model
 
     def _latest_rl(self) -> str | None:
         """The last iteration's RL model (None before any RL): what a later SFT distils from."""
-        rl = [self._of(s) for s in self.plan.values() if s.kind == "rl" and s.iteration]
+        rl = [self._exported(s) for s in self.plan.values() if s.kind == "rl" and s.iteration]
         return ([m for m in rl if m] or [None])[-1]
 
-    def _model_of(self, it: int) -> str | None:
+    def _iteration_model(self, it: int) -> str | None:
         """Iteration ``it``'s model: its re-distilled model, else its RL model."""
-        models = {s.kind: self._of(s) for s in self.plan.values() if s.iteration == it}
+        models = {s.kind: self._exported(s) for s in self.plan.values() if s.iteration == it}
         return models.get("redistill") or models.get("rl")
 
     # --------------------------------------------------------------- plumbing
@@ -379,7 +384,7 @@ class Pipeline:
             "results": self.results,
             "seconds": self.seconds,
             "timing": self.timing,
-            "config": _plain(self.cfg),
+            "config": _state_config(self.cfg),
         }
         if is_writer():  # every rank holds the same state; rank 0 writes it
             write_json(self.state_path, state)  # atomic: a crash never leaves half a state file

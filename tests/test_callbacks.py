@@ -3,7 +3,7 @@
 Unit tests drive the hooks with a stand-in trainer (a namespace with the attributes the
 callbacks read) and a stand-in policy whose ``count_correct`` returns chosen counts; the policy
 reaches the fit's curriculum through ``policy._trainer.datamodule.curriculum``, as a module does
-(``coscale.modules.feed.curriculum_of``). The tiny offline model covers the SFT stage and one
+(``coscale.modules.fit_data.curriculum_of``). The tiny offline model covers the SFT stage and one
 plain ``Trainer.fit`` with all four callbacks.
 """
 
@@ -22,7 +22,7 @@ from lightning.pytorch.loggers import Logger
 
 from coscale.callbacks import (
     FinalRetrain,
-    PassRateEvaluation,
+    PassRateMeasurement,
     ReDistillation,
     RolloutNSchedule,
     Selection,
@@ -108,7 +108,7 @@ def _outcomes(pid: str, n: int, c: int) -> list[tuple[str, str, bool]]:
 
 
 # ----------------------------------------------------------------------------- pass rate
-class _Kept(PassRateEvaluation):
+class _Kept(PassRateMeasurement):
     """Keeps what its last evaluation returned (the epoch-end hooks return nothing)."""
 
     def evaluate(self, *args, **kwargs) -> dict:
@@ -156,7 +156,7 @@ def test_pass_rate_records_fresh_counts_and_moves_problems_between_pools(restore
     assert (s0.temperature, s0.max_new_tokens, s1.seed - s0.seed) == (0.5, 7, 1)
     # only the solvable pool, re-measured: b becomes solved, d falls back to unsolvable
     policy.correct.update(b=3, d=0)
-    again = PassRateEvaluation(k=4, pools=("solvable",)).evaluate(_trainer(dm, policy), policy)
+    again = PassRateMeasurement(k=4, pools=("solvable",)).evaluate(_trainer(dm, policy), policy)
     assert {k: v["pool"] for k, v in again.items()} == {"b": "solved", "d": "unsolvable"}
     assert cur.pools.members(Pool.SOLVED) == ["b", "c"]
 
@@ -166,7 +166,7 @@ def test_pass_rate_closes_no_epoch_and_a_fresh_fit_measures_its_epochs_again():
     cur = dm.curriculum
     policy = StubPolicy({"a": 1, "b": 0})
     cur.record_rollouts(_outcomes("b", 4, 1), step=0)  # an open tally: the module's to close
-    cb = PassRateEvaluation(k=2)
+    cb = PassRateMeasurement(k=2)
     trainer = _trainer(dm, policy, epoch=0)
     cb.setup(trainer, policy, "fit")
     cb.on_train_epoch_end(trainer, policy)
@@ -200,7 +200,7 @@ def test_pass_rate_logs_pool_sizes_pass_at_k_and_a_table(restored):
 def test_pass_rate_runs_at_chosen_epochs_and_at_a_fresh_fit_start():
     dm = _dm(["a", "b"])
     policy = StubPolicy({"a": 1, "b": 0})
-    cb = PassRateEvaluation(k=2, every_n_epochs=2, on_fit_start=True)
+    cb = PassRateMeasurement(k=2, every_n_epochs=2, on_fit_start=True)
     cb.on_fit_start(_trainer(dm, policy, step=3), policy)  # a resumed fit: no evaluation
     cb.on_train_epoch_end(_trainer(dm, policy, epoch=0), policy)
     assert policy.calls == []
@@ -223,7 +223,7 @@ def test_pass_rate_subset_and_seeds_follow_the_curriculum():
     ids = [f"p{i}" for i in range(6)]
     dms = [_dm(ids) for _ in range(2)]
     policy = StubPolicy(dict.fromkeys(ids, 1))
-    cb = PassRateEvaluation(k=2, max_problems=2, seed=5)
+    cb = PassRateMeasurement(k=2, max_problems=2, seed=5)
     first = [set(cb.evaluate(_trainer(dm, policy), policy)) for dm in dms]
     assert len(first[0]) == 2 and first[0] == first[1]  # seeded: the same subset from one state
     # samples seeded with derive_seed("measure", seed, measurements) (+ the chunk's index)
@@ -238,15 +238,15 @@ def test_pass_rate_subset_and_seeds_follow_the_curriculum():
     assert picked[0] == picked[1] and restored.curriculum.measurements == 4
     assert [s.seed for *_, s in policy.calls] == [derive_seed("measure", 5, 3)] * 2
     with pytest.raises(ValueError, match=r"k must be an int >= 1, got 0.*pools must be"):
-        PassRateEvaluation(k=0, pools=("bogus",))
+        PassRateMeasurement(k=0, pools=("bogus",))
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1 or None"):
-        PassRateEvaluation(max_new_tokens=0)
+        PassRateMeasurement(max_new_tokens=0)
 
 
 def test_callbacks_without_a_curriculum_do_nothing_and_the_sft_stages_warn_once():
     policy = StubPolicy({})
     trainer = _trainer(SimpleNamespace(), policy)  # a fit on some other loader
-    cb = PassRateEvaluation(on_fit_start=True)
+    cb = PassRateMeasurement(on_fit_start=True)
     assert cb.evaluate(trainer, policy) == {}
     cb.on_fit_start(trainer, policy)
     cb.on_train_start(trainer, policy)
@@ -332,7 +332,7 @@ def test_schedule_groups_by_difficulty_and_raises_n_of_a_stalled_group_only():
     assert sched.schedule.n == [8, 8, 8] and sched.schedule.best == [0.125, 0.375, 0.625]
     cur.pools.record("e", 10, 3)  # newly solvable (0.3 -> group 1), gets its group's N
     _epoch(cur, policy, 1, {"a": (8, 1), "b": (8, 1), "c": (8, 6)})  # g0 flat, g2 up, g1 idle
-    assert sched.schedule.n == [16, 8, 8] and sched.schedule.bad == [0, 0, 0]
+    assert sched.schedule.n == [16, 8, 8] and sched.schedule.stalled == [0, 0, 0]
     assert cur.group_of["e"] == 1
     assert cur.n_per_problem == {"a": 16, "b": 16, "c": 8, "d": 8, "e": 8}
     assert [i["n"] for i in cur.rl_items()] == [16, 16, 8, 8]  # c is solved (0.75) now
@@ -353,9 +353,9 @@ def test_schedule_patience_and_min_delta():
     cur, sched, _ = _scheduled(policy, **schedule)
     _epoch(cur, policy, 0, {"a": (8, 1)})  # best 0.125
     _epoch(cur, policy, 1, {"a": (8, 1)})  # 1 bad epoch: patience 2 not reached
-    assert sched.schedule.n[0] == 4 and sched.schedule.bad[0] == 1
+    assert sched.schedule.n[0] == 4 and sched.schedule.stalled[0] == 1
     _epoch(cur, policy, 2, {"a": (100, 16)})  # 0.16 < 0.125 + 0.05: still no progress
-    assert sched.schedule.n[0] == 6 and sched.schedule.bad[0] == 0  # round(4 * 1.5) = 6
+    assert sched.schedule.n[0] == 6 and sched.schedule.stalled[0] == 0  # round(4 * 1.5) = 6
     _epoch(cur, policy, 3, {"a": (100, 18)})  # 0.18 > 0.175: progress
     assert sched.schedule.n[0] == 6 and sched.schedule.best[0] == 0.18
 
@@ -388,8 +388,11 @@ def test_schedule_arguments_and_its_state_saved_once_by_the_curriculum():
     sched, dm = RolloutNSchedule(num_groups=2), _dm(["a"])
     sched.setup(_trainer(dm, policy), policy, "fit")
     assert dm.curriculum.schedule is sched.schedule and sched.state_dict() == {}  # Lightning's
-    sched.schedule.n, sched.schedule.best, sched.schedule.bad = [16, 8], [0.25, None], [0, 1]
-    state = {"n": [16, 8], "best": [0.25, None], "bad": [0, 1]}
+    sched.schedule.n, sched.schedule.best, sched.schedule.stalled = [16, 8], [0.25, None], [0, 1]
+    state = {"n": [16, 8], "best": [0.25, None], "stalled": [0, 1]}
+    old = NSchedule(num_groups=2)  # a state saved by an earlier release names stalled "bad"
+    old.load_state_dict({"n": [16, 8], "best": [0.25, None], "bad": [0, 1]})
+    assert old.state_dict() == state
     # restored: Lightning's order, the callback's setup, then the DataModule's state
     fresh, restored = RolloutNSchedule(num_groups=2), _dm(["a"])
     fresh.setup(_trainer(restored, policy), policy, "fit")
@@ -405,6 +408,18 @@ def test_schedule_arguments_and_its_state_saved_once_by_the_curriculum():
     ):
         old = _dm(["a"], schedule=NSchedule(n_init=3))
     assert old.curriculum.n_of("a") == 3  # still taken, for one release
+
+
+def test_renamed_classes_keep_their_old_names_for_one_release():
+    import coscale.callbacks
+    import coscale.rollout.factory
+
+    with pytest.warns(FutureWarning, match="is now PassRateMeasurement"):
+        assert coscale.callbacks.PassRateEvaluation is PassRateMeasurement
+    with pytest.warns(FutureWarning, match="Rollout is now RolloutSettings"):
+        assert coscale.rollout.factory.Rollout is coscale.rollout.factory.RolloutSettings
+    with pytest.raises(AttributeError, match="PassRateEval"):
+        coscale.callbacks.PassRateEval  # noqa: B018
 
 
 # ----------------------------------------------------------------------------- SFT stages
@@ -584,7 +599,7 @@ def _fit_with_all_callbacks(model_dir, ids):
     )
     stage = {"sft": SFT}
     callbacks = [
-        PassRateEvaluation(k=4, on_fit_start=True, max_new_tokens=8),
+        PassRateMeasurement(k=4, on_fit_start=True, max_new_tokens=8),
         RolloutNSchedule(num_groups=2, n_init=4, n_max=8),
         ReDistillation(**stage),
         FinalRetrain(judge_k=2, **stage),

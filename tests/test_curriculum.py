@@ -351,7 +351,7 @@ def test_schedule_groups_by_difficulty_and_raises_n_of_a_stalled_group_only():
     assert sched.n == [8, 8, 8] and sched.best == [0.125, 0.375, 0.625]
     cur.pools.record("e", 10, 3)  # newly solvable (0.3 -> group 1), gets its group's N
     _epoch(cur, 1, {"a": (8, 1), "b": (8, 1), "c": (8, 6)})  # g0 flat, g2 up, g1 idle
-    assert sched.n == [16, 8, 8] and sched.bad == [0, 0, 0]
+    assert sched.n == [16, 8, 8] and sched.stalled == [0, 0, 0]
     assert cur.group_of["e"] == 1
     assert cur.n_per_problem == {"a": 16, "b": 16, "c": 8, "d": 8, "e": 8}
     assert cur.n_per_group() == {0: 16, 1: 8, 2: 8}
@@ -374,9 +374,9 @@ def test_schedule_patience_and_min_delta():
     cur.assign_groups()
     _epoch(cur, 0, {"a": (8, 1)})  # best 0.125
     _epoch(cur, 1, {"a": (8, 1)})  # 1 bad epoch: patience 2 not reached
-    assert sched.n[0] == 4 and sched.bad[0] == 1
+    assert sched.n[0] == 4 and sched.stalled[0] == 1
     _epoch(cur, 2, {"a": (100, 16)})  # 0.16 < 0.125 + 0.05: still no progress
-    assert sched.n[0] == 6 and sched.bad[0] == 0  # round(4 * 1.5) = 6
+    assert sched.n[0] == 6 and sched.stalled[0] == 0  # round(4 * 1.5) = 6
     _epoch(cur, 3, {"a": (100, 18)})  # 0.18 > 0.175: progress
     assert sched.n[0] == 6 and sched.best[0] == 0.18
     assert cur.n_per_problem == {"a": 6, "b": 6, "c": 4, "d": 4}
@@ -401,9 +401,9 @@ def test_schedule_lr_ratio_picks_n_from_theory():
 def test_schedule_state_in_the_curriculum_state():
     sched = NSchedule(num_groups=2)
     cur = _scheduled_cur(sched)
-    sched.n, sched.best, sched.bad = [16, 8], [0.25, None], [0, 1]
+    sched.n, sched.best, sched.stalled = [16, 8], [0.25, None], [0, 1]
     state = json.loads(json.dumps(cur.state_dict()))
-    assert state["schedule"] == {"n": [16, 8], "best": [0.25, None], "bad": [0, 1]}
+    assert state["schedule"] == {"n": [16, 8], "best": [0.25, None], "stalled": [0, 1]}
     fresh = _scheduled_cur(NSchedule(num_groups=2))
     fresh.load_state_dict(state)
     assert fresh.schedule.state_dict() == sched.state_dict()
@@ -495,7 +495,7 @@ def test_state_dict_round_trips_through_json():
     assert state["tally"] == {"a": [12, 7]}
     assert "cursor" not in state  # where a fit is belongs to its loader (datamodules.batches)
     assert state["last_epoch_acc"] == {"a": 5 / 12}
-    assert state["schedule"] == {"n": [3, 8, 12], "best": [None, None, 5 / 12], "bad": [0, 0, 0]}
+    assert state["schedule"] == {"n": [3, 8, 12], "best": [None, None, 5 / 12], "stalled": [0, 0, 0]}
     assert state["measurements"] == 2
     fresh = _cur(teacher=ArithmeticTeacher(), max_solutions=5, schedule=NSchedule(num_groups=3))
     fresh.load_state_dict(state)

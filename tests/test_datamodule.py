@@ -16,7 +16,7 @@ import lightning as L
 import pytest
 import torch
 
-from coscale.callbacks import PassRateEvaluation, RolloutNSchedule
+from coscale.callbacks import PassRateMeasurement, RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
 from coscale.datamodules import batches as batches_module
 from coscale.datamodules.batches import FitCursor
@@ -488,7 +488,7 @@ def test_plug_in_sft_then_grpo_in_a_plain_trainer(tiny_model_dir, tmp_path):
         sampling={"max_new_tokens": 6, "temperature": 1.0},
     )
     callbacks = [
-        PassRateEvaluation(k=2, every_n_epochs=1),
+        PassRateMeasurement(k=2, every_n_epochs=1),
         RolloutNSchedule(num_groups=2, n_init=2, n_max=4),
     ]
     trainer = L.Trainer(max_epochs=2, callbacks=callbacks, **QUIET)

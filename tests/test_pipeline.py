@@ -276,7 +276,7 @@ def test_stages_carry_their_kind_and_iteration_as_data(tmp_path):
     # iteration's (a later SFT distils from it2/rl), the last iteration's model comes before it
     pipe.models = {"it1/rl": "r1", "it1/redistill": "d1", "it2/rl": "r2", "final/rl": "f1"}
     assert pipe._latest_rl() == "r2" and pipe._before_final() == "r2"
-    assert pipe._model_of(1) == "d1" and pipe._model_of(2) == "r2"
+    assert pipe._iteration_model(1) == "d1" and pipe._iteration_model(2) == "r2"
 
 
 def test_final_judges_the_retrain_after_its_rl_against_the_last_iterations_model(
@@ -394,12 +394,12 @@ def test_the_schedule_is_built_once_and_each_rl_stage_starts_it_afresh(tmp_path,
     assert isinstance(sched, NSchedule) and sched.n == [3, 3]
     pipe.data.load()
     pipe.curriculum.record_measurement({"a": (4, 1)})  # something solvable
-    sched.n, sched.best, sched.bad = [9, 6], [0.5, None], [1, 0]  # as the last RL stage left it
+    sched.n, sched.best, sched.stalled = [9, 6], [0.5, None], [1, 0]  # as the last RL stage left it
     monkeypatch.setattr("coscale.stages.rl.GRPOModule", _StubGRPO)
     pipe.ctx.fit = pipe.ctx.attach = lambda *args, **kwargs: None
     rl_stage(pipe.ctx, "it2/rl", "m")
     assert pipe.curriculum.schedule is sched  # the same object, not a new one from the dict
-    assert (sched.n, sched.best, sched.bad) == ([3, 3], [None, None], [0, 0])
+    assert (sched.n, sched.best, sched.stalled) == ([3, 3], [None, None], [0, 0])
     assert pipe.curriculum.n_per_problem == {"a": 3}
     # the data section's schedule is refused, naming both settings, never silently replaced
     with pytest.raises(ValueError, match=r"data\.schedule is set.*from pipeline\.schedule only"):

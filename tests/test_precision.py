@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from coscale.rollout.factory import Rollout
+from coscale.rollout.factory import RolloutSettings
 from coscale.stages import precision, precision_record, precision_timing
 from coscale.stages.context import StageContext
 from coscale.stages.precision_timing import Timings
@@ -166,7 +166,10 @@ def test_rank_zero_is_read_from_the_launchers_variables(monkeypatch, variable, v
 def test_stage_context_prints_the_one_line_and_records_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(precision, "time_fwd_bwd", fixed(41.2, 63.0))
     cfg = SimpleNamespace(
-        trainer=dict(CPU_AUTO), model="builtin:demo", run_dir=str(tmp_path), rollout=Rollout("hf")
+        trainer=dict(CPU_AUTO),
+        model="builtin:demo",
+        run_dir=str(tmp_path),
+        rollout=RolloutSettings("hf"),
     )
     ctx = StageContext(cfg, None, None, False, {}, {})
     assert ctx.trainer_args["precision"] == "32-true"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from coscale.callbacks import PassRateEvaluation
+from coscale.callbacks import PassRateMeasurement
 from coscale.datamodules import ProblemDataModule
 from coscale.loop import budget
 from coscale.loop.checkpoint_store import last_checkpoint
@@ -102,7 +102,7 @@ def test_checkpoint_after_an_epochs_last_step_resumes_closed_and_measures_it_onc
 ):
     # Lightning's ModelCheckpoint saves last.ckpt after the epoch's last step and then skips its
     # epoch-end save (same step). GRPOModule closes the epoch in that step, so the checkpoint
-    # holds epoch 0 closed; PassRateEvaluation's measurement of epoch 0 comes after it, in the
+    # holds epoch 0 closed; PassRateMeasurement's measurement of epoch 0 comes after it, in the
     # epoch-end hooks, so the checkpoint lacks it. A fit resumed from it must not close epoch 0
     # again and must measure it, once, before epoch 1's first batch (in on_train_start: FSDP2
     # restores the checkpoint after on_fit_start).
@@ -143,8 +143,8 @@ def test_checkpoint_after_an_epochs_last_step_resumes_closed_and_measures_it_onc
     _assert_same_run(resumed_module, resumed_dm, full_module, full_dm, tiny_model_dir)
 
 
-def _measure() -> PassRateEvaluation:
-    return PassRateEvaluation(k=2, log_table=False)
+def _measure() -> PassRateMeasurement:
+    return PassRateMeasurement(k=2, log_table=False)
 
 
 class _EpochStart(L.Callback):

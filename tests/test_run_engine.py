@@ -11,7 +11,7 @@ import torch
 from coscale.models.prompting import PromptFormat
 from coscale.rollout.base import SamplingParams
 from coscale.rollout.cached.backend import CachedDecodeBackend
-from coscale.rollout.factory import Rollout, resolve_backend
+from coscale.rollout.factory import RolloutSettings, resolve_backend
 from coscale.rollout.run_engine import RunEngine
 from coscale.stages.run_settings import RunSampling, set_by_run_errors
 
@@ -56,16 +56,18 @@ def test_auto_takes_vllm_only_on_cuda_where_it_is_installed(monkeypatch):
 
 
 def test_on_a_gpu_the_vllm_engine_sleeps_at_level_2_unless_told(monkeypatch):
-    gpu = RunEngine(Rollout("vllm"), dtype="bfloat16", cuda=True)
+    gpu = RunEngine(RolloutSettings("vllm"), dtype="bfloat16", cuda=True)
     assert gpu.options["engine"] == {"sleep_level": 2} and gpu.dtype == "bfloat16"
-    told = RunEngine(Rollout("vllm", {"engine": {"sleep_level": 1}}), "float32", cuda=True)
+    told = RunEngine(RolloutSettings("vllm", {"engine": {"sleep_level": 1}}), "float32", cuda=True)
     assert told.options["engine"] == {"sleep_level": 1}
-    cpu = RunEngine(Rollout("vllm"), "float32", cuda=False)  # vLLM's CPU build has no sleep mode
-    assert cpu.options == {} and cpu.spec == Rollout("vllm", {})
+    cpu = RunEngine(
+        RolloutSettings("vllm"), "float32", cuda=False
+    )  # vLLM's CPU build has no sleep mode
+    assert cpu.options == {} and cpu.spec == RolloutSettings("vllm", {})
 
 
 def test_one_backend_follows_each_stages_model(tiny_model, tiny_model_dir, char_tokenizer):
-    engine = RunEngine(Rollout("auto"), cuda=False)
+    engine = RunEngine(RolloutSettings("auto"), cuda=False)
     first, second = copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)
     with torch.no_grad():
         for p in second.parameters():
@@ -98,6 +100,6 @@ def test_a_lent_backend_is_not_closed_by_the_module(tiny_model_dir):
     module.backend = Lent(module.policy, module.tokenizer)
     module.teardown("fit")
     assert closed == []
-    assert Rollout("fast").errors() == [
+    assert RolloutSettings("fast").errors() == [
         "backend must be one of auto, cached, hf, vllm, vllm-server; got 'fast'"
     ]

@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from coscale.rollout.base import SamplingParams
-from coscale.rollout.factory import Rollout
+from coscale.rollout.factory import RolloutSettings
 from coscale.rollout.vllm.requests import build_requests, collect_completions
 from coscale.rollout.vllm.server.client import ServerClient, as_engine_output, completion_body
 from coscale.rollout.vllm.server.engine import ServerEngine, check_extension, per_worker
@@ -58,11 +58,13 @@ def test_server_settings_name_every_bad_value():
 
 
 def test_the_rollout_choice_checks_the_server_group_and_the_engine_groups():
-    errors = Rollout("vllm-server", {"server": {"port": "x"}, "parity": {"every": -1}}).errors()
+    errors = RolloutSettings(
+        "vllm-server", {"server": {"port": "x"}, "parity": {"every": -1}}
+    ).errors()
     assert "options.parity.every must be an int >= 0, got -1" in errors
     assert "options.server.port must be an int >= 1 or None, got 'x'" in errors
-    assert Rollout("vllm-server", {"server": {"url": "http://h:1"}}).errors() == []
-    wrong = Rollout("vllm-server", {"servr": {}}).errors()
+    assert RolloutSettings("vllm-server", {"server": {"url": "http://h:1"}}).errors() == []
+    wrong = RolloutSettings("vllm-server", {"servr": {}}).errors()
     assert wrong and wrong[0].startswith(
         "options.servr is not an option of the vllm-server backend"
     )

@@ -23,11 +23,13 @@ class ReportEngine:
     one engine for every model measured (a vLLM engine starts once and is synced per model)."""
 
     def __init__(self, cfg: Any = None) -> None:
-        from coscale.rollout.factory import Rollout
+        from coscale.rollout.factory import RolloutSettings
         from coscale.rollout.run_engine import RunEngine
 
         cuda = torch.cuda.is_available()
-        self.engine = RunEngine(cfg.rollout if cfg is not None else Rollout("auto"), cuda=cuda)
+        self.engine = RunEngine(
+            cfg.rollout if cfg is not None else RolloutSettings("auto"), cuda=cuda
+        )
         sampling = getattr(cfg, "sampling", None)
         self.fmt = sampling.prompt if sampling is not None else PromptFormat(template=tiers.PROMPT)
         self.max_new_tokens = sampling.max_new_tokens if sampling is not None else 96

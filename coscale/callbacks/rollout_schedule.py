@@ -14,7 +14,7 @@ from lightning.pytorch import Callback
 from typing_extensions import override
 
 from coscale.loop.schedule import NSchedule
-from coscale.modules.feed import curriculum_of
+from coscale.modules.fit_data import curriculum_of
 from coscale.modules.loggers import log_to_loggers
 
 

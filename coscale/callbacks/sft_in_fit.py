@@ -208,7 +208,7 @@ def _keep_selected(fabric: L.Fabric, module: SFTModule, select: SelectOnProblems
         select.score(fabric, module, module.loop_steps)
     select.finish()
     if select.best_step != module.loop_steps and (best := select.best_model()) is not None:
-        fresh = SFTModule(model=best, load=module.load)
+        fresh = SFTModule(model=best, load=module.load_settings)
         load_full_state_dict(module.policy, full_state_dict(fresh.policy))
 
 

@@ -69,7 +69,7 @@ class NSchedule:
         """Every group back to ``n_init`` with no history: what a new RL stage starts from."""
         self.n = [self.n_init] * self.num_groups  # N of each group
         self.best: list[float | None] = [None] * self.num_groups  # best mean accuracy so far
-        self.bad = [0] * self.num_groups  # epochs since the last improvement
+        self.stalled = [0] * self.num_groups  # epochs since the last improvement
 
     def group_for(self, acc: float, low: float, high: float) -> int:
         """Equal-width bin of ``acc`` over ``[low, high)``; 0 is the hardest, ends clamped."""
@@ -84,12 +84,12 @@ class NSchedule:
             if reward is None:
                 continue
             if self.best[g] is None or reward > self.best[g] + self.min_delta:
-                self.best[g], self.bad[g] = reward, 0
+                self.best[g], self.stalled[g] = reward, 0
                 continue
-            self.bad[g] += 1
-            if self.bad[g] >= self.patience and self.factor > 1:
+            self.stalled[g] += 1
+            if self.stalled[g] >= self.patience and self.factor > 1:
                 grown = max(math.floor(self.n[g] * self.factor + 0.5), self.n[g] + 1)
-                self.n[g], self.bad[g] = min(grown, self.n_max), 0
+                self.n[g], self.stalled[g] = min(grown, self.n_max), 0
 
     def fit_to_lr(self, lr: float | None, p: Sequence[float | None]) -> None:
         """``lr_ratio`` mode: each group's N from its accuracy ``p[g]`` and the learning rate."""
@@ -105,12 +105,13 @@ class NSchedule:
         ]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"n": list(self.n), "best": list(self.best), "bad": list(self.bad)}
+        return {"n": list(self.n), "best": list(self.best), "stalled": list(self.stalled)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if any(len(state[key]) != self.num_groups for key in ("n", "best", "bad")):
+        state = {"stalled": state.get("bad"), **state}  # "bad": its name in earlier releases
+        if any(len(state[key]) != self.num_groups for key in ("n", "best", "stalled")):
             raise ValueError(f"schedule: saved state is not for num_groups={self.num_groups}")
-        self.n, self.best, self.bad = (list(state[k]) for k in ("n", "best", "bad"))
+        self.n, self.best, self.stalled = (list(state[k]) for k in ("n", "best", "stalled"))
 
 
 def schedule_errors(*args: Any, **kwargs: Any) -> list[str]:

@@ -1,6 +1,6 @@
 """Measurement: K samples per problem with the current policy -> the curriculum's pools.
 
-The pipeline's measure stage, :class:`~coscale.callbacks.PassRateEvaluation` and the final
+The pipeline's measure stage, :class:`~coscale.callbacks.PassRateMeasurement` and the final
 retrain's before / after comparison all sample through here, so their numbers agree. Chunks of
 problems are dealt to the ranks and the counts gathered, so every rank records the same outcome
 and the counts do not depend on the number of ranks.

@@ -26,7 +26,7 @@ from coscale.checks import as_group, group_errors
 from coscale.distributed import all_gather_objects, max_over_ranks, sum_over_ranks
 from coscale.models.adapters import as_peft_config, config_fields
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
-from coscale.modules.feed import curriculum_of, epoch_finished
+from coscale.modules.fit_data import curriculum_of, epoch_finished
 from coscale.modules.grpo_settings import Sampling, Update
 from coscale.modules.kl_reference import frozen_copy, reference_logprobs
 from coscale.modules.optim import adamw_with_warmup
@@ -39,7 +39,7 @@ from coscale.rl.logprobs import sequence_logprobs
 from coscale.rl.losses import GRPOLoss, PolicyLoss, as_loss
 from coscale.rl.micro_batches import merge_stats, micro_batches
 from coscale.rollout.base import Rollouts, SamplingParams
-from coscale.rollout.factory import Rollout
+from coscale.rollout.factory import RolloutSettings
 from coscale.rollout.lockstep import in_lockstep
 from coscale.scoring.reward_set import RewardSet, RewardSpec, reward_errors
 from coscale.seeds import derive_seed
@@ -117,7 +117,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         sampling: Sampling = Sampling(),
         update: Update = Update(),
         validation: Validation = Validation(),
-        rollout: Rollout = Rollout(),
+        rollout: RolloutSettings = RolloutSettings(),
         log_completions_every: int = 0,
         peft: PeftConfig | None = None,
     ) -> None:
@@ -143,8 +143,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.prompt = as_prompt_format(prompt)
         self.rewards = RewardSet(reward, reward_weights, verifier)
         self.loss_fn = GRPOLoss() if loss is None else as_loss(loss)  # a mapping is built
-        self.load, self.optimizer = groups["load"], groups["optimizer"]
-        self.update_settings, self.rollout = groups["update"], groups["rollout"]
+        self.load_settings, self.optimizer_settings = groups["load"], groups["optimizer"]
+        self.update_settings, self.rollout_settings = groups["update"], groups["rollout"]
         s, v = groups["sampling"], groups["validation"]
         self.sampling = SamplingParams(
             max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
@@ -154,7 +154,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             max_new_tokens=v.max_new_tokens or s.max_new_tokens, temperature=v.temperature
         )
         self.log_completions_every = log_completions_every
-        self._init_policy(model, tokenizer, self.load, peft)
+        self._init_policy(model, tokenizer, self.load_settings, peft)
         # same result, less work (tests/test_speed_paths.py compares them with the plain paths)
         self.sort_micro_batches = self.share_prompt_in_update = True
         kl = self.loss_fn.beta > 0  # its reference: a frozen copy, or the base under the adapter
@@ -165,7 +165,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     @property
     def lr(self) -> float:
         """The optimiser's learning rate (what the Rollout N theory reads)."""
-        return self.optimizer.lr
+        return self.optimizer_settings.lr
 
     @override
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
@@ -183,20 +183,20 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         scale = self.update_settings.scale_rewards
         adv = group_advantages(scores.reward, rollouts.prompt_index.cpu(), scale)
         self.record_outcomes(batch, rollouts, scores.correct)
-        keep = ~adv.zero_std[rollouts.prompt_index.cpu()]  # [R] rows of groups with signal
-        keep &= scores.scorable  # no function had an opinion: no signal (TRL: advantage 0)
+        trained = ~adv.zero_std[rollouts.prompt_index.cpu()]  # [R] rows of groups with signal
+        trained &= scores.scorable  # no function had an opinion: no signal (TRL: advantage 0)
         if self.update_settings.mask_truncated:
-            keep &= torch.tensor([r != "length" for r in rollouts.finish_reasons])
+            trained &= torch.tensor([r != "length" for r in rollouts.finish_reasons])
         gen_s = time.perf_counter() - start
-        stats = self.update(rollouts, adv.advantages.to(self.device), keep.to(self.device))
+        stats = self.update(rollouts, adv.advantages.to(self.device), trained.to(self.device))
         step_s = time.perf_counter() - start
         log_step(self, batch, rollouts, scores, adv, stats, gen_s, step_s, context.log)
         self.close_epoch_if_done()
 
     def update(
-        self, rollouts: Rollouts, advantages: torch.Tensor, keep: torch.Tensor
+        self, rollouts: Rollouts, advantages: torch.Tensor, trained: torch.Tensor
     ) -> dict[str, float]:
-        """``num_iterations`` optimiser steps over the kept rollouts, in micro-batches.
+        """``num_iterations`` optimiser steps over the ``trained`` [R] rollouts, in micro-batches.
 
         Old log-probs need no second forward pass. Sampled by the trainer's own model (the
         backend shares the policy), the rollouts' log-probs are the old ones. Sampled by an
@@ -207,15 +207,15 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         later iterations; the engine's log-probs only weight the loss (TIS / MIS). With mode
         ``none`` the engine's log-probs are the old ones, uncorrected.
         """
-        rows = keep.nonzero().squeeze(1)  # [K] indices of rollouts with signal
+        rows = trained.nonzero().squeeze(1)  # [K] indices of rollouts with signal
         if sum_over_ranks(len(rows)) == 0:
             return {"skipped": 1.0}
         mask = rollouts.completion_mask.float()  # [R, T]
         # Normalisers are totals over all ranks, so the loss is that of the whole global batch.
         totals = int(sum_over_ranks(len(rows))), int(sum_over_ranks(float(mask[rows].sum())))
         ref = self._ref_logprobs(rollouts, rows)
-        correct = self._corrects(rollouts)
-        olds = torch.zeros_like(rollouts.logprobs) if correct else rollouts.logprobs  # [R, T]
+        correct = self._corrects_mismatch(rollouts)
+        old_logprobs = torch.zeros_like(rollouts.logprobs) if correct else rollouts.logprobs
         chunks = micro_batches(
             rows, rollouts.lengths, self.update_settings.micro_batch_size, self.sort_micro_batches
         )
@@ -228,7 +228,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             for i in range(n_chunks):
                 idx = chunks[i] if i < len(chunks) else rows[:0]
                 step = (rollouts, advantages, mask, ref, idx, totals)
-                parts.append(self._micro_step(*step, olds, correct and iteration == 0))
+                parts.append(self._micro_step(*step, old_logprobs, correct and iteration == 0))
             stats = merge_stats(parts)
             stats["grad_norm"] = self._clip()
             opt.step()
@@ -239,11 +239,11 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         return stats
 
     def _micro_step(
-        self, ro: Rollouts, adv, mask, ref, idx, totals, olds, take_old
+        self, ro: Rollouts, adv, mask, ref, idx, totals, old_logprobs, record_old
     ) -> tuple[dict, float]:
         """Forward + backward of one micro-batch -> (its stats, its masked-token count).
 
-        ``olds`` [R, T] holds the old log-probs; with ``take_old`` this pass's detached
+        ``old_logprobs`` [R, T] holds the old log-probs; with ``record_old`` this pass's detached
         log-probs are the trainer's old ones and are stored there first (see :meth:`update`).
         """
         padding = len(idx) == 0  # a pass so DDP sees the same number of backward calls
@@ -261,24 +261,24 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             entropy=True,  # from the same logits, for train/entropy and any entropy bonus
             entropy_grad=self.loss_fn.entropy_coef > 0,
         )  # [m, T] each
-        if take_old and not padding:
-            olds[idx] = logp.detach()  # [m, T]
+        if record_old and not padding:
+            old_logprobs[idx] = logp.detach()  # [m, T]
         out = self.loss_fn(
             logp,
-            olds[idx],
+            old_logprobs[idx],
             adv[idx],
             rows_mask,
             None if ref is None else ref[idx],
             num_sequences=totals[0],
             num_tokens=totals[1],
             entropy=entropy,
-            sampling_logprobs=ro.logprobs[idx] if self._corrects(ro) else None,
+            sampling_logprobs=ro.logprobs[idx] if self._corrects_mismatch(ro) else None,
         )
         world = self.trainer.world_size if self._trainer is not None else 1
         self.manual_backward(out.loss * world)  # DDP averages gradients over ranks; undo it
         return {"loss": float(out.loss.detach()), **out.metrics}, float(rows_mask.sum())
 
-    def _corrects(self, ro: Rollouts) -> bool:
+    def _corrects_mismatch(self, ro: Rollouts) -> bool:
         """Whether the update corrects the engine/trainer mismatch of these rollouts."""
         return ro.from_engine and self.loss_fn.mismatch.mode != "none"
 
@@ -339,7 +339,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         This module is the one owner of the close, and it closes in that step rather than in
         ``on_train_epoch_end``: Lightning runs the callbacks' ``on_train_epoch_end`` before the
         module's, so an epoch-end close would come after a callback that measures the epoch
-        (:class:`~coscale.callbacks.PassRateEvaluation`), and it saves step checkpoints between
+        (:class:`~coscale.callbacks.PassRateMeasurement`), and it saves step checkpoints between
         the last step and the epoch-end hooks, so a fit resumed from one would have to replay the
         close. In the step, the close comes before every epoch-end hook, and each checkpoint
         holds either the whole step with its close or neither: every epoch is closed exactly
@@ -356,7 +356,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     @override
     def configure_optimizers(self) -> Any:
-        return adamw_with_warmup(self.policy, self.optimizer)
+        return adamw_with_warmup(self.policy, self.optimizer_settings)
 
 
 def settings_errors(**args: Any) -> list[str]:
@@ -373,6 +373,6 @@ GROUPS = {
     "sampling": Sampling,
     "update": Update,
     "validation": Validation,
-    "rollout": Rollout,
+    "rollout": RolloutSettings,
 }
 """The settings groups of :class:`GRPOModule`, by argument name."""

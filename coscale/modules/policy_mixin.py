@@ -25,7 +25,7 @@ from coscale.modules.settings import PolicyLoad
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SampleCall, SamplingParams
 from coscale.rollout.dtype import precision_dtype
-from coscale.rollout.factory import Rollout, close_backend
+from coscale.rollout.factory import RolloutSettings, close_backend
 from coscale.scoring.metrics import PassAtK
 from coscale.scoring.reward_functions import RewardInputs
 from coscale.scoring.reward_set import RewardSet, Scores, correct_per_prompt
@@ -72,7 +72,7 @@ class PolicyMixin:
         (whoever assigned it closes it), a built one is closed at the fit's end."""
         if self._backend is None:
             self._owns_backend = True
-            spec = getattr(self, "rollout", None) or Rollout("hf")
+            spec = getattr(self, "rollout_settings", None) or RolloutSettings("hf")
             self._backend = build_backend(
                 spec.backend,
                 self.policy,

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from coscale.clock import timed
-from coscale.modules.feed import batch_position, upcoming_batches
+from coscale.modules.fit_data import batch_position, upcoming_batches
 from coscale.rollout.base import SamplingParams
 from coscale.seeds import derive_seed
 

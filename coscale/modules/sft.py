@@ -33,7 +33,7 @@ from coscale.checks import as_group, at_least, group_errors
 from coscale.distributed import rank_world, sum_over_ranks
 from coscale.models.adapters import as_peft_config, config_fields
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
-from coscale.modules.feed import curriculum_of
+from coscale.modules.fit_data import curriculum_of
 from coscale.modules.loggers import log_to_loggers
 from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.policy_mixin import PolicyMixin
@@ -133,13 +133,13 @@ class SFTModule(PolicyMixin, L.LightningModule):
             | ({} if in_memory else {"model": model})
             | ({} if peft is None else {"peft": config_fields(peft)})
         )
-        self.prompt, self.optimizer, self.max_length = (
+        self.prompt, self.optimizer_settings, self.max_length = (
             as_prompt_format(prompt),
             optimizer,
             max_length,
         )
         self.rewards = RewardSet(verifier=verifier)
-        self.padding_free, self.load = padding_free, load
+        self.padding_free, self.load_settings = padding_free, load
         self.val_samples = validation.samples
         self.val_sampling = SamplingParams(
             max_new_tokens=validation.max_new_tokens or 256, temperature=validation.temperature
@@ -158,7 +158,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
     @property
     def lr(self) -> float:
         """The optimiser's learning rate (what the Rollout N theory reads)."""
-        return self.optimizer.lr
+        return self.optimizer_settings.lr
 
     @override
     def forward(self, **batch: torch.Tensor) -> Any:
@@ -203,7 +203,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     @override
     def configure_optimizers(self) -> Any:
-        return adamw_with_warmup(self.policy, self.optimizer)
+        return adamw_with_warmup(self.policy, self.optimizer_settings)
 
     # ---------------------------------------------------------- forgetting guard
     @override

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,7 +28,7 @@ _BUILT_BY_US = {"model", "tokenizer", "policy"}  # arguments the factory passes 
 
 
 @dataclass(frozen=True)
-class Rollout:
+class RolloutSettings:
     """Where the rollouts come from: one backend, with its own options.
 
     Attributes:
@@ -174,3 +175,11 @@ def close_backend(backend: RolloutBackend | None) -> None:
     """
     if backend is not None:
         backend.close()
+
+
+def __getattr__(name: str) -> Any:
+    """``Rollout``: the earlier name of :class:`RolloutSettings` (one release, with a warning)."""
+    if name == "Rollout":
+        warnings.warn("coscale.rollout.factory.Rollout is now RolloutSettings", FutureWarning, 2)
+        return RolloutSettings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,7 +24,7 @@ from typing import Any
 from torch import nn
 
 from coscale.rollout.base import RolloutBackend
-from coscale.rollout.factory import Rollout, build_backend, close_backend, resolve_backend
+from coscale.rollout.factory import RolloutSettings, build_backend, close_backend, resolve_backend
 
 GPU_SLEEP_LEVEL = 2
 """A run engine's sleep level on a GPU unless set: weights dropped, the next sync loads them."""
@@ -40,7 +40,7 @@ class RunEngine:
         cuda: Whether the run's models sample on a CUDA device.
     """
 
-    def __init__(self, spec: Rollout, dtype: str | None = None, cuda: bool = False) -> None:
+    def __init__(self, spec: RolloutSettings, dtype: str | None = None, cuda: bool = False) -> None:
         self.kind, self.why = resolve_backend(spec.backend, cuda)
         options = dict(spec.options)
         if self.kind == "vllm" and cuda:
@@ -49,9 +49,9 @@ class RunEngine:
         self.backend: RolloutBackend | None = None
 
     @property
-    def spec(self) -> Rollout:
+    def spec(self) -> RolloutSettings:
         """The resolved choice, as a module's ``rollout`` setting would state it."""
-        return Rollout(self.kind, self.options)
+        return RolloutSettings(self.kind, self.options)
 
     @property
     def starts(self) -> int:

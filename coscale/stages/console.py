@@ -125,4 +125,3 @@ class StageProgressBar(TQDMProgressBar):
             bar.n = self.seen
             bar.refresh()
             bar.set_postfix(self.get_metrics(trainer, pl_module))
-

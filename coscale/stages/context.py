@@ -60,7 +60,7 @@ class StageContext:
     def path(self, *parts: str) -> str:
         return os.path.join(self.cfg.run_dir, *parts)
 
-    def view(self, sft_source: str = "all") -> CurriculumDataModule:
+    def datamodule(self, sft_source: str = "all") -> CurriculumDataModule:
         """A fit's view of the curriculum, with the data section's batch sizes."""
         d = self.data
         return CurriculumDataModule(

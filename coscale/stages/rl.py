@@ -12,7 +12,7 @@ it as the reference; its ``adapter/`` then applies to that model, not to the ini
 from __future__ import annotations
 
 from coscale.loop.pools import Pool
-from coscale.measure.pass_rate_evaluation import PassRateEvaluation
+from coscale.measure.pass_rate_measurement import PassRateMeasurement
 from coscale.modules import GRPOModule
 from coscale.stages.context import StageContext
 
@@ -32,7 +32,7 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
     callbacks = []
     if cfg.rl_measure_every:
         callbacks.append(
-            PassRateEvaluation(
+            PassRateMeasurement(
                 k=cfg.measure_k,
                 max_problems=cfg.measure_max_problems,
                 every_n_epochs=cfg.rl_measure_every,
@@ -42,5 +42,5 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
                 top_k=cfg.sampling.top_k,
             )
         )
-    ctx.fit(name, module, ctx.view(), callbacks, cfg.rl_epochs)
+    ctx.fit(name, module, ctx.datamodule(), callbacks, cfg.rl_epochs)
     return module.export(ctx.path(name, "model"))

@@ -32,7 +32,7 @@ def sft_stage(
     Returns:
         The exported model's folder, or None when the curriculum has no such pairs.
     """
-    view = ctx.view(sft_source=source)
+    view = ctx.datamodule(sft_source=source)
     if not view.items("sft"):
         print(f"[coscale] {name}: no SFT pairs, stage skipped", flush=True)
         return None

@@ -1,4 +1,4 @@
-"""PassRateEvaluation: re-measures problems' accuracy with K samples at chosen epochs.
+"""PassRateMeasurement: re-measures problems' accuracy with K samples at chosen epochs.
 
 A thin adapter for a user's own ``Trainer`` (import it from :mod:`coscale.callbacks`), used by
 the RL stage too (``rl_measure_every``): the sampling and the rule live in
@@ -19,14 +19,14 @@ from typing_extensions import override
 from coscale.checks import at_least
 from coscale.loop.pools import Pool
 from coscale.measure.pass_rates import measure
-from coscale.modules.feed import curriculum_of, epoch_finished
+from coscale.modules.fit_data import curriculum_of, epoch_finished
 from coscale.modules.loggers import log_to_loggers
 
 _POOLS = [p.value for p in Pool]
 _COLUMNS = ("id", "pool", "acc", "evaluations")
 
 
-class PassRateEvaluation(Callback):
+class PassRateMeasurement(Callback):
     """Samples ``k`` completions per problem of ``pools`` and records the accuracy.
 
     Logs ``pool/<name>`` of all four pools, ``pool/pass@1`` and ``pool/pass@<k>`` over the
@@ -72,7 +72,7 @@ class PassRateEvaluation(Callback):
         if not pools or any(p not in _POOLS for p in pools):
             errors.append(f"pools must be a non-empty list from {_POOLS}, got {list(pools)}")
         if errors:
-            raise ValueError("PassRateEvaluation: " + "; ".join(errors))
+            raise ValueError("PassRateMeasurement: " + "; ".join(errors))
         self.k, self.every_n_epochs, self.pools = k, every_n_epochs, pools
         self.max_problems, self.max_new_tokens = max_problems, max_new_tokens
         self.temperature, self.batch_size, self.seed = temperature, batch_size, seed
