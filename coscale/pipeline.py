@@ -43,7 +43,6 @@ from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
 from coscale.modules.sft import settings_errors as sft_settings_errors
 from coscale.rollout.factory import RolloutSettings
-from coscale.stages.console import run_console
 from coscale.stages.context import StageContext
 from coscale.stages.final import final_stage
 from coscale.stages.measure import measure_stage
@@ -253,7 +252,7 @@ class Pipeline:
         self.data.load()
         self._restore()
         try:
-            with run_console():
+            with self.ctx.console:
                 for stage in self.plan.values():
                     self.stage(stage.name, self._runner(stage))
         finally:  # the run's engine (a vLLM engine's memory) ends with the run

@@ -279,3 +279,18 @@ def test_the_rollout_n_table_in_method_md_holds():
         call = re.search(r"RolloutNSchedule\((.*?)\)", trainer_code).group(1)
         in_trainer = eval(f"dict({call})")  # the page's own arguments
         assert in_run == in_trainer and RolloutNSchedule(**in_trainer).schedule.n_init == 4
+
+
+def test_the_architecture_page_names_every_room_and_only_files_there():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    rooms = [
+        p
+        for p in sorted((ROOT / "coscale").iterdir())
+        if (p / "__init__.py").exists() or (p.suffix == ".py" and not p.name.startswith("_"))
+    ]
+    missing = [p.name for p in rooms if f"`coscale/{p.name}{'/' * p.is_dir()}`" not in page]
+    assert not missing, f"rooms missing from docs/architecture.md: {missing}"
+    for row in re.findall(r"^\| `coscale/(\w+)/` \|(.*)$", page, re.M):
+        room, text = row
+        named = re.findall(r"`(\w+\.py)`", text)
+        assert all((ROOT / "coscale" / room / n).exists() for n in named), (room, named)

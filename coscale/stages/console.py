@@ -1,7 +1,7 @@
 """The run's console reads as one program, not as one Lightning fit after another.
 
 Lightning prints its device banner at every ``Trainer`` and a fit warns about things the user of
-a run cannot act on. In a run (:func:`run_console`) the banner shows at the first fit only; the
+a run cannot act on. In a run (:class:`RunConsole`) the banner shows at the first fit only; the
 lines and warnings below are left out; transformers' per-file load and save bars are off; and
 each stage fit has one bar (:class:`StageProgressBar`) that names the stage and counts its time
 left.
@@ -30,30 +30,28 @@ WARNINGS_NOT_SHOWN = (
 )
 
 
-class _Drop(logging.Filter):
-    """Drops Lightning log lines that start with or hold one of ``texts``."""
-
-    def __init__(self, texts: tuple[str, ...]) -> None:
-        super().__init__()
-        self.texts = texts
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(text in message for text in self.texts)
-
-
 class RunConsole:
-    """What one run shows: call :meth:`fit` around each of its fits."""
+    """What one run shows: enter it for the whole run (transformers' load and save bars off: each
+    stage loads and saves models) and wrap each of its fits in :meth:`fit`."""
 
     def __init__(self) -> None:
-        self.fits = 0
+        self.fits, self.bars_were_on = 0, False
+
+    def __enter__(self) -> RunConsole:
+        self.bars_were_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        return self
+
+    def __exit__(self, *_) -> None:
+        if self.bars_were_on:
+            hf_logging.enable_progress_bar()
 
     @contextmanager
     def fit(self):
         texts = NOT_SHOWN + (BANNER if self.fits else ())
         self.fits += 1
-        drop = _Drop(texts)
         handlers = _lightning_handlers()
+        drop = lambda record: not any(t in record.getMessage() for t in texts)  # noqa: E731
         for handler in handlers:
             handler.addFilter(drop)
         try:
@@ -76,18 +74,6 @@ def _lightning_handlers() -> list[logging.Handler]:
             out += logger.handlers
             logger = logger.parent if logger.propagate else None
     return list(dict.fromkeys(out))
-
-
-@contextmanager
-def run_console():
-    """transformers' load and save bars off for the run (each stage loads and saves models)."""
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()
 
 
 class StageProgressBar(TQDMProgressBar):
