@@ -38,7 +38,6 @@ from coscale.rollout.vllm.requests import (
     assemble_rollouts,
     build_requests,
     collect_completions,
-    derived_seed,
     engine_params,
     logprobs_trusted,
     sampled_logprobs,
@@ -64,6 +63,7 @@ from coscale.rollout.weights import (
     is_sharded,
     select_weights,
 )
+from coscale.seeds import derive_seed
 
 PROMPTS = ["Compute 2+3.", "What is 7*6?\n", "x"]
 F32 = Engine(dtype="float32")
@@ -201,9 +201,10 @@ def test_requests_fan_out_by_mode():
         (1, 1, (7,))
     ] * 2
     seeds = [r.params["seed"] for r in seeded]
-    assert seeds == [derived_seed(4, i, j) for i, j in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]]
-    assert len(set(seeds)) == 5 and all(0 <= s < 2**31 - 1 for s in seeds)
-    assert derived_seed(4, 0, 0) != derived_seed(5, 0, 0)
+    assert seeds == [
+        derive_seed("vllm-request", 4, i, j) for i, j in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    ]
+    assert len(set(seeds)) == 5 and all(0 <= s < 2**31 for s in seeds)
     greedy = build_requests(ids, counts, SamplingParams(temperature=0, seed=4), EOS)
     assert [(r.prompt, r.n, r.copies) for r in greedy] == [(0, 1, 3), (1, 1, 2)]
     ignored = build_requests(ids, counts, SamplingParams(seed=4), EOS, honor_seed=False)

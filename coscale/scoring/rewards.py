@@ -18,7 +18,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 
-from coscale.scoring import _verify_worker as vw
+from coscale.scoring import verify_worker as vw
 
 Extractor = Callable[[str], "str | None"]
 EXTRACTORS: dict[str, Extractor] = {}

@@ -8,7 +8,8 @@ How per-prompt N becomes requests (the outputs come back in request order, so ma
 to `prompt_index` is a walk through the list):
 - greedy (temperature 0): one request per prompt; its completion is copied N_i times.
 - seeded (`SamplingParams.seed` set): one request per rollout with `n=1` and a seed derived
-  from (seed, prompt, sample), so a call is reproducible whatever vLLM does with `n > 1`.
+  from (seed, prompt, sample) by `coscale.seeds.derive_seed`, so a call is reproducible
+  whatever vLLM does with `n > 1`.
 - unseeded: one request per prompt with `n=N_i` (the prompt's KV is computed once).
 
 Log-prob conventions: the contract wants `log_softmax(logits / temperature)` over the full
@@ -23,7 +24,6 @@ Shapes: B prompts, R rollouts, P prompt tokens, T completion tokens.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,8 +34,7 @@ import torch
 from coscale.rl.logprobs import effective_temperature
 from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.rollout.text import stop_cut
-
-MAX_SEED = 2**31 - 1
+from coscale.seeds import derive_seed
 
 
 @dataclass(frozen=True)
@@ -58,12 +57,6 @@ class Completion:
     logprobs: tuple[float, ...]  # NaN where the engine gave none
     finish: str  # vLLM's finish_reason: "stop" | "length"
     stop_reason: int | str | None = None  # the stop token id or string, if any
-
-
-def derived_seed(seed: int, prompt: int, sample: int) -> int:
-    """A seed for one (prompt, sample) of a seeded call, in [0, 2**31 - 1)."""
-    digest = hashlib.blake2b(f"{seed}/{prompt}/{sample}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % MAX_SEED
 
 
 def engine_params(
@@ -113,7 +106,9 @@ def build_requests(
                     i,
                     ids,
                     1,
-                    engine_params(sampling, eos_ids, 1, derived_seed(sampling.seed, i, j)),
+                    engine_params(
+                        sampling, eos_ids, 1, derive_seed("vllm-request", sampling.seed, i, j)
+                    ),
                 )
                 for j in range(count)
             ]
