@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 from typing import Any
 
 
@@ -15,10 +16,19 @@ def at_least(
     """
     errors, sign, what = [], ">" if strict else ">=", "an int" if kind is int else "a number"
     for k, v in values.items():
-        typed = is_number(v) and (kind is not int or isinstance(v, int))
-        if not ((v is None and optional) or (typed and (v > low if strict else v >= low))):
+        if not ((v is None and optional) or (is_a(kind, v) and (v > low if strict else v >= low))):
             errors.append(f"{k} must be {what} {sign} {low}{' or None' * optional}, got {v!r}")
     return errors
+
+
+def within(low: float, high: float, /, kind: type = int, **values: Any) -> list[str]:
+    """A message for each value that is not a ``kind`` in ``[low, high]`` (kinds of at_least)."""
+    what = "an int" if kind is int else "a number"
+    return [
+        f"{k} must be {what} in [{low}, {high}], got {v!r}"
+        for k, v in values.items()
+        if not (is_a(kind, v) and low <= v <= high)
+    ]
 
 
 def one_of(choices: tuple[str, ...], **values: Any) -> list[str]:
@@ -31,8 +41,13 @@ def one_of(choices: tuple[str, ...], **values: Any) -> list[str]:
 
 
 def is_number(value: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite real number (an int, a float, a numpy scalar; not a bool)."""
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_a(kind: type, value: Any) -> bool:
+    """``value`` is an integer (``kind`` int) or any finite number (``kind`` float)."""
+    return is_number(value) and (kind is not int or isinstance(value, Integral))
 
 
 def as_group(cls: type, value: Any) -> Any:

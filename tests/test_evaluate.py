@@ -94,7 +94,7 @@ def test_pass_at_k_per_benchmark_matches_hand_computation():
 def test_eval_config_collects_every_bad_setting():
     with pytest.raises(ValueError) as err:
         ev.EvalConfig(model="m", samples=0, k=[1, 4], benchmarks=[], device="tpu", batch_size=0)
-    for part in ("samples must be >= 1", "batch_size must be >= 1", "k must be", "benchmarks must",
+    for part in ("samples must be an int >= 1", "batch_size must be an int >= 1", "k must be", "benchmarks must",
                  "device must be one of"):  # fmt: skip
         assert part in str(err.value)
 

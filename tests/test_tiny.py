@@ -96,7 +96,7 @@ def test_model_is_deterministic_from_seed(char_tokenizer):
 def test_bad_sizes_are_rejected(char_tokenizer):
     with pytest.raises(ValueError, match="hidden_size must be a multiple of num_heads=3"):
         build_tiny_model(char_tokenizer, hidden_size=64, num_heads=3)
-    with pytest.raises(ValueError, match="num_layers must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="num_layers must be an int >= 1, got 0"):
         build_tiny_model(char_tokenizer, num_layers=0)
 
 

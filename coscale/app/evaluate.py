@@ -21,6 +21,7 @@ from typing import Any, Literal
 import torch
 
 from coscale.app.benchmark_eval import evaluate, format_table, result_rows
+from coscale.checks import at_least, one_of
 from coscale.models.prompting import PromptFormat
 from coscale.rollout.base import RolloutBackend, SamplingParams
 
@@ -91,16 +92,14 @@ class EvalConfig:
                 setattr(self, name, value)
         if isinstance(self.prompt, dict):
             self.prompt = PromptFormat(**self.prompt)
-        counts = {"samples": self.samples, "max_new_tokens": self.max_new_tokens}
-        counts["batch_size"] = self.batch_size
-        errors = [f"{n} must be >= 1, got {v}" for n, v in counts.items() if v < 1]
+        errors = at_least(1, samples=self.samples, max_new_tokens=self.max_new_tokens)
+        errors += at_least(1, batch_size=self.batch_size)
         bad_k = [k for k in self.k if not 1 <= k <= self.samples]
         if not self.k or bad_k:
             errors.append(f"k must be a non-empty list of ints in [1, samples={self.samples}]")
         if not self.benchmarks:
             errors.append("benchmarks must name at least one problem source")
-        if self.device not in ("auto", "cpu", "cuda"):
-            errors.append(f"device must be one of auto, cpu, cuda; got {self.device!r}")
+        errors += one_of(("auto", "cpu", "cuda"), device=self.device)
         if errors:
             raise ValueError("eval: " + "; ".join(errors))
 

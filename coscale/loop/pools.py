@@ -14,10 +14,13 @@ a FAILED problem later measured solvable with RL budget left moves back to SOLVA
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
+
+from coscale.checks import at_least, within
 
 _FORMAT = 1
 
@@ -41,16 +44,6 @@ class _Record:
     rl_rounds: int = 0
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_count(name: str, value: Any, minimum: int = 0) -> None:
-    """Raise ``ValueError`` unless ``value`` is an int ``>= minimum``."""
-    if not _is_int(value) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
 def _check_id(problem_id: Any) -> None:
     if not isinstance(problem_id, str) or not problem_id:
         raise ValueError(f"problem_id must be a non-empty str, got {problem_id!r}")
@@ -58,16 +51,10 @@ def _check_id(problem_id: Any) -> None:
 
 def _config_errors(low: Any, high: Any, max_solutions: Any, max_rl_rounds: Any) -> list[str]:
     """Every problem with a pools config, as messages (empty when valid)."""
-    errors = []
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
-    if not numbers or not 0.0 <= low < high <= 1.0:
-        errors.append(
-            f"thresholds must satisfy 0 <= low < high <= 1, got low={low!r}, high={high!r}"
-        )
-    for name, value in (("max_solutions", max_solutions), ("max_rl_rounds", max_rl_rounds)):
-        if not _is_int(value) or value < 1:
-            errors.append(f"{name} must be an int >= 1, got {value!r}")
-    return errors
+    errors = within(0.0, 1.0, float, low=low, high=high)
+    if not errors and low >= high:
+        errors.append(f"low must be < high, got low={low!r}, high={high!r}")
+    return errors + at_least(1, max_solutions=max_solutions, max_rl_rounds=max_rl_rounds)
 
 
 @dataclass(frozen=True)
@@ -114,17 +101,18 @@ class ProblemPools:
         Returns:
             The problem's pool after the update.
         """
-        _check_count("n_samples", n_samples, minimum=1)
-        _check_count("n_correct", n_correct)
-        if n_correct > n_samples:
-            raise ValueError(f"n_correct must be <= n_samples={n_samples}, got {n_correct}")
+        errors = at_least(1, n_samples=n_samples)
+        errors += within(0, math.inf if errors else n_samples, n_correct=n_correct)
+        if errors:
+            raise ValueError("ProblemPools.record: " + "; ".join(errors))
         rec = self._ensure(problem_id)
         rec.history.append(n_correct / n_samples)
         return self._relabel(rec)
 
     def note_solutions(self, problem_id: str, total: int) -> Pool:
         """Set the number of SFT solutions given to the problem so far; registers unknown ids."""
-        _check_count("total", total)
+        if errors := at_least(0, total=total):
+            raise ValueError("ProblemPools.note_solutions: " + errors[0])
         rec = self._ensure(problem_id)
         rec.solutions = total
         return self._relabel(rec)
@@ -217,8 +205,7 @@ class ProblemPools:
         self._records = records
 
     def _apply_config(self, config: dict[str, Any], where: str) -> None:
-        errors = _config_errors(**config)
-        if errors:
+        if errors := _config_errors(**config):
             raise ValueError(f"{where}: " + "; ".join(errors))
         self.low, self.high = float(config["low"]), float(config["high"])
         self.max_solutions, self.max_rl_rounds = config["max_solutions"], config["max_rl_rounds"]

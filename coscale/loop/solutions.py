@@ -17,6 +17,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from coscale.checks import at_least
+
 _FORMAT = 1
 
 
@@ -29,17 +31,10 @@ class _Entry:
     seq: int
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
-    """Raise ``ValueError`` unless ``value`` is an int ``>= minimum`` (or None if optional)."""
-    if optional and value is None:
-        return
-    if not _is_int(value) or value < minimum:
-        allowed = f"an int >= {minimum}" + (" or None" if optional else "")
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+def _config_errors(replay_capacity: Any, replay_per_problem: Any) -> list[str]:
+    """Every bad config value, as messages (empty when valid)."""
+    errors = at_least(1, optional=True, replay_capacity=replay_capacity)
+    return errors + at_least(1, replay_per_problem=replay_per_problem)
 
 
 def _check_id(problem_id: Any) -> None:
@@ -66,8 +61,8 @@ class SolutionBank:
     """
 
     def __init__(self, replay_capacity: int | None = None, replay_per_problem: int = 8) -> None:
-        _check_int("replay_capacity", replay_capacity, 1, optional=True)
-        _check_int("replay_per_problem", replay_per_problem, 1)
+        if errors := _config_errors(replay_capacity, replay_per_problem):
+            raise ValueError("SolutionBank: " + "; ".join(errors))
         self.replay_capacity = replay_capacity
         self.replay_per_problem = replay_per_problem
         self._solutions: dict[str, list[str]] = {}
@@ -97,7 +92,8 @@ class SolutionBank:
 
     def take(self, problem_id: str, k: int) -> list[str]:
         """The first ``k`` solutions of the problem (fewer if it has fewer; [] if unknown)."""
-        _check_int("k", k, 0)
+        if errors := at_least(0, k=k):
+            raise ValueError("SolutionBank.take: " + errors[0])
         return list(self._solutions.get(problem_id, [])[:k])
 
     def count(self, problem_id: str) -> int:
@@ -119,9 +115,11 @@ class SolutionBank:
         A correct text already in the buffer is kept once, at the later of its two steps.
         """
         _check_id(problem_id)
-        _check_int("step", step, 0)
+        errors = at_least(0, step=step)
         if correct not in (True, False):
-            raise ValueError(f"correct must be a bool, got {correct!r}")
+            errors.append(f"correct must be a bool, got {correct!r}")
+        if errors:
+            raise ValueError("SolutionBank.record_rollout: " + "; ".join(errors))
         if correct:
             _check_text(text)
         self._recorded += 1
@@ -166,11 +164,13 @@ class SolutionBank:
         of their latest correct rollout, latest first, ties by id. Beyond ``max_total`` pairs a
         subset drawn with ``random.Random(seed)`` is kept, still in that order.
         """
-        _check_int("max_per_problem", max_per_problem, 1)
-        _check_int("max_total", max_total, 1, optional=True)
-        _check_int("since_step", since_step, 0, optional=True)
-        if not _is_int(seed):
-            raise ValueError(f"seed must be an int, got {seed!r}")
+        errors = at_least(1, max_per_problem=max_per_problem)
+        errors += at_least(1, optional=True, max_total=max_total)
+        errors += at_least(0, optional=True, since_step=since_step)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            errors.append(f"seed must be an int, got {seed!r}")
+        if errors:
+            raise ValueError("SolutionBank.redistill_set: " + "; ".join(errors))
         groups = []
         for pid, buf in self._replay.items():
             fresh = [e for e in buf if since_step is None or e.step >= since_step]
@@ -207,8 +207,8 @@ class SolutionBank:
         a ``UserWarning`` says when they differ.
         """
         config = state["config"]
-        _check_int("replay_capacity", config["replay_capacity"], 1, optional=True)
-        _check_int("replay_per_problem", config["replay_per_problem"], 1)
+        if errors := _config_errors(config["replay_capacity"], config["replay_per_problem"]):
+            raise ValueError("SolutionBank.load_state_dict: " + "; ".join(errors))
         solutions = {item["id"]: [str(t) for t in item["texts"]] for item in state["solutions"]}
         replay = {
             item["id"]: [_Entry(str(t), int(s), int(q)) for t, s, q in item["entries"]]

@@ -25,6 +25,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from coscale.checks import at_least
+
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")
 """Special tokens, in id order: pad=0, bos=1, eos=2, unk=3."""
 
@@ -136,12 +138,12 @@ def build_tiny_model(
 
 def _check_sizes(**sizes: int) -> None:
     """Raises one ValueError naming every bad size."""
-    problems = [f"{name} must be >= 1, got {value}" for name, value in sizes.items() if value < 1]
+    problems = at_least(1, **sizes)
     hidden, heads = sizes["hidden_size"], sizes["num_heads"]
     if not problems and hidden % heads:
         problems.append(f"hidden_size must be a multiple of num_heads={heads}, got {hidden}")
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError("build_tiny_model: " + "; ".join(problems))
 
 
 def save_tiny(

@@ -14,9 +14,9 @@ returned.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from numbers import Integral, Real
+
+from coscale.checks import at_least, within
 
 
 def effective_rollouts(p: float, n: int) -> float:
@@ -29,8 +29,8 @@ def effective_rollouts(p: float, n: int) -> float:
     Returns:
         ``N_eff`` in ``[0, n)``; e.g. ``p=0.5, n=2 -> 1.0``.
     """
-    p = _real("p", p, low=0.0, high=1.0)
-    n = _int("n", n, low=1)
+    if errors := within(0.0, 1.0, float, p=p) + at_least(1, n=n):
+        raise ValueError("effective_rollouts: " + "; ".join(errors))
     return n * (1.0 - p**n - (1.0 - p) ** n)
 
 
@@ -42,9 +42,9 @@ def efficiency(lr_over_n: float, mu_p: float, mu_n: float) -> float:
         mu_p: Signal coefficient, ``>= 0``.
         mu_n: Noise coefficient, ``>= 0``.
     """
-    x = _real("lr_over_n", lr_over_n, low=0.0)
-    mu_p, mu_n = _real("mu_p", mu_p, low=0.0), _real("mu_n", mu_n, low=0.0)
-    return x * mu_p - x**2 * mu_n
+    if errors := at_least(0.0, float, lr_over_n=lr_over_n, mu_p=mu_p, mu_n=mu_n):
+        raise ValueError("efficiency: " + "; ".join(errors))
+    return float(lr_over_n * mu_p - lr_over_n**2 * mu_n)
 
 
 def optimal_lr_over_n(mu_p: float, mu_n: float) -> float:
@@ -54,8 +54,8 @@ def optimal_lr_over_n(mu_p: float, mu_n: float) -> float:
         mu_p: Signal coefficient, ``>= 0``.
         mu_n: Noise coefficient, ``> 0``.
     """
-    mu_p = _real("mu_p", mu_p, low=0.0)
-    mu_n = _real("mu_n", mu_n, low=0.0, open_low=True)
+    if errors := at_least(0.0, float, mu_p=mu_p) + at_least(0.0, float, strict=True, mu_n=mu_n):
+        raise ValueError("optimal_lr_over_n: " + "; ".join(errors))
     return mu_p / (2.0 * mu_n)
 
 
@@ -72,7 +72,9 @@ def fit_efficiency(lr_over_n: Sequence[float], gains: Sequence[float]) -> tuple[
             f"fit_efficiency needs >= 2 (lr_over_n, gain) pairs of equal length, got "
             f"{len(lr_over_n)} and {len(gains)}"
         )
-    xs = [_real("lr_over_n", x, low=0.0) for x in lr_over_n]
+    xs = list(lr_over_n)
+    if errors := at_least(0.0, float, **{f"lr_over_n[{i}]": x for i, x in enumerate(xs)}):
+        raise ValueError("fit_efficiency: " + "; ".join(errors))
     # normal equations of [x, -x^2] @ [mu_p, mu_n] = gain
     s2, s3, s4 = (sum(x**k for x in xs) for k in (2, 3, 4))
     b1 = sum(x * g for x, g in zip(xs, gains))
@@ -92,8 +94,8 @@ def instability_threshold(mu_p: float, mu_n: float) -> float:
         mu_p: Signal coefficient, ``>= 0``.
         mu_n: Noise coefficient, ``> 0``.
     """
-    mu_p = _real("mu_p", mu_p, low=0.0)
-    mu_n = _real("mu_n", mu_n, low=0.0, open_low=True)
+    if errors := at_least(0.0, float, mu_p=mu_p) + at_least(0.0, float, strict=True, mu_n=mu_n):
+        raise ValueError("instability_threshold: " + "; ".join(errors))
     return mu_p / mu_n
 
 
@@ -109,10 +111,12 @@ def rollouts_for(p: float, min_effective: float, n_max: int, n_min: int = 1) -> 
     Returns:
         That N, or ``n_max`` when no N in range reaches the target (always so for p of 0 or 1).
     """
-    p = _real("p", p, low=0.0, high=1.0)
-    target = _real("min_effective", min_effective, low=0.0, open_low=True)
-    n_min, n_max = _bounds(n_min, n_max)
-    return _smallest(lambda n: effective_rollouts(p, n) >= target, n_min, n_max)
+    errors = at_least(1, n_min=n_min)
+    errors += at_least(1 if errors else n_min, n_max=n_max) + within(0.0, 1.0, float, p=p)
+    errors += at_least(0.0, float, strict=True, min_effective=min_effective)
+    if errors:
+        raise ValueError("rollouts_for: " + "; ".join(errors))
+    return _smallest(lambda n: effective_rollouts(p, n) >= min_effective, n_min, n_max)
 
 
 def n_for_lr_ratio(
@@ -133,37 +137,12 @@ def n_for_lr_ratio(
     Returns:
         That N, or ``n_max`` when no N in range reaches the target (always so for p of 0 or 1).
     """
-    lr = _real("lr", lr, low=0.0, open_low=True)
-    target = _real("target_lr_over_n_eff", target_lr_over_n_eff, low=0.0, open_low=True)
+    target = target_lr_over_n_eff
+    if errors := at_least(0.0, float, strict=True, lr=lr, target_lr_over_n_eff=target):
+        raise ValueError("n_for_lr_ratio: " + "; ".join(errors))
     return rollouts_for(p, lr / target, n_max, n_min)  # lr / N_eff <= target: N_eff >= lr / target
 
 
 def _smallest(reached: Callable[[int], bool], n_min: int, n_max: int) -> int:
     """First N in ``[n_min, n_max]`` where ``reached(N)``, else ``n_max``."""
     return next((n for n in range(n_min, n_max + 1) if reached(n)), n_max)
-
-
-def _bounds(n_min: int, n_max: int) -> tuple[int, int]:
-    """Validates ``1 <= n_min <= n_max``."""
-    n_min = _int("n_min", n_min, low=1)
-    return n_min, _int("n_max", n_max, low=n_min)
-
-
-def _real(
-    key: str, value: float, low: float, high: float = math.inf, open_low: bool = False
-) -> float:
-    """Returns ``value`` as a finite float in range, or raises naming ``key``."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise ValueError(f"{key}={value!r} must be a finite real number")
-    if value < low or (open_low and value == low) or value > high:
-        left = "(" if open_low else "["
-        right = "]" if high < math.inf else ")"
-        raise ValueError(f"{key}={value!r} must be in {left}{low}, {high}{right}")
-    return float(value)
-
-
-def _int(key: str, value: int, low: int) -> int:
-    """Returns ``value`` as an int ``>= low``, or raises naming ``key``."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise ValueError(f"{key}={value!r} must be an int >= {low}")
-    return int(value)

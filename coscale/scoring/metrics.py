@@ -17,6 +17,8 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
+from coscale.checks import at_least, within
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k estimate of one problem.
@@ -33,14 +35,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     Raises:
         ValueError: Naming the parameter and value that is out of range.
     """
-    n, c, k = _as_int("n", n), _as_int("c", c), _as_int("k", k)
-    errors = []
-    if n < 1:
-        errors.append(f"n={n} must be >= 1")
-    if not 0 <= c <= n:
-        errors.append(f"c={c} must be in [0, n={n}]")
-    if not 1 <= k <= max(n, 1):
-        errors.append(f"k={k} must be in [1, n={n}]")
+    errors = at_least(1, n=n)
+    most = math.inf if errors else n  # c and k are bounded by a good n only
+    errors += within(0, most, c=c) + within(1, most, k=k)
     if errors:
         raise ValueError("pass_at_k: " + "; ".join(errors))
     if n - c < k:
@@ -127,10 +124,9 @@ class PassAtK(Metric):
 def _check_ks(k: Sequence[int]) -> tuple[int, ...]:
     """Validates the k budgets of :class:`PassAtK`."""
     ks = (k,) if isinstance(k, Integral) else tuple(k)
-    bad = [v for v in ks if isinstance(v, bool) or not isinstance(v, Integral) or v < 1]
-    if not ks or bad or len(set(ks)) != len(ks):
+    if not ks or any(at_least(1, k=v) for v in ks) or len(set(ks)) != len(ks):
         raise ValueError(f"PassAtK: k={k!r} must be a non-empty list of distinct ints >= 1")
-    return tuple(int(v) for v in ks)
+    return ks
 
 
 def _counts(key: str, value: Tensor | Sequence[int] | int, device: torch.device) -> Tensor:
@@ -140,10 +136,3 @@ def _counts(key: str, value: Tensor | Sequence[int] | int, device: torch.device)
     if t.dtype == torch.bool or t.is_complex() or (integral is not None and not integral.all()):
         raise ValueError(f"{key} must hold integer counts, got {t.tolist()[:5]}")
     return t.to(device=device, dtype=torch.long)
-
-
-def _as_int(key: str, value: int) -> int:
-    """Returns ``value`` as an int, or raises naming ``key`` for non-integers."""
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"pass_at_k: {key}={value!r} must be an int")
-    return int(value)

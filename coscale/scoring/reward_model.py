@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from coscale.checks import at_least, one_of
+
 DTYPES = ("float32", "bfloat16", "float16")
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 """A hub id: ``owner/name``."""
@@ -137,10 +139,7 @@ def _errors(model: Any, batch_size: Any, dtype: Any, chat_template_kwargs: Any) 
             "model must be an existing folder, a hub id (owner/name) or a transformers model, "
             f"got {model!r}"
         )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        errors.append(f"batch_size must be an int >= 1, got {batch_size!r}")
-    if dtype not in DTYPES:
-        errors.append(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    errors += at_least(1, batch_size=batch_size) + one_of(DTYPES, dtype=dtype)
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
         errors.append(f"chat_template_kwargs must be a mapping, got {chat_template_kwargs!r}")
     return errors
