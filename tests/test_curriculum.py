@@ -495,7 +495,7 @@ def test_state_dict_round_trips_through_json():
     assert state["tally"] == {"a": [12, 7]}
     assert "cursor" not in state  # where a fit is belongs to its loader (datamodules.batches)
     assert state["last_epoch_acc"] == {"a": 5 / 12}
-    assert state["schedule"] == {"n": [3, 8, 12], "best": [None, None, 5 / 12], "stalled": [0, 0, 0]}
+    assert state["schedule"] == {"n": [3, 8, 12], "best": [None, None, 5 / 12], "stalled": [0] * 3}
     assert state["measurements"] == 2
     fresh = _cur(teacher=ArithmeticTeacher(), max_solutions=5, schedule=NSchedule(num_groups=3))
     fresh.load_state_dict(state)
