@@ -321,7 +321,8 @@ def test_a_grpo_fit_on_smollm2_with_vllm_rollouts(smollm2_dir):
     watch = _Watch()
     trainer = _trainer(2)
     trainer.callbacks.append(watch)
-    trainer.fit(module, datamodule=_rl_dm([4, 4], batch_size=2))
+    # two batches in epoch 0: both steps there, whichever pools the first epoch's rollouts leave
+    trainer.fit(module, datamodule=_rl_dm([4, 4, 4, 4], batch_size=2))
     versions = [version for version, _ in watch.parity]
     assert sorted(set(versions)) == [1, 2, 3], watch.parity
     assert all(r.ok and r.mean_abs < 1e-3 for _, r in watch.parity), watch.parity

@@ -14,16 +14,10 @@ import warnings
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from coscale.callbacks.retrain import (
-    RetrainSettings,
-    datamodule_or_warn,
-    initial_weights,
-    retrain_from_initial,
-)
+from coscale.callbacks.retrain import RetrainCallback, datamodule_or_warn, retrain_from_initial
 from coscale.checks import at_least, one_of
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.measure.pass_rates import KEEP, judge, judged_problems, keep_retrained
@@ -39,7 +33,7 @@ def _weights(pl_module: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in pl_module.policy.state_dict().items()}
 
 
-class FinalRetrain(Callback):
+class FinalRetrain(RetrainCallback):
     """At ``on_fit_end``: judge -> SFT from the initial weights on the datamodule's ``source``
     set -> load it into the policy in place -> judge again.
 
@@ -77,26 +71,15 @@ class FinalRetrain(Callback):
         source: SFTSource = "all",
         eval_k: int | None = None,
     ) -> None:
-        super().__init__()
         if eval_k is not None:
             warnings.warn("FinalRetrain(eval_k=...) is deprecated: use judge_k", FutureWarning, 2)
             judge_k = eval_k
         errors = at_least(0, seed=seed) + at_least(1, judge_k=judge_k)
         errors += one_of(CALLBACK_KEEP, keep=keep) + one_of(SFT_SOURCES, source=source)
-        if errors:
-            raise ValueError("FinalRetrain: " + "; ".join(errors))
-        self.settings = RetrainSettings("FinalRetrain", sft, trainer, selection)
-        self.initial_model, self.export_dir = initial_model, export_dir
+        super().__init__(errors, sft, trainer, selection, initial_model, export_dir)
         self.judge_k, self.seed, self.keep, self.source = judge_k, seed, keep, source
-        self.runs = 0  # retrains done
         self.results: dict[str, float] = {}  # val/final_{before,after}_pass@k of the last run
         self._device: torch.device | None = None
-
-    @override
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage == "fit":  # fail before training, not after it
-            initial_weights(self, pl_module)
-            self.settings.check_trainer(trainer)
 
     @override
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:

@@ -10,22 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from coscale.callbacks.retrain import (
-    RetrainSettings,
-    datamodule_or_warn,
-    initial_weights,
-    retrain_from_initial,
-)
+from coscale.callbacks.retrain import RetrainCallback, datamodule_or_warn, retrain_from_initial
 from coscale.checks import at_least
 from coscale.measure.selection import Selection
 from coscale.modules.loggers import log_to_loggers
 
 
-class ReDistillation(Callback):
+class ReDistillation(RetrainCallback):
     """SFT from the initial weights on the re-distillation set, at the end of training.
 
     Args:
@@ -54,27 +48,13 @@ class ReDistillation(Callback):
         initial_model: str | None = None,
         export_dir: str | None = None,
     ) -> None:
-        super().__init__()
         errors = at_least(1, max_per_problem=max_per_problem)
         errors += at_least(1, optional=True, max_total=max_total)
-        if errors:
-            raise ValueError("ReDistillation: " + "; ".join(errors))
-        self.settings = RetrainSettings("ReDistillation", sft, trainer, selection)
+        super().__init__(errors, sft, trainer, selection, initial_model, export_dir)
         self.max_per_problem, self.max_total = max_per_problem, max_total
-        self.include_bank, self.initial_model, self.export_dir = (
-            include_bank,
-            initial_model,
-            export_dir,
-        )
-        self.runs = 0  # re-distillations done
+        self.include_bank = include_bank
         self.last_size = 0  # examples in the last set
         self.guard_report: dict[str, float] = {}  # the forgetting guard's figures of the last run
-
-    @override
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage == "fit":  # fail before training, not after it
-            initial_weights(self, pl_module)
-            self.settings.check_trainer(trainer)
 
     @override
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:

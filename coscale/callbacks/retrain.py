@@ -1,4 +1,4 @@
-"""What ReDistillation and FinalRetrain share: their settings, the initial weights, and one
+"""What ReDistillation and FinalRetrain share: their base, settings, the initial weights, and one
 retrain from them into the running policy (:mod:`coscale.callbacks.sft_in_fit`)."""
 
 from __future__ import annotations
@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
-from coscale.callbacks.sft_in_fit import SFTLoop, copy_weights, fabric_for, loop_from, sft_in_fit
+from coscale.callbacks.sft_in_fit import copy_weights, fabric_for, loop_from, sft_in_fit
 from coscale.checks import as_group
 from coscale.loop.curriculum import Curriculum
 from coscale.measure.selection import Selection
@@ -49,6 +51,26 @@ class RetrainSettings:
         guard = as_group(GuardSettings, self.sft.get("forgetting_guard")) or GuardSettings()
         if guard.on and (strategy := getattr(trainer, "strategy", None)) is not None:
             check_guard_strategy(strategy, guard.mode)
+
+
+class RetrainCallback(Callback):
+    """Base of ReDistillation and FinalRetrain: refuses the subclass's ``errors`` and bad
+    :class:`RetrainSettings`, holds ``initial_model`` and ``export_dir``, and checks the initial
+    weights and the strategy at the fit's setup."""
+
+    def __init__(self, errors, sft, trainer, selection, initial_model, export_dir) -> None:
+        super().__init__()
+        if errors:
+            raise ValueError(f"{type(self).__name__}: " + "; ".join(errors))
+        self.settings = RetrainSettings(type(self).__name__, sft, trainer, selection)
+        self.initial_model, self.export_dir = initial_model, export_dir
+        self.runs = 0  # retrains done
+
+    @override
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":  # fail before training, not after it
+            initial_weights(self, pl_module)
+            self.settings.check_trainer(trainer)
 
 
 def _dict(value: Any) -> bool:
@@ -118,4 +140,4 @@ def datamodule_or_warn(trainer: Any, owner: Any, datamodule: Any = None) -> Any 
     return None
 
 
-__all__ = ["RetrainSettings", "SFTLoop", "datamodule_or_warn", "retrain_from_initial"]
+__all__ = ["RetrainCallback", "RetrainSettings", "datamodule_or_warn", "retrain_from_initial"]

@@ -13,7 +13,6 @@ micro-batches are a plain loop in :meth:`update`.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -24,13 +23,12 @@ from typing_extensions import override
 
 from coscale.checks import as_group, group_errors
 from coscale.distributed import all_gather_objects, max_over_ranks, sum_over_ranks
-from coscale.models.adapters import as_peft_config, config_fields
+from coscale.models.adapters import as_peft_config
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.fit_data import curriculum_of, epoch_finished
 from coscale.modules.grpo_settings import Sampling, Update
 from coscale.modules.kl_reference import frozen_copy, reference_logprobs
-from coscale.modules.optim import adamw_with_warmup
-from coscale.modules.policy_mixin import PolicyMixin
+from coscale.modules.policy_mixin import PolicyMixin, source_fields
 from coscale.modules.prefetch import Prefetch, sample_ahead
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.modules.step_log import log_step, reward_context
@@ -131,13 +129,11 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         )
         if errors:
             raise ValueError("GRPOModule: " + "; ".join(errors))
-        in_memory = not isinstance(model, (str, os.PathLike))
         self.save_hyperparameters(
             {"prompt": prompt_fields(prompt), "tokenizer": tokenizer}
             | {k: asdict(v) for k, v in groups.items()}
             | {"log_completions_every": log_completions_every}
-            | ({} if in_memory else {"model": model})
-            | ({} if peft is None else {"peft": config_fields(peft)})
+            | source_fields(model, peft)
         )
         self.automatic_optimization = False
         self.prompt = as_prompt_format(prompt)
@@ -161,11 +157,6 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.ref_policy = frozen_copy(self.policy) if kl and peft is None else None
         self.base_is_reference = kl and peft is not None
         self.prefetched = Prefetch()  # rollouts sampled ahead (update.max_staleness)
-
-    @property
-    def lr(self) -> float:
-        """The optimiser's learning rate (what the Rollout N theory reads)."""
-        return self.optimizer_settings.lr
 
     @override
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
@@ -353,10 +344,6 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         metrics |= {f"replay/{k}": float(v) for k, v in curriculum.bank.replay_stats().items()}
         # epoch-level: logged at the epoch's end whatever log_every_n_steps is
         self.log_dict(metrics, on_step=False, on_epoch=True, rank_zero_only=True, batch_size=1)
-
-    @override
-    def configure_optimizers(self) -> Any:
-        return adamw_with_warmup(self.policy, self.optimizer_settings)
 
 
 def settings_errors(**args: Any) -> list[str]:

@@ -18,10 +18,11 @@ from coscale.clock import timed
 from coscale.loop.budget import ON, spend
 from coscale.loop.problem import Question
 from coscale.models.adapter_checkpoint import drop_frozen_base, restore_frozen_base
-from coscale.models.adapters import export_with_adapter, has_adapter, with_adapter
+from coscale.models.adapters import config_fields, export_with_adapter, has_adapter, with_adapter
 from coscale.models.policy import export_policy, load_policy
 from coscale.models.prompting import PromptFormat
-from coscale.modules.settings import PolicyLoad
+from coscale.modules.optim import adamw_with_warmup
+from coscale.modules.settings import AdamW, PolicyLoad
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SampleCall, SamplingParams
 from coscale.rollout.dtype import precision_dtype
@@ -35,7 +36,7 @@ class PolicyMixin:
     """Mixed into :class:`~coscale.modules.SFTModule` and :class:`~coscale.modules.GRPOModule`.
 
     The host sets ``prompt``, ``rewards`` (its reward functions and verifier), ``val_samples``,
-    ``val_sampling`` and calls :meth:`_init_policy`.
+    ``val_sampling``, ``optimizer_settings`` and calls :meth:`_init_policy`.
     """
 
     policy: Any
@@ -44,6 +45,7 @@ class PolicyMixin:
     rewards: RewardSet
     val_sampling: SamplingParams
     val_samples: int
+    optimizer_settings: AdamW
 
     def _init_policy(
         self, model: Any, tokenizer: str | None, load: PolicyLoad, adapter: Any = None
@@ -51,7 +53,6 @@ class PolicyMixin:
         """Loads the policy and its tokenizer; with ``adapter`` (a ``peft.PeftConfig``) the
         policy is the frozen base wrapped with a new adapter (:mod:`coscale.models.adapters`)."""
         self.model_source = model if isinstance(model, (str, os.PathLike)) else None
-        self._load_kwargs = {"dtype": load.dtype, "trust_remote_code": load.trust_remote_code}
         self.policy, self.tokenizer = load_policy(
             model, tokenizer, load.dtype, load.trust_remote_code, load.gradient_checkpointing
         )
@@ -169,6 +170,15 @@ class PolicyMixin:
         if mesh is not None:
             shard_policy(self.policy, mesh)
 
+    @property
+    def lr(self) -> float:
+        """The optimiser's learning rate (what the Rollout N theory reads)."""
+        return self.optimizer_settings.lr
+
+    def configure_optimizers(self) -> Any:
+        """AdamW with its learning-rate warm-up (``optimizer_settings``)."""
+        return adamw_with_warmup(self.policy, self.optimizer_settings)
+
     # ----------------------------------------------------------- validation
     def validation_step(self, batch: list[dict], batch_idx: int) -> None:
         correct = self.count_correct(batch, self.val_samples, self.val_sampling)
@@ -218,6 +228,13 @@ def shard_policy(policy: torch.nn.Module, mesh: Any) -> torch.nn.Module:
     fully_shard(root, mesh=mesh["data_parallel"])
     policy._is_fsdp_managed_module = True  # HF generate keeps ranks in lockstep
     return policy
+
+
+def source_fields(model: Any, peft: Any) -> dict[str, Any]:
+    """The hyper-parameters naming where the policy comes from: ``model`` when it is a name or
+    folder (not a built model), and the adapter's config fields as ``peft`` when there is one."""
+    named = {"model": model} if isinstance(model, (str, os.PathLike)) else {}
+    return named | ({} if peft is None else {"peft": config_fields(peft)})
 
 
 def _pass_ks(samples: int) -> tuple[int, ...]:

@@ -17,7 +17,6 @@ them either).
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Callable
@@ -31,12 +30,11 @@ from typing_extensions import override
 
 from coscale.checks import as_group, at_least, group_errors
 from coscale.distributed import rank_world, sum_over_ranks
-from coscale.models.adapters import as_peft_config, config_fields
+from coscale.models.adapters import as_peft_config
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.fit_data import curriculum_of
 from coscale.modules.loggers import log_to_loggers
-from coscale.modules.optim import adamw_with_warmup
-from coscale.modules.policy_mixin import PolicyMixin
+from coscale.modules.policy_mixin import PolicyMixin, source_fields
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.reward_set import RewardSet, reward_errors
@@ -120,7 +118,6 @@ class SFTModule(PolicyMixin, L.LightningModule):
         groups = dict(load=load, optimizer=optimizer, validation=validation)
         if errors:
             raise ValueError("SFTModule: " + "; ".join(errors))
-        in_memory = not isinstance(model, (str, os.PathLike))
         self.save_hyperparameters(
             {
                 "prompt": prompt_fields(prompt),
@@ -130,8 +127,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
             | {"tokenizer": tokenizer, "forgetting_guard": asdict(guard)}
             | {k: asdict(v) for k, v in groups.items()}
             | {"distill": asdict(distill) if distill is not None else None}
-            | ({} if in_memory else {"model": model})
-            | ({} if peft is None else {"peft": config_fields(peft)})
+            | source_fields(model, peft)
         )
         self.prompt, self.optimizer_settings, self.max_length = (
             as_prompt_format(prompt),
@@ -154,11 +150,6 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self.distill = distill
         # not a submodule: no optimiser state, not in checkpoints, not wrapped or sharded
         self.teacher = Teacher(distill.teacher, load) if distill is not None else None
-
-    @property
-    def lr(self) -> float:
-        """The optimiser's learning rate (what the Rollout N theory reads)."""
-        return self.optimizer_settings.lr
 
     @override
     def forward(self, **batch: torch.Tensor) -> Any:
@@ -200,10 +191,6 @@ class SFTModule(PolicyMixin, L.LightningModule):
             self.tokenizer, self.prompts_for(questions), solutions, self.max_length, chat=chat
         )
         return {k: v.to(self.device) for k, v in enc.items()}
-
-    @override
-    def configure_optimizers(self) -> Any:
-        return adamw_with_warmup(self.policy, self.optimizer_settings)
 
     # ---------------------------------------------------------- forgetting guard
     @override

@@ -95,22 +95,6 @@ def keep_mask(g_new: torch.Tensor, g_old: torch.Tensor, granularity: str) -> tor
     return rows.view(-1, *[1] * (products.dim() - 1)).expand_as(products)
 
 
-def conflict_masks(
-    g_new: Mapping[str, torch.Tensor], g_old: Mapping[str, torch.Tensor], granularity: str
-) -> dict[str, torch.Tensor]:
-    """Keep-masks for every name of ``g_new`` that ``g_old`` also has (others: all kept)."""
-    return {
-        name: keep_mask(g, g_old[name], granularity) for name, g in g_new.items() if name in g_old
-    }
-
-
-def masked_fraction(masks: Mapping[str, torch.Tensor], total: int | None = None) -> float:
-    """Share of coordinates frozen by ``masks``, over ``total`` coordinates (default: theirs)."""
-    frozen = sum(int((~m).sum()) for m in masks.values())
-    total = sum(m.numel() for m in masks.values()) if total is None else total
-    return frozen / total if total else 0.0
-
-
 def guarded_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     """Trainable parameters of ``module`` by name (frozen ones, ``requires_grad=False``, skipped)."""
     return {name: p for name, p in module.named_parameters() if p.requires_grad}

@@ -83,6 +83,7 @@ from coscale.rollout.vllm.sync import (
     push_weights,
     remaining,
 )
+from coscale.seeds import derive_seed
 
 PROBE_TEXT = "1 + 1 ="  # parity probe before any prompt was seen
 
@@ -215,11 +216,7 @@ class VLLMBackend(RolloutBackend):
     def generate_many(self, calls: Sequence[SampleCall]) -> list[Rollouts]:
         """Every call's requests in one engine call (continuous batching over all of them); each
         call's rollouts are those `generate` gives it alone (its seeds are its own)."""
-        if not calls or any(not c.prompts for c in calls):
-            raise ValueError("prompts must hold at least one prompt, got []")
-        counts = [normalize_n_per_prompt(c.n_per_prompt, len(c.prompts)) for c in calls]
-        ids = [[list(x) for x in self.tokenizer(list(c.prompts))["input_ids"]] for c in calls]
-        self._prepare()
+        ids, counts = self._prepare(calls)
         batches = self._sample_many(ids, counts, [c.sampling for c in calls])
         self._probe = ids[0][: self.parity_settings.samples]
         if self.sleep_level:
@@ -262,7 +259,8 @@ class VLLMBackend(RolloutBackend):
         if self.policy is None:
             raise ValueError("check_parity needs the trainer's model: pass policy=...")
         probe = self._probe or [list(self.tokenizer([PROBE_TEXT])["input_ids"][0])]
-        settings, seed = self.parity_settings, self.engine_settings.seed + self.book.version
+        settings = self.parity_settings
+        seed = derive_seed("vllm-parity", self.engine_settings.seed, self.book.version)
         sampling = SamplingParams(max_new_tokens=settings.tokens, temperature=1.0, seed=seed)
         rollouts = self._sample(probe, [1] * len(probe), sampling)
         trainer = trainer_logprobs(self.policy, rollouts, 1.0, settings.recompute_batch_size)
@@ -276,8 +274,13 @@ class VLLMBackend(RolloutBackend):
         return result
 
     # ----------------------------------------------------------------- internals
-    def _prepare(self) -> None:
-        """Sync if stale or weightless, wake the engine, run a pending parity check."""
+    def _prepare(self, calls: Sequence[SampleCall]) -> tuple[list, list]:
+        """Each call's prompt ids and N per prompt; then sync if stale or weightless, wake the
+        engine, run a pending parity check."""
+        if not calls or any(not c.prompts for c in calls):
+            raise ValueError("prompts must hold at least one prompt, got []")
+        counts = [normalize_n_per_prompt(c.n_per_prompt, len(c.prompts)) for c in calls]
+        ids = [[list(x) for x in self.tokenizer(list(c.prompts))["input_ids"]] for c in calls]
         single = world_size() == 1
         on_stale = self.sync_settings.on_stale
         stale = self.policy is not None and single and on_stale != "ignore"
@@ -299,6 +302,7 @@ class VLLMBackend(RolloutBackend):
         self._wake(("weights", "kv_cache"))
         if self.book.parity_pending and self.policy is not None:
             self.check_parity()
+        return ids, counts
 
     def _wake(self, tags: Sequence[str], timeout: float | None = None) -> None:
         missing = [t for t in tags if t not in self._awake]

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from coscale.distributed import all_gather_objects, barrier, is_writer
-from coscale.rollout.base import Rollouts, SamplingParams, normalize_n_per_prompt
+from coscale.rollout.base import Rollouts, SampleCall, SamplingParams
 from coscale.rollout.vllm.backend import VLLMBackend
 from coscale.rollout.vllm.server.client import ServerClient
 from coscale.rollout.vllm.server.engine import ServerEngine, check_extension
@@ -148,11 +148,7 @@ class VLLMServerBackend(VLLMBackend):
         the requests go out at once, and `PendingRollouts.result` (on this thread: it may
         recompute log-probs with the policy) gives the rollouts. The weight version they are
         sampled with is the current sync's (`PendingRollouts.version`)."""
-        if not prompts:
-            raise ValueError("prompts must hold at least one prompt, got []")
-        counts = normalize_n_per_prompt(n_per_prompt, len(prompts))
-        ids = [list(x) for x in self.tokenizer(list(prompts))["input_ids"]]
-        self._prepare()
+        [ids], [counts] = self._prepare([SampleCall(prompts, n_per_prompt, sampling)])
         self._probe = ids[: self.parity_settings.samples]
         future = self._pool.submit(self._sample, ids, counts, sampling)
         return PendingRollouts(
