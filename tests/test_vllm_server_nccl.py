@@ -330,7 +330,8 @@ def test_a_bucket_the_server_refuses_is_a_server_error_saying_what_failed(weight
     engine.begin_load()
     with pytest.raises(ServerError, match=r"failed while sending weights over NCCL: HTTPError"):
         engine.load_weights([("w", torch.ones(2))])
-    assert [name for name, _ in nccl.sent] == ["w"]  # the broadcast went out; the server failed
+    # the server's refusal may come back before or after the broadcast went out (two threads)
+    assert [name for name, _ in nccl.sent] in ([], ["w"])
     _WeightServer.fail = "/init_weight_transfer_engine"
     fresh = _engine(weight_server)
     with pytest.raises(ServerError, match=r"failed while opening a weight load: HTTPError"):

@@ -150,7 +150,9 @@ def test_smollm2_runs_every_stage_on_one_server_with_its_rl_sampled_a_step_ahead
     smollm2_dir, tmp_path
 ):
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
-    cmd = _cmd(SMOLLM2, run_dir, tmp_path / "server.log", "--pipeline.iterations", "1")
+    # batches of 2: an RL epoch of any two solvable problems has a batch to sample ahead
+    extra = ("--pipeline.iterations", "1", "--data.batch_size", "2")
+    cmd = _cmd(SMOLLM2, run_dir, tmp_path / "server.log", *extra)
     with open(log, "w") as out:
         code = subprocess.run(cmd, env=_env(), stdout=out, stderr=out, timeout=1500).returncode
     text = log.read_text()
