@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
@@ -37,7 +37,7 @@ from coscale.loop.checkpoint_store import remove_all
 from coscale.loop.commit import commit_point, write_json
 from coscale.loop.schedule import NSchedule, schedule_errors
 from coscale.measure.selection import Selection
-from coscale.models.adapters import as_peft_config, config_fields
+from coscale.models.adapters import as_peft_config
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, make_logger
@@ -46,7 +46,7 @@ from coscale.rollout.factory import RolloutSettings
 from coscale.stages.context import StageContext
 from coscale.stages.final import final_stage
 from coscale.stages.measure import measure_stage
-from coscale.stages.plan import Stage, plan, upgrade_state
+from coscale.stages.plan import Stage, plan, state_config, upgrade_state
 from coscale.stages.rl import rl_stage
 from coscale.stages.run_settings import (
     FinalSettings,
@@ -195,16 +195,6 @@ class PipelineConfig:
         errors += typed_errors("schedule", NSchedule, self.schedule, schedule_errors)
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
-
-
-def _state_config(cfg: PipelineConfig) -> dict[str, Any]:
-    """``cfg`` for the state file: its groups as mappings, other fields as they are (JSON writes
-    objects such as a strategy by their str). No ``asdict`` of the whole: it would deep-copy a
-    strategy that holds a sharded model, which FSDP2 refuses."""
-    values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
-    if cfg.peft is not None:  # a dataclass too, with sets: PEFT's own plain form
-        values["peft"] = config_fields(cfg.peft)
-    return {k: asdict(v) if is_dataclass(v) else v for k, v in values.items()}
 
 
 def _one_schedule(config: PipelineConfig, data: ProblemDataModule) -> NSchedule:
@@ -383,7 +373,7 @@ class Pipeline:
             "results": self.results,
             "seconds": self.seconds,
             "timing": self.timing,
-            "config": _state_config(self.cfg),
+            "config": state_config(self.cfg),
         }
         if is_writer():  # every rank holds the same state; rank 0 writes it
             write_json(self.state_path, state)  # atomic: a crash never leaves half a state file

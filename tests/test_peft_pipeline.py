@@ -13,7 +13,8 @@ peft = pytest.importorskip("peft", reason="install coscale[peft]")
 
 from coscale.app.cli import main  # noqa: E402
 from coscale.models.adapters import ADAPTER_FOLDER  # noqa: E402
-from coscale.pipeline import PipelineConfig, _state_config  # noqa: E402
+from coscale.pipeline import PipelineConfig  # noqa: E402
+from coscale.stages.plan import state_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -37,7 +38,7 @@ def test_peft_under_a_module_group_is_refused_naming_pipeline_peft(group, tmp_pa
 def test_pipeline_peft_is_a_class_path_and_the_state_file_holds_its_fields():
     cfg = PipelineConfig(model="m", peft=LORA)
     assert isinstance(cfg.peft, peft.LoraConfig) and cfg.peft.r == 4
-    saved = json.loads(json.dumps(_state_config(cfg), default=str))["peft"]
+    saved = json.loads(json.dumps(state_config(cfg), default=str))["peft"]
     assert saved["peft_type"] == "LORA" and saved["r"] == 4
     assert PipelineConfig(model="m", peft=saved).peft.lora_alpha == 8  # read back
     assert PipelineConfig(model="m").peft is None  # the default: full fine-tunes

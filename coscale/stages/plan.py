@@ -1,4 +1,5 @@
-"""The stages of one run, planned once from its settings: each a :class:`Stage` record.
+"""The stages of one run, planned once from its settings (each a :class:`Stage` record), and
+the run's settings and stage names as its state file holds them.
 
 The pipeline runs the plan in order and takes what a stage is (its kind, its iteration) from its
 record, never from its name: the name is only its folder and its key in the state file.
@@ -10,8 +11,10 @@ record, never from its name: the name is only its folder and its key in the stat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Literal
+
+from coscale.models.adapters import config_fields
 
 Kind = Literal["warmup", "scale", "sft", "measure", "rl", "redistill", "retrain", "final"]
 LOOP_KINDS: tuple[Kind, ...] = ("scale", "sft", "measure", "rl")
@@ -66,3 +69,13 @@ def upgrade_state(state: dict[str, Any]) -> dict[str, Any]:
     for part in ("seconds", "timing"):
         out[part] = keys(state.get(part, {}))
     return out
+
+
+def state_config(cfg: Any) -> dict[str, Any]:
+    """A run's ``PipelineConfig`` for the state file: its groups as mappings, other fields as
+    they are (JSON writes objects such as a strategy by their str). No ``asdict`` of the whole:
+    it would deep-copy a strategy that holds a sharded model, which FSDP2 refuses."""
+    values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+    if cfg.peft is not None:  # a dataclass too, with sets: PEFT's own plain form
+        values["peft"] = config_fields(cfg.peft)
+    return {k: asdict(v) if is_dataclass(v) else v for k, v in values.items()}
