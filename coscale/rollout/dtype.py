@@ -26,10 +26,8 @@ def precision_dtype(precision: Any) -> str | None:
 
 def policy_dtype(policy: nn.Module) -> str:
     """The policy's parameter dtype as a vLLM ``dtype`` (``auto`` for any other)."""
-    dtype = next(policy.parameters()).dtype
-    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(
-        dtype, "auto"
-    )
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    return names.get(next(policy.parameters()).dtype, "auto")
 
 
 def engine_dtype(precision: Any = None, policy: nn.Module | None = None) -> str:

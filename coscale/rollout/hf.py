@@ -87,15 +87,11 @@ class HFGenerateBackend(RolloutBackend):
         starts = list(range(0, len(prompt_index), step))
         # a sharded policy: as many chunks on every rank (the extra ones are thrown away)
         extra = max_over_ranks(len(starts)) - len(starts) if in_lockstep(self.model) else 0
+        chunks = [slice(i, i + step) for i in starts + [0] * extra]
         with _seeded(sampling.seed, device), _sampling_mode(self.model):
             pieces = [
-                self._sample(
-                    prompt_ids[i : i + step],
-                    prompt_mask[i : i + step],
-                    sampling,
-                    prompt_index[i : i + step],
-                )
-                for i in starts + [0] * extra
+                self._sample(prompt_ids[c], prompt_mask[c], sampling, prompt_index[c])
+                for c in chunks
             ][: len(starts)]
         tokens = _pad_cat([p[0] for p in pieces], self.tokenizer.pad_token_id)  # [R, T]
         logprobs = _pad_cat([p[1] for p in pieces], 0.0)  # [R, T]

@@ -61,14 +61,8 @@ class PreallocatedLayer(DynamicLayer):
         """
         if not self.is_initialized:
             return
-        if len(indices) <= self._k.shape[0]:
-            self._k, self._v = (
-                _gather_front(buf, indices, self.length) for buf in (self._k, self._v)
-            )
-        else:
-            self._k, self._v = (
-                _gather_new(buf, indices, self.length) for buf in (self._k, self._v)
-            )
+        gather = _gather_front if len(indices) <= self._k.shape[0] else _gather_new
+        self._k, self._v = (gather(buf, indices, self.length) for buf in (self._k, self._v))
         self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
 

@@ -18,8 +18,7 @@ vllm. Per training step:
 Old log-probs are the engine's where they match the contract (`VLLMEngine.logprobs_match`: a
 vLLM >= 0.10.2 applies the temperature to them), else the trainer's policy recomputes them. In
 one process, a policy changed since the last sync is synced before sampling (``sync.on_stale``)
-or refused. ``close()`` shuts the engine down and frees its GPU memory (at the end
-of each RL stage); the next call builds a new one and syncs it first.
+or refused.
 """
 
 from __future__ import annotations
@@ -156,14 +155,10 @@ class VLLMBackend(RolloutBackend):
         self.logprobs, self.honor_seed = logprobs, honor_seed
         self.eos_token_ids = eos_ids(policy, self.tokenizer, str(model))
         self.starts, self.start_seconds = 0, 0.0  # engine builds of this backend, their time
-        self._init_state(parity.every)
-
-    def _init_state(self, parity_every: int) -> None:
-        """Sync bookkeeping, sleep state, parity probe and the last call's diagnostics."""
-        self.book = SyncBook(parity_every)
-        self.book.parity_pending = self.policy is not None and parity_every > 0  # engine vs policy
+        self.book = SyncBook(parity.every)
+        self.book.parity_pending = policy is not None and parity.every > 0  # engine vs policy
         self._awake, self._weights_valid = {"weights", "kv_cache"}, True
-        self._fingerprint = None if self.policy is None else params_fingerprint(self.policy)
+        self._fingerprint = None if policy is None else params_fingerprint(policy)
         self._probe: list[list[int]] = []
         self.vllm_version: str | None = None  # the engine's, once built
         self.last_logprob_source: str | None = None
@@ -264,11 +259,10 @@ class VLLMBackend(RolloutBackend):
         sampling = SamplingParams(max_new_tokens=settings.tokens, temperature=1.0, seed=seed)
         rollouts = self._sample(probe, [1] * len(probe), sampling)
         trainer = trainer_logprobs(self.policy, rollouts, 1.0, settings.recompute_batch_size)
-        mask = rollouts.completion_mask
         atol = self.parity_atol  # the user's as given, else the dtype's bound, under autocast too
         if settings.atol is None:
             atol = trainer_parity_atol(self.policy, atol)
-        result = parity_verdict(rollouts.logprobs, trainer, mask, atol)
+        result = parity_verdict(rollouts.logprobs, trainer, rollouts.completion_mask, atol)
         self.book.parity_pending, self.last_parity = False, result
         check_verdict(result, self.book.version, self.engine.logprobs_mode)
         return result
@@ -349,12 +343,7 @@ class VLLMBackend(RolloutBackend):
         trusted = self.logprobs == "engine" or (
             self.logprobs == "auto" and self.engine.logprobs_match(sampling)
         )
-        self.last_logprob_source = fill_logprobs(
-            rollouts,
-            trusted,
-            self.policy,
-            sampling.temperature,
-            self.parity_settings.recompute_batch_size,
-        )
-        rollouts.logprob_source = self.last_logprob_source
+        batch_size = self.parity_settings.recompute_batch_size
+        source = fill_logprobs(rollouts, trusted, self.policy, sampling.temperature, batch_size)
+        self.last_logprob_source = rollouts.logprob_source = source
         return rollouts

@@ -103,11 +103,8 @@ def read_config(model: str) -> dict[str, Any]:
 
 def bytes_per_token(config: dict[str, Any], dtype: str) -> int | None:
     """KV-cache bytes one token takes in every layer (keys and values); None if unknown."""
-    layers, heads, head_dim = (
-        config.get("num_hidden_layers"),
-        config.get("num_attention_heads"),
-        head_size(config),
-    )
+    layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
+    head_dim = head_size(config)
     if not (layers and heads and head_dim):
         return None
     kv_heads = config.get("num_key_value_heads") or heads

@@ -1,10 +1,8 @@
 """Where coscale touches vLLM's API: building a colocated `vllm.LLM`, driving it, stopping it.
 
-`VLLMEngine` wraps `vllm.LLM` behind a few small methods (generate, begin_load / load_weights /
-end_load, add_lora / remove_lora, sleep, wake_up, reset_prefix_cache, logprobs_mode,
-logprobs_match, version, shutdown). `VLLMBackend`
-talks only to those (and `start_engine` builds one), so a test can hand it a fake engine, and an
-API change of vLLM is fixed here (or in `coscale.rollout.vllm.versions`, for what differs between versions).
+`VLLMEngine` wraps `vllm.LLM` behind a few small methods; `VLLMBackend` talks only to those
+(and `start_engine` builds one), so a test can hand it a fake engine, and an API change of vLLM
+is fixed here (or in `coscale.rollout.vllm.versions`, for what differs between versions).
 vLLM is imported when an engine is built, never when coscale is imported.
 
 Choices (vLLM's API as of 0.10.2-0.33; every default can be overridden through ``engine.kwargs``):
@@ -203,8 +201,7 @@ class VLLMEngine:
             Per worker, how many parameters the model says it loaded (None where its
             ``load_weights`` returns nothing, as in older vLLM versions).
         """
-        weights = list(weights)
-        return list(self.llm.collective_rpc(load_bucket, args=(weights,)))
+        return list(self.llm.collective_rpc(load_bucket, args=(list(weights),)))
 
     def end_load(self) -> None:
         """Closes the load: layers left are processed, tied heads refreshed (`finish_load`)."""

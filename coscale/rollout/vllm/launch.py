@@ -45,9 +45,7 @@ IMPORT_ENVIRONMENT: dict[str, str] = {}
 LAZY_PREFIXES, LAZY_NAMES = ("VLLM_", "AITER_"), ("LD_LIBRARY_PATH",)
 """Variables that modules vLLM imports on first use set at any later time (its AITER kernels'
 flags; OpenCV, through its multimodal code, prepends to ``LD_LIBRARY_PATH``)."""
-_TRAINER_LAZY: dict[str, str] | None = (
-    None  # those variables before this process first imported vllm
-)
+_TRAINER_LAZY: dict[str, str] | None = None  # those variables before the first import of vllm
 
 
 def _lazy(name: str) -> bool:
@@ -158,8 +156,7 @@ def keep_trainer_group() -> Iterator[None]:
 def prepare_environment(args: Mapping[str, Any]) -> None:
     """Sets what vLLM reads from ``os.environ`` for an engine built from `args` (`vllm.LLM`
     keyword arguments): ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and `IMPORT_ENVIRONMENT` unless
-    set, and with
-    ``external_launcher`` ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (`launcher_env`).
+    set, and with ``external_launcher`` ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (`launcher_env`).
 
     Raises:
         RuntimeError: Under ``external_launcher`` without a process group to join, or when

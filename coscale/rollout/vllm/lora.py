@@ -111,7 +111,8 @@ class AdapterSync:
         """One sync: save, load under a new id, drop the old one, reset the prefix cache."""
         start = time.monotonic()
         what = f"sync #{book.version + 1} (adapter)"
-        slot = LoraSlot(f"coscale-policy-{self._next_id}", self._next_id, self._path(self._next_id))
+        path = os.path.join(self.folder, f"v{self._next_id}")
+        slot = LoraSlot(f"coscale-policy-{self._next_id}", self._next_id, path)
         policy.save_pretrained(slot.path, selected_adapters=[policy.active_adapter])
         names, nbytes = _saved_tensors(slot.path)
         book.begin(names)
@@ -128,9 +129,6 @@ class AdapterSync:
         if self.slot is not None:
             shutil.rmtree(self.slot.path, ignore_errors=True)
         self.slot = None
-
-    def _path(self, version: int) -> str:
-        return os.path.join(self.folder, f"v{version}")
 
 
 def _saved_tensors(path: str) -> tuple[list[str], int]:

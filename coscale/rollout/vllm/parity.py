@@ -1,11 +1,8 @@
 """Old log-probs and the parity check of the vLLM backend: trainer vs engine, on any rank layout.
 
-- `parity_verdict`: engine vs trainer log-probs of the same tokens, within a tolerance;
-  `default_parity_atol` chooses it from the engine's dtype (`PARITY_ATOL`).
-- `trainer_logprobs`: log-probs recomputed with the trainer's policy, in chunks, with the same
-  number of forward passes on every rank (a sharded model's forward is a collective).
-- `fill_logprobs`: the backend's choice between the engine's log-probs and the trainer's,
-  taken identically on every rank.
+`parity_verdict` holds the engine's log-probs to the trainer's within a tolerance by dtype
+(`PARITY_ATOL`); `fill_logprobs` chooses between the two, the same way on every rank, and
+`trainer_logprobs` recomputes them with the policy (a sharded model's forward is a collective).
 """
 
 from __future__ import annotations
@@ -100,13 +97,9 @@ def trainer_logprobs(
             rows = slice(c * batch_size, min(r, (c + 1) * batch_size))
             padding = rows.start >= r
             rows = slice(0, 1) if padding else rows
-            out = sequence_logprobs(
-                policy,
-                rollouts.input_ids[rows].to(device),
-                rollouts.attention_mask[rows].to(device),
-                rollouts.prompt_length,
-                temperature,
-            )  # [m, T]
+            ids = rollouts.input_ids[rows].to(device)  # [m, P+T] -> out: [m, T]
+            mask = rollouts.attention_mask[rows].to(device)
+            out = sequence_logprobs(policy, ids, mask, rollouts.prompt_length, temperature)
             if not padding:
                 pieces.append(out.float().to(rollouts.logprobs.device))
     return torch.cat(pieces)

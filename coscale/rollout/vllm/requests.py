@@ -101,17 +101,8 @@ def build_requests(
         if sampling.greedy:
             requests.append(Request(i, ids, 1, engine_params(sampling, eos_ids), copies=count))
         elif sampling.seed is not None and honor_seed:
-            requests += [
-                Request(
-                    i,
-                    ids,
-                    1,
-                    engine_params(
-                        sampling, eos_ids, 1, derive_seed("vllm-request", sampling.seed, i, j)
-                    ),
-                )
-                for j in range(count)
-            ]
+            seeds = [derive_seed("vllm-request", sampling.seed, i, j) for j in range(count)]
+            requests += [Request(i, ids, 1, engine_params(sampling, eos_ids, 1, s)) for s in seeds]
         else:
             requests.append(Request(i, ids, count, engine_params(sampling, eos_ids, count)))
     return requests

@@ -163,8 +163,7 @@ def check_settings(**options: Any) -> tuple[Engine, Sync, Parity]:
     where absent); raises one ValueError naming every bad value (`settings_errors`)."""
     if errors := settings_errors(options):
         raise ValueError("VLLMBackend: " + "; ".join(f"{OPTIONS}.{e}" for e in errors))
-    engine, sync, parity = (as_group(c, _plain(options.get(n))) or c() for n, c in GROUPS.items())
-    return engine, sync, parity
+    return tuple(as_group(c, _plain(options.get(n))) or c() for n, c in GROUPS.items())
 
 
 def _plain(value: Any) -> Any:

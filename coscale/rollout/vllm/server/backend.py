@@ -9,7 +9,7 @@ others learn its URL from rank 0; a failed start stops every rank with the serve
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -43,11 +43,6 @@ class PendingRollouts:
         return self.finish(self.future.result())
 
 
-@contextlib.contextmanager
-def no_guard(seed: int | None) -> Iterator[None]:
-    yield
-
-
 class VLLMServerBackend(VLLMBackend):
     """Rollouts from a vLLM server (``rollout.backend: vllm-server``).
 
@@ -67,7 +62,7 @@ class VLLMServerBackend(VLLMBackend):
 
     name = "vllm-server"
     replica = False  # one server for every rank
-    _rng_guard = staticmethod(no_guard)  # sampling leaves this process's RNGs alone
+    _rng_guard = staticmethod(contextlib.nullcontext)  # sampling leaves this process's RNGs alone
 
     def __init__(
         self,

@@ -113,19 +113,10 @@ class ServerClient:
     def reset_prefix_cache(self) -> None:
         self.call("POST", "/reset_prefix_cache")
 
-    def sleep(self, level: int) -> None:
-        self.call("POST", "/sleep", query={"level": level})
-
-    def wake_up(self, tags: Sequence[str]) -> None:
-        self.call("POST", "/wake_up", query={"tags": list(tags)})
-
     # --------------------------------------------------------------- sampling
-    def complete(
-        self, model: str, requests: Sequence[Request], lora: str | None = None
-    ) -> list[Any]:
+    def complete(self, model: str, requests: Sequence[Request]) -> list[Any]:
         """One engine-shaped output per request (`as_engine_output`), in request order."""
-        name = lora or model
-        bodies = [completion_body(name, r) for r in requests]
+        bodies = [completion_body(model, r) for r in requests]
         with ThreadPoolExecutor(max(1, min(self.concurrency, len(bodies)))) as pool:
             answers = list(pool.map(lambda b: self.call("POST", "/v1/completions", b), bodies))
         return [as_engine_output(a) for a in answers]

@@ -24,12 +24,11 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from coscale.distributed import barrier, is_writer
-from coscale.rollout.base import SamplingParams
-from coscale.rollout.vllm.requests import Request, logprobs_trusted
+from coscale.rollout.vllm.engine import VLLMEngine
+from coscale.rollout.vllm.requests import Request
 from coscale.rollout.vllm.server.client import ServerClient
 from coscale.rollout.vllm.server.launch import ServerError, ServerProcess
 from coscale.rollout.vllm.server.worker import PING
-from coscale.rollout.vllm.versions import applies_temperature
 
 T = TypeVar("T")
 DEATH_WAIT_S = 5.0
@@ -75,7 +74,8 @@ class ServerEngine:
         self.transport = transport
         self.sync_dir, self.syncs, self.files = sync_folder(sync_dir), 0, 0
         self.version = client.version()
-        self._mode = _logprobs_mode(client.config())
+        mode = (client.config().get("model_config") or {}).get("logprobs_mode")
+        self.logprobs_mode = None if mode is None else str(mode)
         self.weight_version: str | None = client.weight_version()
 
     # --------------------------------------------------------------- sampling
@@ -138,21 +138,8 @@ class ServerEngine:
     def reset_prefix_cache(self) -> None:
         """Nothing: `end_load` reset it before the server resumed."""
 
-    # --------------------------------------------------------------- memory
-    def sleep(self, level: int) -> None:
-        self._checked("putting the server to sleep", lambda: self.client.sleep(level))
-
-    def wake_up(self, tags: Sequence[str]) -> None:
-        self._checked("waking the server", lambda: self.client.wake_up(tags))
-
     # --------------------------------------------------------------- facts
-    @property
-    def logprobs_mode(self) -> str | None:
-        return self._mode
-
-    def logprobs_match(self, sampling: SamplingParams) -> bool:
-        """As `coscale.rollout.vllm.engine.VLLMEngine.logprobs_match`, for the server's mode."""
-        return applies_temperature(self.version) and logprobs_trusted(self._mode, sampling)
+    logprobs_match = VLLMEngine.logprobs_match  # by the server's version and logprobs_mode
 
     def shutdown(self) -> None:
         """Stops the server if this process started it; idempotent."""
@@ -175,11 +162,6 @@ class ServerEngine:
                 f"the vLLM server at {self.client.url} failed while {doing}: "
                 f"{type(err).__name__}: {err}"
             ) from err
-
-
-def _logprobs_mode(config: dict[str, Any]) -> str | None:
-    mode = (config.get("model_config") or {}).get("logprobs_mode")
-    return None if mode is None else str(mode)
 
 
 def check_extension(client: ServerClient) -> int:

@@ -40,8 +40,7 @@ class ServerError(RuntimeError):
 def serve_argv(args: Mapping[str, Any], host: str, port: int) -> list[str]:
     """``vllm serve`` command line for `vllm.LLM` keyword arguments `args`.
 
-    True becomes ``--flag``, False ``--no-flag``, a
-    mapping or list JSON; None is left out.
+    True becomes ``--flag``, False ``--no-flag``, a mapping or list JSON; None is left out.
     """
     argv = [sys.executable, "-m", server_module(), "--model", str(args["model"])]
     for key, value in args.items():
@@ -201,10 +200,6 @@ def _on_start(cores: tuple[int, ...] | None) -> Callable[[], None]:
     return start
 
 
-def default_log(port: int) -> str:
-    return os.path.join(tempfile.gettempdir(), f"vllm-server-{port}.log")
-
-
 def start_server(
     args: Mapping[str, Any], settings: Server, ready: Callable[[str], bool]
 ) -> tuple[ServerProcess, str]:
@@ -215,7 +210,7 @@ def start_server(
         ServerError: When it exits or stays silent past ``start_timeout_s``, with its log's tail.
     """
     port = settings.port or free_port(settings.host)
-    log = settings.log or default_log(port)
+    log = settings.log or os.path.join(tempfile.gettempdir(), f"vllm-server-{port}.log")
     argv = serve_argv(args, settings.host, port)
     print(f"[coscale] starting the vLLM server on port {port} (log: {log})", flush=True)
     process = ServerProcess(

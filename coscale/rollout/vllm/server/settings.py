@@ -86,9 +86,8 @@ class Server:
         errors += at_least(0, float, strict=True, request_timeout_s=self.request_timeout_s)
         errors += at_least(1, concurrency=self.concurrency)
         for name, ids, what in (("cores", self.cores, "CPU"), ("devices", self.devices, "GPU")):
-            if ids is not None and not (
-                isinstance(ids, list | tuple) and ids and all(_core(c) for c in ids)
-            ):
+            valid = isinstance(ids, list | tuple) and ids and all(_core(c) for c in ids)
+            if ids is not None and not valid:
                 errors.append(
                     f"{name} must be a non-empty list of {what} ids (ints >= 0), got {ids!r}"
                 )
