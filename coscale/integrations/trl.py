@@ -34,8 +34,7 @@ from typing import Any
 
 from coscale.integrations.trl_fields import grpo_config_defaults, refusals
 from coscale.integrations.trl_loss import loss_settings
-
-DTYPES = ("float32", "bfloat16", "float16")
+from coscale.modules.settings import DTYPES
 
 
 def config_values(config: Any) -> tuple[dict[str, Any], list[str]]:
@@ -53,8 +52,7 @@ def config_values(config: Any) -> tuple[dict[str, Any], list[str]]:
         given = dict(config)
     else:
         raise ValueError(f"config must be a GRPOConfig, a dict or a YAML path, got {config!r}")
-    unknown = sorted(set(given) - set(defaults))
-    errors = [f"{name} is not a field of GRPOConfig" for name in unknown]
+    errors = [f"{name} is not a field of GRPOConfig" for name in sorted(set(given) - set(defaults))]
     values = defaults | {k: _plain(v) for k, v in given.items() if k in defaults}
     values["scale_rewards"] = {True: "group", False: "none"}.get(
         values["scale_rewards"], values["scale_rewards"]
@@ -81,9 +79,8 @@ def from_grpo_config(config: Any, num_processes: int = 1) -> dict[str, Any]:
     Raises:
         ValueError: Naming every field coscale cannot take and every bad value at once.
     """
-    values, errors = config_values(config)
-    errors += refusals(values)
-    v = values
+    v, errors = config_values(config)
+    errors += refusals(v)
     settings = {
         "grpo": _grpo(v, loss_settings(v, num_processes, errors), errors),
         "data": _data(v, num_processes, errors),

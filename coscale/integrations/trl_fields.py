@@ -204,13 +204,10 @@ def grpo_config_defaults() -> dict[str, Any]:
         from trl import GRPOConfig
     except ImportError:
         raise ImportError("install trl to translate a GRPOConfig (pip install trl)") from None
-    return {f.name: _default(f) for f in dataclasses.fields(GRPOConfig)}
-
-
-def _default(f: dataclasses.Field) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
+    return {
+        f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(GRPOConfig)
+    }
 
 
 def refusals(values: Mapping[str, Any]) -> list[str]:

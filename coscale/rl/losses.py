@@ -1,16 +1,9 @@
 """Policy-gradient losses, one small class each: GRPO, Dr. GRPO, DAPO, GSPO and CISPO.
 
 GRPO, Dr. GRPO and DAPO share the per-token PPO-style clipped surrogate of
-:class:`~coscale.rl.policy_loss.PolicyLoss` and differ only in how the masked per-token losses
-are aggregated:
-
-- ``grpo``: mean over sequences of the token mean within each sequence;
-- ``dr_grpo``: sum over all tokens / (num_sequences * max_tokens), a constant normaliser;
-- ``dapo``: sum over all tokens / total number of masked tokens.
-
-GSPO clips one ratio per sequence (the geometric mean of its token ratios) and aggregates like
-GRPO; CISPO weights each token's log-prob by its capped ratio, the weight carrying no gradient,
-and aggregates like DAPO. Every variant takes the base's ``beta`` (KL), ``entropy_coef`` and
+:class:`~coscale.rl.policy_loss.PolicyLoss` and differ only in how they aggregate the masked
+per-token losses; GSPO clips one ratio per sequence, CISPO caps each token's importance weight
+(each class says how). Every variant takes the base's ``beta`` (KL), ``entropy_coef`` and
 ``mismatch`` (engine/trainer correction) settings. A variant is picked by its class (in YAML by
 ``class_path``, built by :func:`as_loss`); ``docs/losses.md`` lists them with the TRL settings
 that give the same numbers.

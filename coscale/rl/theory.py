@@ -14,7 +14,7 @@ returned.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from coscale.checks import at_least, within
 
@@ -82,9 +82,7 @@ def fit_efficiency(lr_over_n: Sequence[float], gains: Sequence[float]) -> tuple[
     det = s2 * s4 - s3 * s3
     if det <= 0:
         raise ValueError("fit_efficiency needs at least two distinct non-zero lr_over_n values")
-    mu_p = (s4 * b1 + s3 * b2) / det
-    mu_n = (s3 * b1 + s2 * b2) / det
-    return mu_p, mu_n
+    return (s4 * b1 + s3 * b2) / det, (s3 * b1 + s2 * b2) / det  # mu_p, mu_n
 
 
 def instability_threshold(mu_p: float, mu_n: float) -> float:
@@ -116,7 +114,8 @@ def rollouts_for(p: float, min_effective: float, n_max: int, n_min: int = 1) -> 
     errors += at_least(0.0, float, strict=True, min_effective=min_effective)
     if errors:
         raise ValueError("rollouts_for: " + "; ".join(errors))
-    return _smallest(lambda n: effective_rollouts(p, n) >= min_effective, n_min, n_max)
+    reached = (n for n in range(n_min, n_max + 1) if effective_rollouts(p, n) >= min_effective)
+    return next(reached, n_max)
 
 
 def n_for_lr_ratio(
@@ -141,8 +140,3 @@ def n_for_lr_ratio(
     if errors := at_least(0.0, float, strict=True, lr=lr, target_lr_over_n_eff=target):
         raise ValueError("n_for_lr_ratio: " + "; ".join(errors))
     return rollouts_for(p, lr / target, n_max, n_min)  # lr / N_eff <= target: N_eff >= lr / target
-
-
-def _smallest(reached: Callable[[int], bool], n_min: int, n_max: int) -> int:
-    """First N in ``[n_min, n_max]`` where ``reached(N)``, else ``n_max``."""
-    return next((n for n in range(n_min, n_max + 1) if reached(n)), n_max)

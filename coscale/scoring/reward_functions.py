@@ -55,10 +55,8 @@ class RewardInputs:
             where that problem has no such column).
         prompt_messages: None when the prompts are text (TRL's standard format). For a
             conversational prompt, the messages each completion's prompt was rendered from
-            (system and few-shot turns included, before the chat template): TRL-style functions
-            then get these as ``prompts`` and each completion as ``[{"role": "assistant",
-            "content": text}]``, and a reward model chat-templates prompt + completion. The
-            caller that renders a conversational prompt fills it, one entry per completion.
+            (system and few-shot turns included, before the chat template), one entry per
+            completion: what TRL-style functions get as ``prompts`` (:meth:`trl_arguments`).
     """
 
     prompts: Sequence[str]
@@ -207,11 +205,8 @@ class RewardFunction:
             raise self._error(err, failing, len(inputs)) from err
         return self.checked(out, len(inputs))
 
-    async def ascore(
-        self, inputs: RewardInputs, context: RewardContext | None = None
-    ) -> list[float]:
+    async def ascore(self, inputs: RewardInputs, context: RewardContext) -> list[float]:
         """:meth:`score` of an ``async def`` function, awaited."""
-        context = context or RewardContext()
         try:
             out = await self._call(inputs, context)
         except Exception as err:

@@ -253,17 +253,13 @@ def _unique(names: list[str]) -> list[str]:
 
 
 def run_all(
-    functions: Sequence[RewardFunction], inputs: RewardInputs, context: RewardContext | None = None
+    functions: Sequence[RewardFunction], inputs: RewardInputs, context: RewardContext
 ) -> list[list[float]]:
     """Each function's scores: sync ones in turn, then the async ones together on the loop."""
-    context = context or RewardContext()
-    out: list[list[float] | None] = [None] * len(functions)
-    pending = [(i, f) for i, f in enumerate(functions) if f.is_async]
-    for i, f in enumerate(functions):
-        if not f.is_async:
-            out[i] = f.score(inputs, context)
-    if pending:
-        results = run_concurrently([f.ascore(inputs, context) for _, f in pending])
-        for (i, _), scores in zip(pending, results):
+    out = [None if f.is_async else f.score(inputs, context) for f in functions]
+    pending = [i for i, f in enumerate(functions) if f.is_async]
+    if pending:  # no async function: the loop is never started
+        results = run_concurrently([functions[i].ascore(inputs, context) for i in pending])
+        for i, scores in zip(pending, results):
             out[i] = scores
     return out  # type: ignore[return-value]

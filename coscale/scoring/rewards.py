@@ -4,9 +4,8 @@
 and checks it with math-verify (`verify(gold, pred)`, gold first) in a pool of killable child
 processes with a hard per-answer timeout. math-verify's own timeout uses `signal.alarm`, which
 fails off the main thread (and one framework scored everything 0 because of it); without it a
-pathological answer such as a power tower `9^{9^{9^{9}}}` hangs for minutes. Here the children
-run math-verify unbounded and the parent kills a child that overruns: that answer scores 0.0 and
-is counted in `stats["timeouts"]`, never hidden.
+pathological answer such as a power tower `9^{9^{9^{9}}}` hangs for minutes. Here the parent
+kills a child that overruns: that answer scores 0.0 and is counted (`MathReward.stats`).
 """
 
 from __future__ import annotations
@@ -147,8 +146,10 @@ class MathReward:
         keys = [(self._gold_text(a), extractor(c)) for c, a in zip(completions, answers)]
         with self._lock:
             codes = self._codes(keys)
+            self.stats["checked"] += len(codes)
             for code in codes:
-                self._count(code)
+                if code in _STAT_OF_CODE:
+                    self.stats[_STAT_OF_CODE[code]] += 1
         return [1.0 if code == vw.CORRECT else 0.0 for code in codes]
 
     def _gold_text(self, answer: str) -> str:
@@ -185,11 +186,6 @@ class MathReward:
         self._cache.move_to_end(key)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-
-    def _count(self, code: str) -> None:
-        self.stats["checked"] += 1
-        if code in _STAT_OF_CODE:
-            self.stats[_STAT_OF_CODE[code]] += 1
 
     def reset_stats(self) -> None:
         """Sets every counter in `stats` back to 0."""

@@ -113,8 +113,7 @@ def solution_logits(
     ([K, V], [K]), rows in batch order, positions in order within a row. The packed and padded
     paths give the same K positions in the same order, so two models' logits on one batch line
     up whichever path each takes (what :mod:`coscale.sft.distill` needs)."""
-    longest = enc["input_ids"].size(1)
-    if padding_free and can_pack(model, longest=longest):
+    if padding_free and can_pack(model, longest=enc["input_ids"].size(1)):
         batch = pack(enc, IGNORE)
         return packed_logits(model, batch), batch.targets
     logits, tail = _padded_tail(model, enc)  # [B, keep, V], [B, keep]

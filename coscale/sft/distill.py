@@ -42,7 +42,13 @@ class Distillation:
     temperature: float = 1.0
 
     def errors(self) -> list[str]:
-        return distill_errors(self.weight, self.temperature)
+        """Messages for bad settings (empty when they are fine)."""
+        errors = []
+        if not isinstance(self.weight, (int, float)) or not 0.0 <= self.weight <= 1.0:
+            errors.append(f"weight must be in [0, 1], got {self.weight!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature <= 0:
+            errors.append(f"temperature must be > 0, got {self.temperature!r}")
+        return errors
 
 
 class Teacher:
@@ -108,13 +114,3 @@ def distill_loss(
     kl = kl_to_teacher(logits, teacher.logits(enc, padding_free), temperature)
     loss = (1.0 - weight) * ce + weight * kl
     return loss, n, {"ce": ce.detach(), "kl": kl.detach()}  # tensors: no host sync per step
-
-
-def distill_errors(weight: Any, temperature: Any) -> list[str]:
-    """Messages for bad distillation settings (empty when they are fine)."""
-    errors = []
-    if not isinstance(weight, (int, float)) or not 0.0 <= weight <= 1.0:
-        errors.append(f"weight must be in [0, 1], got {weight!r}")
-    if not isinstance(temperature, (int, float)) or temperature <= 0:
-        errors.append(f"temperature must be > 0, got {temperature!r}")
-    return errors

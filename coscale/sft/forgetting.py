@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import torch
 
-from coscale.checks import one_of
+from coscale.checks import at_least, one_of
 from coscale.distributed import sum_over_ranks
 
 GRANULARITIES = ("parameter", "neuron")
@@ -57,12 +57,8 @@ class GuardSettings:
         return self.mode != "none"
 
     def errors(self) -> list[str]:
-        errors = one_of(("none", *GRANULARITIES), mode=self.mode)
-        for name in ("refresh_every", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                errors.append(f"{name} must be an int >= 1, got {value!r}")
-        return errors
+        counts = {"refresh_every": self.refresh_every, "batch_size": self.batch_size}
+        return one_of(("none", *GRANULARITIES), mode=self.mode) + at_least(1, **counts)
 
 
 LossSum = Callable[[Any], tuple[torch.Tensor, int]]
@@ -71,10 +67,8 @@ LossSum = Callable[[Any], tuple[torch.Tensor, int]]
 
 def check_granularity(granularity: str) -> None:
     """Raises ``ValueError`` unless ``granularity`` is one of :data:`GRANULARITIES`."""
-    if granularity not in GRANULARITIES:
-        raise ValueError(
-            f"granularity must be one of {', '.join(GRANULARITIES)}; got {granularity!r}"
-        )
+    if errors := one_of(GRANULARITIES, granularity=granularity):
+        raise ValueError(errors[0])
 
 
 def keep_mask(g_new: torch.Tensor, g_old: torch.Tensor, granularity: str) -> torch.Tensor:
@@ -112,8 +106,9 @@ def reference_gradient(
     """
     names, tensors = list(params), list(params.values())
     sums = [torch.zeros_like(p, dtype=torch.float32) for p in tensors]
-    loss_total = torch.zeros((), dtype=torch.float64, device=_device_of(tensors))
-    tokens = torch.zeros((), dtype=torch.float64, device=loss_total.device)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    loss_total = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = torch.zeros((), dtype=torch.float64, device=device)
     with torch.enable_grad():
         for batch in batches:
             loss, n = loss_sum(batch)
@@ -194,7 +189,3 @@ class ForgettingGuard:
         for p, drop, values in self._frozen:
             p[drop] = values
         self._frozen = []
-
-
-def _device_of(tensors: list[torch.Tensor]) -> torch.device:
-    return tensors[0].device if tensors else torch.device("cpu")

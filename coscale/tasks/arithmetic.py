@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from coscale.loop.problem import Problem
 from coscale.loop.solution_sources import Request, SolutionSource
-from coscale.tasks.tiers import terms_of
+from coscale.tasks.tiers import terms_of, worked_solution
 
 
 def make_problem(rng: random.Random, terms: int, index: int, prefix: str) -> Problem:
@@ -38,16 +38,10 @@ def solutions_of(problem: Problem, limit: int = 24) -> list[str]:
     """Distinct step-by-step solutions: the signed terms combined in different orders."""
     terms = [tuple(t) for t in problem.meta["terms"]]
     out: list[str] = []
-    for order in itertools.permutations(range(len(terms))):
-        if terms[order[0]][0] < 0:
+    for order in itertools.permutations(terms):
+        if order[0][0] < 0:
             continue
-        steps, total = [], terms[order[0]][1]
-        for j in order[1:]:
-            sign, value = terms[j]
-            new = total + sign * value
-            steps.append(f"{total}{'+' if sign > 0 else '-'}{value}={new}")
-            total = new
-        text = ";".join(steps) + f";\\boxed{{{total}}}" if steps else f"\\boxed{{{total}}}"
+        text = worked_solution(order)
         if text not in out:
             out.append(text)
         if len(out) >= limit:

@@ -16,6 +16,7 @@ field). In a DataModule, ``train: source:openmathreasoning?limit=2000`` reads on
 from __future__ import annotations
 
 import hashlib
+import itertools
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields, replace
@@ -149,14 +150,10 @@ def group_rows(
                 continue
             group = groups[key] = _new_group(row, key, source)
         kept += 1
-        answer = row.get(source.answer)
-        if (
-            answer is not None
-            and group["answer"] is not None
-            and str(answer) != str(group["answer"])
-        ):
+        answer, first = row.get(source.answer), group["answer"]
+        if answer is not None and first is not None and str(answer) != str(first):
             conflicts += 1
-        group["answer"] = group["answer"] if group["answer"] is not None else answer
+        group["answer"] = first if first is not None else answer
         group["solutions"] += [s for s in _solutions(row, source) if s not in group["solutions"]]
     problems = list(groups.values())
     total = sum(len(g["solutions"]) for g in problems)
@@ -185,11 +182,7 @@ def _solutions(row: dict[str, Any], source: BenchmarkSource) -> list[str]:
 
 def read_rows(source: BenchmarkSource) -> Iterator[dict[str, Any]]:
     """The raw rows of `source` (at most ``max_rows``), from a local file/folder or the hub."""
-    rows = _open(source)
-    for i, row in enumerate(rows):
-        if source.max_rows is not None and i >= source.max_rows:
-            return
-        yield dict(row)
+    yield from (dict(row) for row in itertools.islice(_open(source), source.max_rows))
 
 
 def _open(source: BenchmarkSource) -> Iterable[Any]:

@@ -19,16 +19,12 @@ def is_builtin(source: Any) -> bool:
     return isinstance(source, str) and source.startswith(PREFIX)
 
 
-def _parse(spec: str) -> tuple[str, dict[str, str]]:
-    name, _, query = spec[len(PREFIX) :].partition("?")
-    return name, dict(parse_qsl(query))
-
-
 def builtin_rows(spec: str) -> list[dict[str, Any]]:
     """Rows (question, answer, id, solutions) of a ``builtin:`` problem set."""
     from coscale.tasks.arithmetic import generate, solutions_of
 
-    name, args = _parse(spec)
+    name, _, query = spec[len(PREFIX) :].partition("?")
+    args = dict(parse_qsl(query))
     if name == "tiers":
         return _tier_rows(spec, args)
     if name != "arithmetic":
@@ -42,17 +38,10 @@ def builtin_rows(spec: str) -> list[dict[str, Any]]:
         raise ValueError(
             f"unknown settings {sorted(args)} in {spec!r}; allowed: n, terms, seed, solutions, prefix"
         )
-    rows = []
-    for p in generate(n, terms, seed, prefix):
-        rows.append(
-            {
-                "id": p.id,
-                "question": p.question,
-                "answer": p.answer,
-                "solutions": solutions_of(p, k),
-            }
-        )
-    return rows
+    return [
+        {"id": p.id, "question": p.question, "answer": p.answer, "solutions": solutions_of(p, k)}
+        for p in generate(n, terms, seed, prefix)
+    ]
 
 
 def _tier_rows(spec: str, args: dict[str, str]) -> list[dict[str, Any]]:

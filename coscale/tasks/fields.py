@@ -7,10 +7,8 @@ through a `FieldMap` and builds its `Problem`, or raises `BadValue` with the row
 The row's other columns go into ``Problem.meta``, and so does the answer's column when it has
 another name than ``answer`` (``solution`` in TRL's data sets): reward functions get it by name.
 
-TRL's data formats map onto the same fields (:mod:`.conversations`): a question column may hold
-text or a conversation (a last assistant turn is then a worked solution: TRL's ``messages``
-format), and a solutions column a text, a list of texts or one assistant message (TRL's
-``completion``).
+TRL's data formats map onto the same fields (:mod:`.conversations`; each `FieldMap` field says
+what its column may hold).
 """
 
 from __future__ import annotations
@@ -107,9 +105,7 @@ def to_problem(row: Any, fields: FieldMap, default_id: str) -> Problem:
     solutions = _solutions(row, fields.solutions) + solved
     problem_id = _value(row, "id", fields.id, (str, int), required=False)
     pid = default_id if problem_id is None else str(problem_id)
-    # The answer's column stays in meta under its own name, its value as it was: reward
-    # functions get every column by name, as TRL passes them (one named ``answer`` needs no
-    # copy: TRL-style functions get the answer as ``answer`` anyway).
+    # The answer's column stays in meta (module docstring); TRL-style functions get ``answer``.
     used = {fields.question, fields.solutions, fields.id}
     if fields.answer == "answer":
         used.add("answer")

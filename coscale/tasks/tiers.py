@@ -92,7 +92,8 @@ def problems(tier: str, n: int, seed: int, held_out: bool) -> list[Problem]:
     return out
 
 
-def _steps(terms: Sequence[tuple[int, int]]) -> str:
+def worked_solution(terms: Sequence[tuple[int, int]]) -> str:
+    """The signed ``terms`` added in the order given, one step each, then the boxed total."""
     total, parts = terms[0][0] * terms[0][1], []
     for sign, value in terms[1:]:
         new = total + sign * value
@@ -103,7 +104,7 @@ def _steps(terms: Sequence[tuple[int, int]]) -> str:
 
 def canonical_solution(question: str) -> str:
     """Left-to-right solution (the style the base model is pre-trained on)."""
-    return _steps(terms_of(question))
+    return worked_solution(terms_of(question))
 
 
 def solutions(question: str) -> Iterator[str]:
@@ -121,7 +122,7 @@ def solutions(question: str) -> Iterator[str]:
         for lead, rest in _orders(terms):
             splittable = [i for i, (_, v) in enumerate(rest) if v >= 10 and v % 10]
             for split in itertools.combinations(splittable, n_splits):
-                text = _steps([lead, *_expand(rest, set(split))])
+                text = worked_solution([lead, *_expand(rest, set(split))])
                 if text not in seen:
                     seen.add(text)
                     yield text
@@ -160,8 +161,8 @@ class TierTeacher(SolutionSource):
 
 def rows(tier_counts: dict[str, int], seed: int, held_out: bool) -> list[dict]:
     """JSON-ready rows (id, question, answer, tier) of several tiers."""
-    out = []
-    for tier, n in tier_counts.items():
-        for p in problems(tier, n, seed, held_out):
-            out.append({"id": p.id, "question": p.question, "answer": p.answer, "tier": tier})
-    return out
+    return [
+        {"id": p.id, "question": p.question, "answer": p.answer, "tier": tier}
+        for tier, n in tier_counts.items()
+        for p in problems(tier, n, seed, held_out)
+    ]
