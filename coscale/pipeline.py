@@ -178,12 +178,11 @@ class PipelineConfig:
         errors += at_least(1, optional=True, sft_max_steps=self.sft_max_steps)
         self.selection = as_group(Selection, self.selection)
         self.final = as_group(FinalSettings, self.final)
-        self.sampling, self.rollout = (
-            as_group(RunSampling, self.sampling),
-            as_group(RolloutSettings, self.rollout),
+        self.sampling = as_group(RunSampling, self.sampling)
+        self.rollout = as_group(RolloutSettings, self.rollout)
+        errors += group_errors(
+            selection=self.selection, final=self.final, sampling=self.sampling, rollout=self.rollout
         )
-        groups = {"sampling": self.sampling, "rollout": self.rollout}
-        errors += group_errors(selection=self.selection, final=self.final, **groups)
         self.sft, self.grpo = dict(self.sft), dict(self.grpo)
         errors += set_by_run_errors("sft", self.sft) + set_by_run_errors("grpo", self.grpo)
         errors += at_least(1, optional=True, measure_max_problems=self.measure_max_problems)
@@ -291,21 +290,12 @@ class Pipeline:
 
     def _runner(self, stage: Stage):
         """The method that runs a stage of ``stage``'s kind (looked up now: tests stub them)."""
-        if stage.kind in ("sft", "redistill", "retrain"):
-            return self.sft
-        other = {"warmup": self.warmup, "scale": self.scale, "measure": self.measure, "rl": self.rl}
-        return {**other, "final": self.final}[stage.kind]
+        return getattr(self, "sft" if stage.kind in ("redistill", "retrain") else stage.kind)
 
     def _before_final(self) -> str:
         """The model the last iteration ended with (what the final retrain must beat)."""
-        before = [
-            m for s in self.plan.values() if s.iteration is not None and (m := self._exported(s))
-        ]
-        return before[-1] if before else self.cfg.model
-
-    def _exported(self, stage: Stage) -> str | None:
-        """``stage``'s exported model (None: not run yet, or it exported none)."""
-        return self.models.get(stage.name)
+        before = [self.models.get(s.name) for s in self.plan.values() if s.iteration is not None]
+        return ([m for m in before if m] or [self.cfg.model])[-1]
 
     def _adopt(self, name: str, model: str | None) -> None:
         """Stage ``name``'s exported ``model`` (if any) is the run's current model from now."""
@@ -314,12 +304,12 @@ class Pipeline:
 
     def _latest_rl(self) -> str | None:
         """The last iteration's RL model (None before any RL): what a later SFT distils from."""
-        rl = [self._exported(s) for s in self.plan.values() if s.kind == "rl" and s.iteration]
+        rl = [self.models.get(s.name) for s in self.plan.values() if s.kind == "rl" and s.iteration]
         return ([m for m in rl if m] or [None])[-1]
 
     def _iteration_model(self, it: int) -> str | None:
         """Iteration ``it``'s model: its re-distilled model, else its RL model."""
-        models = {s.kind: self._exported(s) for s in self.plan.values() if s.iteration == it}
+        models = {s.kind: self.models.get(s.name) for s in self.plan.values() if s.iteration == it}
         return models.get("redistill") or models.get("rl")
 
     # --------------------------------------------------------------- plumbing
@@ -385,8 +375,7 @@ class Pipeline:
         with open(self.state_path) as f:
             state = upgrade_state(json.load(f))
         self.done, self.current, self.results = state["done"], state["current"], state["results"]
-        self.models, self.seconds = state["models"], state.get("seconds", {})
-        self.timing = state.get("timing", {})
+        self.models, self.seconds, self.timing = state["models"], state["seconds"], state["timing"]
         self.curriculum.load_state_dict(state["curriculum"])
         print(f"[coscale] resuming after stages: {', '.join(self.done) or 'none'}")
         for name in self.done:

@@ -92,10 +92,9 @@ def result_rows(results: Sequence[BenchmarkResult]) -> list[dict[str, Any]]:
     ]
     if len(rows) > 1:
         keys = [k for k in rows[0] if k not in ("benchmark", "problems", "samples")]
-        average = {k: _mean([row[k] for row in rows]) for k in keys}
         total = sum(row["problems"] for row in rows)
-        rows.append({"benchmark": "average", "problems": total, "samples": rows[0]["samples"]})
-        rows[-1] |= average
+        head = {"benchmark": "average", "problems": total, "samples": rows[0]["samples"]}
+        rows.append(head | {k: _mean([row[k] for row in rows]) for k in keys})
     return rows
 
 

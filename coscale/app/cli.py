@@ -26,7 +26,6 @@ from coscale.app.commands import (
 from coscale.app.run_config import build_run, pipeline_parser
 from coscale.loop.checkpoint_store import CheckpointWriteError
 
-PIPELINE_COMMANDS = ("run", "demo")
 __all__ = ["main", "pipeline_parser"]
 
 
@@ -73,7 +72,11 @@ def dispatch(argv: list[str]) -> None:
         from coscale.app.evaluate import eval_command
 
         eval_command(argv[1:])
-    elif argv[0] in PIPELINE_COMMANDS:
+    elif argv[0] == "demo":
+        from coscale.app.demo import run_demo
+
+        run_demo(argv[1:])
+    elif argv[0] == "run":
         run_command(argv)
     elif argv[0] in LIGHTNING_COMMANDS:
         lightning_cli(argv)
@@ -118,12 +121,7 @@ def _lightning_args(argv: list[str]) -> list[str] | None:
 
 
 def run_command(argv: list[str]) -> dict[str, Any]:
-    """``coscale run`` and ``coscale demo``."""
-    if argv[0] == "demo":
-        from coscale.app.demo import run_demo
-
-        run_demo(argv[1:])
-        return {}
+    """``coscale run``."""
     from coscale.pipeline import Pipeline
 
     config, data = build_run(argv[1:])
@@ -133,9 +131,8 @@ def run_command(argv: list[str]) -> dict[str, Any]:
 
 
 def print_results(results: dict[str, Any]) -> None:
-    final = results.get("final", {})
     print("\n[coscale] pools:", results.get("pools"))
-    for key, value in final.items():
+    for key, value in results.get("final", {}).items():
         if isinstance(value, float):
             print(f"[coscale] {key}: {value:.4f}")
 

@@ -100,32 +100,26 @@ def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, k: int) -> d
     """The table: base and final model, pass@1 and pass@k with intervals on every set. The
     curve: pass@1 of every stage's model (intermediate ones on half the problems, k/2 samples)."""
     sets = {name: tiers.problems(name, n_test, seed=1, held_out=True) for name in SETS}
-    report: dict[str, Any] = {"k": k, "n_test": n_test, "models": {}, "curve": {}}
+    halves = {name: probs[: n_test // 2] for name, probs in sets.items()}
     engine = ReportEngine(cfg)  # the run's engine kind and sampling definition
+    report: dict[str, Any] = {"k": k, "n_test": n_test, "models": {}, "curve": {}}
+    report["temperature"] = engine.temperature
     try:
-        _evaluate_models(cfg, results, sets, report, engine)
+        for label, path in stage_models(cfg, results).items():
+            full = label in ("base", "final")
+            kk, use = (k, sets) if full else (max(1, k // 2), halves)
+            row = {n: evaluate_model(path, probs, kk, engine=engine) for n, probs in use.items()}
+            if full:
+                report["models"][label] = row
+            report["curve"][label] = {name: est["pass@1"] for name, est in row.items()}
+            print(
+                f"[coscale] evaluated {label}: "
+                + ", ".join(f"{n} {v['pass@1'].mean * 100:.1f}" for n, v in row.items()),
+                flush=True,
+            )
     finally:
         engine.close()
-    report["temperature"] = engine.temperature
     return report
-
-
-def _evaluate_models(cfg, results, sets, report, engine) -> None:
-    n_test, k = report["n_test"], report["k"]
-    for label, path in stage_models(cfg, results).items():
-        full = label in ("base", "final")
-        kk, use = (
-            (k, sets) if full else (max(1, k // 2), {n: p[: n_test // 2] for n, p in sets.items()})
-        )
-        row = {name: evaluate_model(path, probs, kk, engine=engine) for name, probs in use.items()}
-        if full:
-            report["models"][label] = row
-        report["curve"][label] = {name: est["pass@1"] for name, est in row.items()}
-        print(
-            f"[coscale] evaluated {label}: "
-            + ", ".join(f"{n} {v['pass@1'].mean * 100:.1f}" for n, v in row.items()),
-            flush=True,
-        )
 
 
 def evaluate_model(
@@ -141,10 +135,7 @@ def evaluate_model(
     correct = count_correct(
         path, problems, k, fmt=fmt, max_new_tokens=max_new_tokens, engine=engine
     )
-    return {
-        "pass@1": pass_at_k_estimate(k, correct, 1),
-        f"pass@{k}": pass_at_k_estimate(k, correct, k),
-    }
+    return {f"pass@{m}": pass_at_k_estimate(k, correct, m) for m in (1, k)}
 
 
 def count_correct(
@@ -157,9 +148,8 @@ def count_correct(
     engine: ReportEngine | None = None,
 ) -> list[int]:
     """Correct samples out of ``k`` of the model at ``path`` per problem, sampled with
-    ``engine`` (default: the machine's ``auto`` backend, the demo task's plain prompt, 96
-    tokens, temperature 1.0); ``fmt`` and ``max_new_tokens`` override its prompt and limit (a
-    chat format uses the model's own chat template)."""
+    ``engine`` (default: ``ReportEngine()``, the demo task's); ``fmt`` and ``max_new_tokens``
+    override its prompt and limit (a chat format uses the model's own chat template)."""
     from coscale.app.benchmark_eval import evaluate
     from coscale.scoring.rewards import MathReward
 

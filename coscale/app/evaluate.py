@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import torch
-
 from coscale.app.benchmark_eval import evaluate, format_table, result_rows
 from coscale.checks import at_least, one_of
 from coscale.models.prompting import PromptFormat
@@ -94,8 +92,7 @@ class EvalConfig:
             self.prompt = PromptFormat(**self.prompt)
         errors = at_least(1, samples=self.samples, max_new_tokens=self.max_new_tokens)
         errors += at_least(1, batch_size=self.batch_size)
-        bad_k = [k for k in self.k if not 1 <= k <= self.samples]
-        if not self.k or bad_k:
+        if not self.k or any(not 1 <= k <= self.samples for k in self.k):
             errors.append(f"k must be a non-empty list of ints in [1, samples={self.samples}]")
         if not self.benchmarks:
             errors.append("benchmarks must name at least one problem source")
@@ -212,11 +209,10 @@ def build_eval_backend(config: EvalConfig) -> tuple[RolloutBackend, Any]:
     from coscale.models.adapters import is_adapter_folder
     from coscale.models.policy import load_policy, load_tokenizer, resolve_model_path
     from coscale.rollout.factory import build_backend, resolve_backend
+    from coscale.stages.precision import training_device
 
     path = resolve_model_path(config.model)
-    device = config.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = training_device(config.device)  # auto: CUDA when available
     kind, why = resolve_backend(config.backend, device == "cuda")
     print(f"[coscale] {why}", flush=True)
     if kind in ("vllm", "vllm-server"):

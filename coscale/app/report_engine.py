@@ -18,9 +18,8 @@ from coscale.tasks import tiers
 
 
 class ReportEngine:
-    """The run's rollout engine (``pipeline.rollout``) and sampling definition
-    (``pipeline.sampling``: prompt, token limit, the judge's temperature) for held-out reports:
-    one engine for every model measured (a vLLM engine starts once and is synced per model)."""
+    """The run's rollout engine and sampling definition (``cfg``: its ``PipelineConfig``; None:
+    the machine's ``auto`` backend, the demo task's plain prompt, 96 tokens, temperature 1.0)."""
 
     def __init__(self, cfg: Any = None) -> None:
         from coscale.rollout.factory import RolloutSettings

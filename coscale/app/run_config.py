@@ -20,9 +20,6 @@ MAPPINGS = ("pipeline.trainer",)
 """The dict-typed settings that several ``--config`` files merge rather than replace (the module
 settings are groups of typed arguments: a later file sets only the keys it names)."""
 
-GROUPS = ("sft", "grpo", "schedule")
-"""``PipelineConfig`` fields that are groups of a class's typed arguments in the parser."""
-
 
 def _set_by_the_run(group: str) -> tuple[set[str], list[str]]:
     """``pipeline.<group>``'s arguments and group fields that the run sets itself
@@ -47,14 +44,14 @@ def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTIO
     from coscale.pipeline import PipelineConfig
 
     parser = RunParser(prog=prog, parser_mode="omegaconf", description=description)
-    config_file = merging_config_file(MAPPINGS)
     parser.add_argument(
         "--config",
-        action=config_file,
+        action=merging_config_file(MAPPINGS),
         help="YAML with pipeline and data sections; a later file's mappings add to an earlier's",
     )
-    parser.add_class_arguments(PipelineConfig, "pipeline", skip=set(GROUPS))
+    # PipelineConfig fields that are groups of a class's typed arguments in the parser
     groups = {"sft": SFTModule, "grpo": GRPOModule, "schedule": NSchedule}
+    parser.add_class_arguments(PipelineConfig, "pipeline", skip=set(groups))
     unset = []
     for key, cls in groups.items():
         skip, fields = _set_by_the_run(key)

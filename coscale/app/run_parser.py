@@ -42,8 +42,6 @@ class RunParser(ArgumentParser):
 def regrouped(cls: type, *args: Any, **values: Any) -> Any:
     """``cls`` from the parser's flat keys (``sft.optimizer.lr``, ...): a nested group becomes
     one mapping of its arguments."""
-    nested = Namespace()
-    for key, value in values.items():
-        nested[key] = value
+    nested = Namespace(values)  # each flat key set as ``nested[key]``
     groups = {k: v.as_dict() if isinstance(v, Namespace) else v for k, v in vars(nested).items()}
     return cls(*args, **groups)

@@ -28,11 +28,6 @@ CALLBACK_KEEP = KEEP[:2]
 """``best`` also weighs every earlier iteration's model, which only the pipeline holds."""
 
 
-def _weights(pl_module: Any) -> dict[str, torch.Tensor]:
-    """A copy of the policy's weights (on their device; this rank's shards under FSDP2)."""
-    return {k: v.detach().clone() for k, v in pl_module.policy.state_dict().items()}
-
-
 class FinalRetrain(RetrainCallback):
     """At ``on_fit_end``: judge -> SFT from the initial weights on the datamodule's ``source``
     set -> load it into the policy in place -> judge again.
@@ -101,13 +96,10 @@ class FinalRetrain(RetrainCallback):
         pl_module.to(self._device or back_to)  # sample on the training device, not the CPU
         try:
             self.results = judge(pl_module, problems, "before", self.judge_k, self.seed)
-            items = dm.curriculum.sft_pairs(self.source)
-            if items:
+            if items := dm.curriculum.sft_pairs(self.source):
                 self._retrain(trainer, pl_module, items, dm, problems)
             else:
                 rank_zero_warn("FinalRetrain: nothing to retrain on; the policy is left as is")
-            if items and self.export_dir:  # every rank: the export gathers, rank 0 writes
-                pl_module.export(self.export_dir)
         finally:
             pl_module.to(back_to)
         log_to_loggers(trainer, self.results)
@@ -117,7 +109,9 @@ class FinalRetrain(RetrainCallback):
         return dict(self.results)
 
     def _retrain(self, trainer, pl_module, items, dm, problems) -> None:
-        fit_end = _weights(pl_module) if self.keep == "better" else None
+        fit_end = None
+        if self.keep == "better":  # a copy on its device (this rank's shards under FSDP2)
+            fit_end = {k: v.detach().clone() for k, v in pl_module.policy.state_dict().items()}
         guard = retrain_from_initial(self, trainer, pl_module, items, dm.curriculum)
         self.results |= {f"final/{k}": v for k, v in guard.items()}
         self.runs += 1
@@ -125,6 +119,8 @@ class FinalRetrain(RetrainCallback):
         if problems and not keep_retrained(self.results, self.keep):  # only with keep: better
             pl_module.policy.load_state_dict(fit_end)
             rank_zero_info("FinalRetrain: the retrain lowered pass@1; the fit's weights are kept")
+        if self.export_dir:  # every rank: the export gathers, rank 0 writes
+            pl_module.export(self.export_dir)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -34,7 +34,8 @@ class RetrainSettings:
 
     def __init__(self, owner: str, sft: Any, trainer: Any, selection: Selection | None) -> None:
         pairs = (("sft", sft), ("trainer", trainer))
-        errors = [f"{k} must be a dict or None, got {v!r}" for k, v in pairs if not _dict(v)]
+        bad = [(k, v) for k, v in pairs if not isinstance(v, dict | None)]
+        errors = [f"{k} must be a dict or None, got {v!r}" for k, v in bad]
         if not errors:
             self.sft = dict(sft or {})
             if "model" in self.sft:
@@ -73,10 +74,6 @@ class RetrainCallback(Callback):
             self.settings.check_trainer(trainer)
 
 
-def _dict(value: Any) -> bool:
-    return value is None or isinstance(value, dict)
-
-
 def initial_weights(owner: Any, pl_module: Any) -> str | os.PathLike:
     """``owner.initial_model``, else the path the module was built from; raises if neither."""
     if (initial := owner.initial_model or getattr(pl_module, "model_source", None)) is None:
@@ -101,7 +98,7 @@ def retrain_from_initial(
         The guard's figures (``mastered_loss_start``, ``masked_frac_mean``, ...; empty when off).
     """
     settings: RetrainSettings = owner.settings
-    kwargs = _shared_args(pl_module) | settings.sft
+    kwargs = {k: getattr(pl_module, k) for k in _SHARED if hasattr(pl_module, k)} | settings.sft
     guard = as_group(GuardSettings, kwargs.get("forgetting_guard")) or GuardSettings()
     if guard.on and "mastered" not in kwargs:
         kwargs["mastered"] = curriculum.mastered()
@@ -112,10 +109,6 @@ def retrain_from_initial(
         sft_in_fit(fabric_for(trainer), module, items, settings.loop, seed, select)
     copy_weights(module, pl_module)
     return dict(module.guard_report)
-
-
-def _shared_args(pl_module: Any) -> dict[str, Any]:
-    return {k: getattr(pl_module, k) for k in _SHARED if hasattr(pl_module, k)}
 
 
 def _selection(owner: Any, trainer: Any, curriculum: Curriculum):

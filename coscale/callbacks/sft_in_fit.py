@@ -163,7 +163,9 @@ def sft_in_fit(
     """Trains ``module`` on ``items`` for ``loop`` on ``fabric``; returns it (with the selected
     weights when ``select`` is given). Every rank calls it with the same ``items``."""
     wrapped = fabric.setup_module(module)  # sharded under FSDP2, wrapped under DDP
-    opt, sched = _optimiser(fabric, module)
+    conf = module.configure_optimizers()  # after sharding: the optimiser holds the shards
+    opt = fabric.setup_optimizers(conf["optimizer"])
+    sched = conf.get("lr_scheduler", {}).get("scheduler")
     module.on_train_start()  # the forgetting guard's mastered set and its first loss
     done = False
     for epoch in range(loop.max_epochs):
@@ -181,12 +183,6 @@ def sft_in_fit(
     if select is not None:
         _keep_selected(fabric, module, select)
     return module
-
-
-def _optimiser(fabric: L.Fabric, module: SFTModule) -> tuple[Any, Any]:
-    conf = module.configure_optimizers()  # after sharding: the optimiser holds the shards
-    opt = fabric.setup_optimizers(conf["optimizer"])
-    return opt, conf.get("lr_scheduler", {}).get("scheduler")
 
 
 def _step(fabric, wrapped, module, opt, sched, batch, index: int, loop: SFTLoop) -> None:

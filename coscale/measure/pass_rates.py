@@ -41,14 +41,13 @@ def measure(
     ids = curriculum.measure_ids(pools, max_problems)
     problems = [curriculum.problems[i].to_dict() for i in ids]
     base = getattr(module, "val_sampling", None) or SamplingParams()
-    run_seed = derive_seed("measure", seed, curriculum.measurements)
     sampling = replace(
         base,
         temperature=temperature,
         max_new_tokens=max_new_tokens or base.max_new_tokens,
         top_p=top_p,
         top_k=top_k,
-        seed=run_seed,
+        seed=derive_seed("measure", seed, curriculum.measurements),
     )
     counts = sample_counts(module, problems, k, sampling, batch_size)
     labels = curriculum.record_measurement(

@@ -20,18 +20,14 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
     """``measure_k`` samples of every unfailed problem with ``model`` -> pools relabelled; each
     problem's ``{n, c, pool}`` goes to ``<run_dir>/<name>/pass_rates.json``."""
     module = load_for_sampling(ctx, model)
-    sampling = ctx.cfg.sampling
     start = time.perf_counter()
     results, metrics = pass_rates.measure(
         module,
         ctx.curriculum,
         ctx.cfg.measure_k,
         max_problems=ctx.cfg.measure_max_problems,
-        temperature=sampling.temperature,
-        max_new_tokens=sampling.max_new_tokens,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
         seed=ctx.cfg.seed,
+        **ctx.cfg.sampling.rl_sampling,
     )
     seconds = time.perf_counter() - start
     if is_writer():  # each problem's samples, correct ones and new pool: what moved, and why

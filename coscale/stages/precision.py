@@ -2,12 +2,11 @@
 
 CPU flags do not tell which is faster: without native bf16 kernels bf16 is emulated and far
 slower, and even with ``avx512_bf16`` bf16-mixed can be the slower of the two (measurements in
-docs/results.md). So on the CPU
-``auto`` times one training step of the model in each (:mod:`coscale.stages.precision_timing`,
-about a second for a small model) and takes the faster; bf16-mixed only when it is faster. A
-CPU whose flags list neither ``avx512_bf16`` nor ``amx_bf16`` gets ``32-true`` untimed (bf16 would
-be emulated). On a CUDA device nothing is timed: ``bf16-mixed`` where the device supports bf16
-(tensor cores make it the faster there), else ``32-true``.
+docs/results.md). So on the CPU ``auto`` times one training step of the model in each
+(:mod:`coscale.stages.precision_timing`, about a second for a small model) and takes the faster.
+A CPU whose flags list neither ``avx512_bf16`` nor ``amx_bf16`` gets ``32-true`` untimed (bf16
+would be emulated). On a CUDA device nothing is timed: ``bf16-mixed`` where the device supports
+bf16 (tensor cores make it the faster there), else ``32-true``.
 
 The decision is made once per run and kept in ``<run_dir>/precision.json``
 (:mod:`coscale.stages.precision_record`): every rank and every resume reads it back instead of
@@ -105,9 +104,8 @@ def _run_choice(
     record = records.read_record(path) if records.is_rank_zero() else records.wait_for_record(path)
     if record is None:
         chosen, why = decide(device, model, timer)
-        records.write_record(
-            path, {"precision": chosen, "device": device, "model": model, "why": why}
-        )
+        record = {"precision": chosen, "device": device, "model": model, "why": why}
+        records.write_record(path, record)
         return chosen, why
     made_for = (record.get("device"), record.get("model"))
     if made_for != (device, model):

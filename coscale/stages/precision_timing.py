@@ -1,15 +1,13 @@
 """How long one training step of a model takes in float32 and under bf16 autocast, on the CPU.
 
 ``precision: auto`` (:mod:`coscale.stages.precision`) decides from this measurement, not from the
-CPU's flags (a CPU with ``avx512_bf16`` can still run bf16-mixed slower; docs/results.md). The
-model is built from its own config with random
-weights (its shapes are what matters, not its values), and each step is a forward pass with the
-labels and a backward pass of one small batch, the way Lightning runs it: ``32-true`` plainly,
-``bf16-mixed`` with the forward under ``torch.autocast("cpu", dtype=torch.bfloat16)`` and
-float32 weights. One warm-up step of each, then the median of up to five, interleaved so that
-a change of the machine's load falls on both, within a budget of about two seconds. Other jobs
-on the machine still disturb the times, many-fold on a loaded 2-core machine (time a run alone,
-as any benchmark).
+CPU's flags. The model is built from its own config with random weights (its shapes are what
+matters, not its values), and each step is a forward pass with the labels and a backward pass of
+one small batch, the way Lightning runs it: ``32-true`` plainly, ``bf16-mixed`` with the forward
+under ``torch.autocast("cpu", dtype=torch.bfloat16)`` and float32 weights. One warm-up step of
+each, then the median of up to five, interleaved so that a change of the machine's load falls on
+both, within a budget of about two seconds. Other jobs on the machine still disturb the times,
+many-fold on a loaded 2-core machine (time a run alone, as any benchmark).
 """
 
 from __future__ import annotations

@@ -36,10 +36,7 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
                 k=cfg.measure_k,
                 max_problems=cfg.measure_max_problems,
                 every_n_epochs=cfg.rl_measure_every,
-                temperature=cfg.sampling.temperature,
-                max_new_tokens=cfg.sampling.max_new_tokens,
-                top_p=cfg.sampling.top_p,
-                top_k=cfg.sampling.top_k,
+                **cfg.sampling.rl_sampling,
             )
         )
     ctx.fit(name, module, ctx.datamodule(), callbacks, cfg.rl_epochs)

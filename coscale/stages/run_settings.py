@@ -9,10 +9,8 @@ and which module arguments the run sets itself.
   setting that may differ is named: ``judge_temperature``, for checkpoint selection and the
   final judge.
 * ``pipeline.final`` (:class:`FinalSettings`).
-* :data:`SET_BY_RUN`: the module arguments the run writes for every stage (the models, the
-  adapter, the teacher of distillation, the one verifier, and the sampling definition's values
-  in the modules' ``prompt``, GRPO's ``sampling`` and both modules' ``validation``); a second
-  copy in ``pipeline.sft`` / ``pipeline.grpo`` is refused with the key to set instead.
+* :data:`SET_BY_RUN`: the module arguments the run writes for every stage; a second copy in
+  ``pipeline.sft`` / ``pipeline.grpo`` is refused with the key to set instead.
 * ``pipeline.sft`` / ``pipeline.grpo`` from YAML checked against the modules' signatures
   (:func:`typed_errors`) and turned into objects (:func:`instantiate`), and the run's one
   verifier handed to every stage that judges (:func:`one_verifier`).
@@ -74,25 +72,19 @@ class RunSampling:
         """The temperature of checkpoint selection and the final judge."""
         return self.temperature if self.judge_temperature is None else self.judge_temperature
 
+    @property
+    def rl_sampling(self) -> dict[str, Any]:
+        """Token limit, temperature, top-p and top-k of the RL rollouts and pool measurements."""
+        return {k: getattr(self, k) for k in ("max_new_tokens", "temperature", "top_p", "top_k")}
+
     def sft_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """``pipeline.sft`` with the run's prompt and judging settings written in."""
         return {**args, "prompt": self.prompt, "validation": self._validation(args)}
 
     def grpo_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """``pipeline.grpo`` with the run's prompt, rollout settings and judging settings."""
-        rollouts = {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-        }
-        sampling = {**_given(args.get("sampling")), **rollouts}
-        return {
-            **args,
-            "prompt": self.prompt,
-            "sampling": sampling,
-            "validation": self._validation(args),
-        }
+        sampling = {**_given(args.get("sampling")), **self.rl_sampling}
+        return {**self.sft_args(args), "sampling": sampling}
 
     def _validation(self, args: dict[str, Any]) -> dict[str, Any]:
         judged = {"max_new_tokens": self.max_new_tokens, "temperature": self.judging_temperature}
@@ -162,9 +154,7 @@ def set_by_run_errors(group: str, args: dict[str, Any]) -> list[str]:
 
 def _given(group: Any) -> dict[str, Any]:
     """A settings group as a mapping of the values it holds (a dataclass, a mapping or None)."""
-    if group is None:
-        return {}
-    return dict(_plain(group))
+    return dict(_plain(group) or {})
 
 
 def _plain(value: Any) -> Any:

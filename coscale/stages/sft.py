@@ -47,12 +47,11 @@ def sft_stage(
         ctx.attach(module, ctx.cfg.model)
     epochs = epochs or ctx.cfg.sft_epochs
     ctx.fit(name, module, view, callbacks, epochs, max_steps=ctx.cfg.sft_max_steps)
-    out = ctx.path(name, "model")
     if select is not None:
         select.finish()  # when the fit resumed finished (Lightning skipped its end)
-    if select is not None and select.best_model() is not None:
-        return copy_model(select.best_model(), out)
-    return module.export(out)
+        if (best := select.best_model()) is not None:
+            return copy_model(best, ctx.path(name, "model"))
+    return module.export(ctx.path(name, "model"))
 
 
 def selection(ctx: StageContext, name: str) -> SelectOnProblems | None:
