@@ -35,8 +35,6 @@ def shard_batches(
     random.Random(derive_seed("shuffle", seed, epoch)).shuffle(order)
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     rank, world = rank_world()
-    if not batches:
-        return []
     real = len(batches)
     while pad and len(batches) % world:
         batches.append(batches[(len(batches) - real) % real])

@@ -102,13 +102,8 @@ class ProblemDataModule(CurriculumDataModule):
             raise ValueError("ProblemDataModule: " + "; ".join(errors))
         if schedule is not None:
             warnings.warn(SCHEDULE_MOVED, FutureWarning, stacklevel=2)
-        super().__init__(
-            Curriculum(settings, teacher=teacher, schedule=schedule),
-            sft_source,
-            batch_size,
-            sft_batch_size,
-            val_batch_size,
-        )
+        loop_state = Curriculum(settings, teacher=teacher, schedule=schedule)
+        super().__init__(loop_state, sft_source, batch_size, sft_batch_size, val_batch_size)
         self.train_source, self.val_source, self.replay_source = train, val, sft_replay
         self.fields, self.val_fields = fields, val_fields or fields
         self.read, self.bank_solutions = read, bank_solutions
@@ -128,24 +123,22 @@ class ProblemDataModule(CurriculumDataModule):
         solutions in the bank per ``bank_solutions``), replay pairs and held-out problems."""
         if self.loaded:
             return
-        cur = self.curriculum
+        cur, r = self.curriculum, self.read
         if self.train_source is not None:
-            r = self.read
             train = self._read("train", self.train_source, self.fields, r.split, r.limit)
             cur.add_problems(train)
             if self.bank_solutions != 0:
                 own = max((len(p.solutions) for p in cur.problems.values()), default=0)
                 cur.add_solutions(list(cur.problems), self.bank_solutions or own, own_only=True)
         if self.replay_source is not None and cur.settings.replay_fraction > 0:
-            replay = self._read("sft_replay", self.replay_source, self.fields, self.read.split)
+            replay = self._read("sft_replay", self.replay_source, self.fields, r.split)
             cur.replay_pairs = [
                 {"id": p.id, "question": p.question, "solution": s}
                 for p in replay
                 for s in p.solutions[:1]
             ]
         if self.val_source is not None:
-            val = self._read("val", self.val_source, self.val_fields, self.read.val_split)
-            self.val_problems = val
+            self.val_problems = self._read("val", self.val_source, self.val_fields, r.val_split)
         self.loaded = True
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

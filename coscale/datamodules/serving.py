@@ -85,10 +85,9 @@ class CurriculumDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ loaders
     def items(self, kind: str) -> list[dict[str, Any]]:
         """The items of this epoch for a module of ``kind``."""
-        cur = self.curriculum
         if kind == "rl":
-            return cur.rl_items(self.rl_groups)
-        return cur.sft_pairs(self.sft_source)
+            return self.curriculum.rl_items(self.rl_groups)
+        return self.curriculum.sft_pairs(self.sft_source)
 
     def train_dataloader(self):
         trainer = self.trainer

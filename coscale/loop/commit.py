@@ -35,10 +35,8 @@ def commit_point(label: str) -> None:
     if (path := os.environ.get(COMMIT_LOG)) and rank == 0:
         with open(path, "a") as f:
             f.write(f"{_count}\t{label}\n")
-    if os.environ.get(KILL_AT) in (str(_count), label) and os.environ.get(KILL_RANK) in (
-        None,
-        str(rank),
-    ):
+    this_rank = os.environ.get(KILL_RANK) in (None, str(rank))
+    if os.environ.get(KILL_AT) in (str(_count), label) and this_rank:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -187,12 +187,9 @@ class Curriculum:
         """The mastered set the forgetting guard protects (:mod:`coscale.sft.forgetting`):
         ``{"id", "question", "solution"}`` per solved problem, the solution its latest correct
         RL rollout, else its first bank solution (a solved problem with neither is left out)."""
-        items = []
-        for pid in self.pools.members(Pool.SOLVED):
-            text = self.bank.latest_correct(pid) or next(iter(self.bank.take(pid, 1)), None)
-            if text is not None:
-                items.append({"id": pid, "question": self.problems[pid].question, "solution": text})
-        return items
+        solved, bank = self.pools.members(Pool.SOLVED), self.bank
+        texts = [bank.latest_correct(p) or next(iter(bank.take(p, 1)), None) for p in solved]
+        return [self._pair(pid, text) for pid, text in zip(solved, texts) if text is not None]
 
     # ------------------------------------------------- computation scaling (RL)
     @property

@@ -44,9 +44,21 @@ class _Record:
     rl_rounds: int = 0
 
 
-def _check_id(problem_id: Any) -> None:
+def check_id(problem_id: Any) -> None:
+    """Raises unless ``problem_id`` is a non-empty str (the pools' and the bank's key)."""
     if not isinstance(problem_id, str) or not problem_id:
         raise ValueError(f"problem_id must be a non-empty str, got {problem_id!r}")
+
+
+def warn_if_config_differs(where: str, saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """The warning of a ``load_state_dict`` whose saved config wins over the constructor's."""
+    if saved != current:
+        warnings.warn(
+            f"{where}: saved config {saved} differs from the constructor's {current}; "
+            "keeping the saved values",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _config_errors(low: Any, high: Any, max_solutions: Any, max_rl_rounds: Any) -> list[str]:
@@ -186,7 +198,7 @@ class ProblemPools:
         config = state["config"]
         records = {}
         for item in state["problems"]:
-            _check_id(item["id"])
+            check_id(item["id"])
             records[item["id"]] = _Record(
                 pool=Pool(item["pool"]),
                 history=[float(a) for a in item["history"]],
@@ -195,13 +207,7 @@ class ProblemPools:
             )
         before = self._config()
         self._apply_config(config, "ProblemPools.load_state_dict")
-        if self._config() != before:
-            warnings.warn(
-                f"ProblemPools.load_state_dict: saved config {config} differs from the "
-                f"constructor's {before}; keeping the saved values",
-                UserWarning,
-                stacklevel=2,
-            )
+        warn_if_config_differs("ProblemPools.load_state_dict", config, before)
         self._records = records
 
     def _apply_config(self, config: dict[str, Any], where: str) -> None:
@@ -211,15 +217,10 @@ class ProblemPools:
         self.max_solutions, self.max_rl_rounds = config["max_solutions"], config["max_rl_rounds"]
 
     def _config(self) -> dict[str, Any]:
-        return {
-            "low": self.low,
-            "high": self.high,
-            "max_solutions": self.max_solutions,
-            "max_rl_rounds": self.max_rl_rounds,
-        }
+        return {f.name: getattr(self, f.name) for f in fields(PoolRules)}
 
     def _ensure(self, problem_id: str) -> _Record:
-        _check_id(problem_id)
+        check_id(problem_id)
         if problem_id not in self._records:
             self._records[problem_id] = _Record()
         return self._records[problem_id]

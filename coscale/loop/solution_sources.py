@@ -90,13 +90,10 @@ class TeacherSolutions(SolutionSource):
                 f"teacher samples_per_problem and rounds must be >= 1, got "
                 f"{samples_per_problem} and {rounds}"
             )
-        self.model_name = model
-        self.prompt = as_prompt_format(prompt)
-        self.samples_per_problem = samples_per_problem
-        self.rounds = rounds
+        self.model_name, self.prompt = model, as_prompt_format(prompt)
+        self.samples_per_problem, self.rounds = samples_per_problem, rounds
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-        self.dtype = dtype
-        self.trust_remote_code = trust_remote_code
+        self.dtype, self.trust_remote_code = dtype, trust_remote_code
         self._reward = reward
         self._backend: Any = None
 
@@ -113,18 +110,13 @@ class TeacherSolutions(SolutionSource):
         return out
 
     def _sample_round(self, todo: Sequence[Request], known, out: dict[str, list[str]]) -> None:
-        backend = self._load()
-        questions = [p.question for p, _ in todo]
+        backend, problems = self._load(), [p for p, _ in todo]
+        questions = [p.question for p in problems]
         prompts = [self.prompt(q, backend.tokenizer) for q in questions]
         rollouts = backend.generate(prompts, self.samples_per_problem, self.sampling)
-        problems = [p for p, _ in todo]
-        inputs = RewardInputs.of_rollouts(
-            rollouts,
-            prompts,
-            [p.answer for p in problems],
-            [p.meta for p in problems],
-            self.prompt.conversations(questions),
-        )
+        answers, metas = [p.answer for p in problems], [p.meta for p in problems]
+        messages = self.prompt.conversations(questions)
+        inputs = RewardInputs.of_rollouts(rollouts, prompts, answers, metas, messages)
         correct = is_correct(RewardFunction(self.reward, "teacher's reward").score(inputs))
         for i, text, ok in zip(rollouts.prompt_index.tolist(), rollouts.texts, correct.tolist()):
             problem, k = todo[i]

@@ -13,11 +13,11 @@ Everything is JSON-serialisable so it can be saved in a Lightning checkpoint.
 from __future__ import annotations
 
 import random
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from coscale.checks import at_least
+from coscale.loop.pools import check_id, warn_if_config_differs
 
 _FORMAT = 1
 
@@ -35,11 +35,6 @@ def _config_errors(replay_capacity: Any, replay_per_problem: Any) -> list[str]:
     """Every bad config value, as messages (empty when valid)."""
     errors = at_least(1, optional=True, replay_capacity=replay_capacity)
     return errors + at_least(1, replay_per_problem=replay_per_problem)
-
-
-def _check_id(problem_id: Any) -> None:
-    if not isinstance(problem_id, str) or not problem_id:
-        raise ValueError(f"problem_id must be a non-empty str, got {problem_id!r}")
 
 
 def _check_text(text: Any) -> None:
@@ -74,7 +69,7 @@ class SolutionBank:
     # ----------------------------------------------------------------- bank
     def add(self, problem_id: str, text: str) -> bool:
         """Append a verified solution; returns False (and keeps the bank) for a duplicate."""
-        _check_id(problem_id)
+        check_id(problem_id)
         _check_text(text)
         texts = self._solutions.setdefault(problem_id, [])
         if text in texts:
@@ -84,7 +79,7 @@ class SolutionBank:
 
     def add_many(self, problem_id: str, texts: list[str]) -> int:
         """Add several solutions (all validated first); returns how many were new."""
-        _check_id(problem_id)
+        check_id(problem_id)
         texts = list(texts)
         for text in texts:
             _check_text(text)
@@ -114,7 +109,7 @@ class SolutionBank:
 
         A correct text already in the buffer is kept once, at the later of its two steps.
         """
-        _check_id(problem_id)
+        check_id(problem_id)
         errors = at_least(0, step=step)
         if correct not in (True, False):
             errors.append(f"correct must be a bool, got {correct!r}")
@@ -214,13 +209,7 @@ class SolutionBank:
             item["id"]: [_Entry(str(t), int(s), int(q)) for t, s, q in item["entries"]]
             for item in state["replay"]
         }
-        if config != self._config():
-            warnings.warn(
-                f"SolutionBank.load_state_dict: saved config {config} differs from the "
-                f"constructor's {self._config()}; keeping the saved values",
-                UserWarning,
-                stacklevel=2,
-            )
+        warn_if_config_differs("SolutionBank.load_state_dict", config, self._config())
         self.replay_capacity = config["replay_capacity"]
         self.replay_per_problem = config["replay_per_problem"]
         self._solutions, self._replay = solutions, replay

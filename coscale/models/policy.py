@@ -20,6 +20,7 @@ import torch
 from coscale.models import gguf
 from coscale.models.adapters import is_adapter_folder, load_merged_adapter
 from coscale.models.cache_folder import build_once
+from coscale.models.full_state import save_full
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BUILTIN_PREFIX = "builtin:"
@@ -54,9 +55,7 @@ def resolve_model_path(name_or_path: str) -> str:
 
 def _models_cache() -> str:
     """Where built and converted models live: ``$COSCALE_CACHE/models`` (~/.cache/coscale)."""
-    root = os.environ.get(
-        "COSCALE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "coscale")
-    )
+    root = os.environ.get("COSCALE_CACHE", os.path.expanduser("~/.cache/coscale"))
     return os.path.join(root, "models")
 
 
@@ -192,6 +191,4 @@ def export_policy(model: Any, tokenizer: Any, path: str | os.PathLike) -> str:
 
     Under DDP or FSDP2 every rank calls it: the whole weights are gathered, rank 0 writes, and
     no rank returns before the folder is complete (:mod:`coscale.models.full_state`)."""
-    from coscale.models.full_state import save_full
-
     return save_full(model, tokenizer, path)

@@ -172,7 +172,6 @@ def prompt_fields(value: PromptFormat | dict[str, Any] | str | None) -> dict[str
     """`value` as the dict of its `PromptFormat` fields: how a module's hyperparameters keep it.
 
     Lightning's loggers write hyperparameters as YAML through ``apply_to_collection``, which
-    refuses a frozen dataclass (``CSVLogger`` failed at the start of a fit with the default
-    ``PromptFormat()``); `as_prompt_format` turns the dict back into the format.
+    refuses a frozen dataclass; `as_prompt_format` turns the dict back into the format.
     """
     return dataclasses.asdict(as_prompt_format(value))

@@ -147,9 +147,7 @@ def _check_sizes(**sizes: int) -> None:
 
 
 def save_tiny(
-    path: str | Path,
-    tokenizer: PreTrainedTokenizerFast | None = None,
-    **model_kwargs: int,
+    path: str | Path, tokenizer: PreTrainedTokenizerFast | None = None, **model_kwargs: int
 ) -> Path:
     """Builds a tiny model and writes it with its tokenizer in HF format.
 

@@ -139,18 +139,13 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.prompt = as_prompt_format(prompt)
         self.rewards = RewardSet(reward, reward_weights, verifier)
         self.loss_fn = GRPOLoss() if loss is None else as_loss(loss)  # a mapping is built
-        self.load_settings, self.optimizer_settings = groups["load"], groups["optimizer"]
         self.update_settings, self.rollout_settings = groups["update"], groups["rollout"]
-        s, v = groups["sampling"], groups["validation"]
+        s = groups["sampling"]
         self.sampling = SamplingParams(
             max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
         )
-        self.seed, self.val_samples = s.seed, v.samples
-        self.val_sampling = SamplingParams(
-            max_new_tokens=v.max_new_tokens or s.max_new_tokens, temperature=v.temperature
-        )
-        self.log_completions_every = log_completions_every
-        self._init_policy(model, tokenizer, self.load_settings, peft)
+        self.seed, self.log_completions_every = s.seed, log_completions_every
+        self._init_policy(model, tokenizer, peft, groups, val_tokens=s.max_new_tokens)
         # same result, less work (tests/test_speed_paths.py compares them with the plain paths)
         self.sort_micro_batches = self.share_prompt_in_update = True
         kl = self.loss_fn.beta > 0  # its reference: a frozen copy, or the base under the adapter
@@ -287,12 +282,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         return reference_logprobs(model, ro, self.sampling.temperature, self.base_is_reference)
 
     def _clip(self) -> float:
-        params = [p for p in self.policy.parameters() if p.grad is not None]
-        if not params:
-            return 0.0
+        params = [p for p in self.policy.parameters() if p.grad is not None]  # none: norm 0.0
         limit = self.update_settings.max_grad_norm or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, limit)
-        return float(norm)
+        return float(torch.nn.utils.clip_grad_norm_(params, limit))
 
     def record_outcomes(self, batch: list[dict], rollouts: Rollouts, correct: torch.Tensor) -> None:
         """Reports every rollout's (problem, text, correct by the verifier) to the curriculum

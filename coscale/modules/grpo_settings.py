@@ -64,9 +64,8 @@ class Update:
     max_staleness: int = 0
 
     def errors(self) -> list[str]:
-        errors = at_least(1, num_iterations=self.num_iterations) + at_least(
-            0, max_staleness=self.max_staleness
-        )
+        errors = at_least(1, num_iterations=self.num_iterations)
+        errors += at_least(0, max_staleness=self.max_staleness)
         errors += at_least(1, micro_batch_size=self.micro_batch_size)
         errors += at_least(0, float, max_grad_norm=self.max_grad_norm)
         return errors + one_of(SCALES, scale_rewards=self.scale_rewards)

@@ -30,4 +30,4 @@ def reference_logprobs(
     with torch.no_grad(), switch as ref:
         return sequence_logprobs(
             ref, ro.input_ids, ro.attention_mask, ro.prompt_length, temperature
-        )  # [R, T]
+        )

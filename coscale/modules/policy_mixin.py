@@ -22,7 +22,7 @@ from coscale.models.adapters import config_fields, export_with_adapter, has_adap
 from coscale.models.policy import export_policy, load_policy
 from coscale.models.prompting import PromptFormat
 from coscale.modules.optim import adamw_with_warmup
-from coscale.modules.settings import AdamW, PolicyLoad
+from coscale.modules.settings import AdamW
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SampleCall, SamplingParams
 from coscale.rollout.dtype import precision_dtype
@@ -35,8 +35,8 @@ from coscale.scoring.reward_set import RewardSet, Scores, correct_per_prompt
 class PolicyMixin:
     """Mixed into :class:`~coscale.modules.SFTModule` and :class:`~coscale.modules.GRPOModule`.
 
-    The host sets ``prompt``, ``rewards`` (its reward functions and verifier), ``val_samples``,
-    ``val_sampling``, ``optimizer_settings`` and calls :meth:`_init_policy`.
+    The host sets ``prompt`` and ``rewards`` (its reward functions and verifier) and calls
+    :meth:`_init_policy`.
     """
 
     policy: Any
@@ -48,10 +48,16 @@ class PolicyMixin:
     optimizer_settings: AdamW
 
     def _init_policy(
-        self, model: Any, tokenizer: str | None, load: PolicyLoad, adapter: Any = None
+        self, model: Any, tokenizer: str | None, adapter: Any, groups: dict, val_tokens: int
     ) -> None:
-        """Loads the policy and its tokenizer; with ``adapter`` (a ``peft.PeftConfig``) the
-        policy is the frozen base wrapped with a new adapter (:mod:`coscale.models.adapters`)."""
+        """Keeps the ``load``, ``optimizer`` and ``validation`` of ``groups`` (the validation
+        token limit ``val_tokens`` unless it sets one) and loads the policy and its tokenizer;
+        with ``adapter`` (a ``peft.PeftConfig``) the policy is the frozen base wrapped with a
+        new adapter (:mod:`coscale.models.adapters`)."""
+        load, v = groups["load"], groups["validation"]
+        self.load_settings, self.optimizer_settings = load, groups["optimizer"]
+        self.val_samples, tokens = v.samples, v.max_new_tokens or val_tokens
+        self.val_sampling = SamplingParams(max_new_tokens=tokens, temperature=v.temperature)
         self.model_source = model if isinstance(model, (str, os.PathLike)) else None
         self.policy, self.tokenizer = load_policy(
             model, tokenizer, load.dtype, load.trust_remote_code, load.gradient_checkpointing
@@ -64,7 +70,8 @@ class PolicyMixin:
         self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
         self._backend: RolloutBackend | None = None
         self._owns_backend = False  # built here from ``rollout`` (closed here), or lent
-        self.val_pass = PassAtK(k=_pass_ks(self.val_samples))
+        ks = tuple(k for k in (1, 4, 8, 16, 32, 64) if k <= self.val_samples)
+        self.val_pass = PassAtK(k=ks or (1,))
 
     @property
     def backend(self) -> RolloutBackend:
@@ -87,8 +94,7 @@ class PolicyMixin:
     def _compute_dtype(self) -> str | None:
         """The trainer's compute dtype as a vLLM ``dtype`` (``bf16-mixed``: ``bfloat16``);
         None outside a Trainer."""
-        trainer = getattr(self, "_trainer", None)
-        return precision_dtype(getattr(trainer, "precision", None) if trainer else None)
+        return precision_dtype(getattr(getattr(self, "_trainer", None), "precision", None))
 
     @backend.setter
     def backend(self, value: RolloutBackend) -> None:
@@ -120,8 +126,7 @@ class PolicyMixin:
         self, problems: list[dict], n: int | list[int], sampling: SamplingParams
     ) -> tuple[Rollouts, RewardInputs]:
         """Rollouts for ``problems`` and what the reward functions read about them."""
-        questions = [p["question"] for p in problems]
-        prompts = self.prompts_for(questions)
+        prompts = self.prompts_for([p["question"] for p in problems])
         with timed("sampling"):
             rollouts = self.backend.generate(prompts, n, sampling)
         self.record_spend(rollouts.num_rollouts)
@@ -146,8 +151,7 @@ class PolicyMixin:
     ) -> list[list[int]]:
         """:meth:`count_correct` of each chunk with its own sampling (seed), all sampled in one
         backend call (`RolloutBackend.generate_many`: one engine call for a vLLM engine)."""
-        questions = [[p["question"] for p in chunk] for chunk in chunks]
-        prompts = [self.prompts_for(q) for q in questions]
+        prompts = [self.prompts_for([p["question"] for p in chunk]) for chunk in chunks]
         calls = [SampleCall(p, n, s) for p, s in zip(prompts, samplings)]
         with timed("sampling"):
             batches = self.backend.generate_many(calls)
@@ -235,7 +239,3 @@ def source_fields(model: Any, peft: Any) -> dict[str, Any]:
     folder (not a built model), and the adapter's config fields as ``peft`` when there is one."""
     named = {"model": model} if isinstance(model, (str, os.PathLike)) else {}
     return named | ({} if peft is None else {"peft": config_fields(peft)})
-
-
-def _pass_ks(samples: int) -> tuple[int, ...]:
-    return tuple(k for k in (1, 4, 8, 16, 32, 64) if k <= samples) or (1,)

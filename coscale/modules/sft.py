@@ -36,7 +36,6 @@ from coscale.modules.fit_data import curriculum_of
 from coscale.modules.loggers import log_to_loggers
 from coscale.modules.policy_mixin import PolicyMixin, source_fields
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
-from coscale.rollout.base import SamplingParams
 from coscale.scoring.reward_set import RewardSet, reward_errors
 from coscale.sft.batch import solution_loss, tokenize_pairs
 from coscale.sft.distill import Distillation, Teacher, distill_loss
@@ -111,13 +110,10 @@ class SFTModule(PolicyMixin, L.LightningModule):
         peft = as_peft_config(peft)
         given = dict(load=load, optimizer=optimizer, validation=validation)
         given |= dict(forgetting_guard=forgetting_guard, distill=distill)
-        every = {name: as_group(GROUPS[name], value) for name, value in given.items()}
-        errors = settings_errors(verifier=verifier, max_length=max_length, **every)
-        load, optimizer, validation = every["load"], every["optimizer"], every["validation"]
-        guard, distill = every["forgetting_guard"], every["distill"]
-        groups = dict(load=load, optimizer=optimizer, validation=validation)
-        if errors:
+        groups = {name: as_group(GROUPS[name], value) for name, value in given.items()}
+        if errors := settings_errors(verifier=verifier, max_length=max_length, **groups):
             raise ValueError("SFTModule: " + "; ".join(errors))
+        guard, distill = groups.pop("forgetting_guard"), groups.pop("distill")
         self.save_hyperparameters(
             {
                 "prompt": prompt_fields(prompt),
@@ -129,27 +125,18 @@ class SFTModule(PolicyMixin, L.LightningModule):
             | {"distill": asdict(distill) if distill is not None else None}
             | source_fields(model, peft)
         )
-        self.prompt, self.optimizer_settings, self.max_length = (
-            as_prompt_format(prompt),
-            optimizer,
-            max_length,
-        )
-        self.rewards = RewardSet(verifier=verifier)
-        self.padding_free, self.load_settings = padding_free, load
-        self.val_samples = validation.samples
-        self.val_sampling = SamplingParams(
-            max_new_tokens=validation.max_new_tokens or 256, temperature=validation.temperature
-        )
+        self.prompt, self.max_length = as_prompt_format(prompt), max_length
+        self.rewards, self.padding_free = RewardSet(verifier=verifier), padding_free
         self.guard, self.mastered = guard, mastered
         self.guard_report: dict[str, float] = {}  # mastered-set figures of the last fit
         self._guard: ForgettingGuard | None = None
         self._guard_resume: dict[str, Any] | None = None  # the guard's place, from a checkpoint
         self._mastered_cycle: list[dict] = []
         self.loop_steps = 0  # optimiser steps when a loop other than the Trainer's runs the fit
-        self._init_policy(model, tokenizer, load, peft)
+        self._init_policy(model, tokenizer, peft, groups, val_tokens=256)
         self.distill = distill
         # not a submodule: no optimiser state, not in checkpoints, not wrapped or sharded
-        self.teacher = Teacher(distill.teacher, load) if distill is not None else None
+        self.teacher = Teacher(distill.teacher, self.load_settings) if distill is not None else None
 
     @override
     def forward(self, **batch: torch.Tensor) -> Any:
@@ -164,11 +151,8 @@ class SFTModule(PolicyMixin, L.LightningModule):
         for key, value in parts.items():
             self.log(f"train/{key}", value, batch_size=len(batch))
         self.log("train/solution_tokens", float(n_tokens), batch_size=len(batch))
-        self.log(
-            "perf/tokens_per_s",
-            enc["attention_mask"].sum().item() / (time.perf_counter() - start),
-            batch_size=len(batch),
-        )
+        tokens_per_s = enc["attention_mask"].sum().item() / (time.perf_counter() - start)
+        self.log("perf/tokens_per_s", tokens_per_s, batch_size=len(batch))
         return loss * _token_share(n_tokens)
 
     def batch_loss(self, enc: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int, dict]:

@@ -44,11 +44,8 @@ def log_step(
     module.log("train/frac_zero_std", adv.zero_std_fraction, batch_size=n)
     module.log("train/skipped", stats.pop("skipped", 0.0), batch_size=n)
     module.log("train/completion_len", rollouts.lengths.float().mean(), batch_size=n)
-    module.log(
-        "train/truncated",
-        sum(r == "length" for r in rollouts.finish_reasons) / len(rewards),
-        batch_size=n,
-    )
+    truncated = sum(r == "length" for r in rollouts.finish_reasons) / len(rewards)
+    module.log("train/truncated", truncated, batch_size=n)
     module.log("train/rollouts", float(len(rewards)), batch_size=n, reduce_fx="sum")
     for key, value in stats.items():
         module.log(f"train/{key}", value, batch_size=n)

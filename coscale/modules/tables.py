@@ -30,20 +30,12 @@ def log_completions(
     loggers = [lg for lg in module.loggers if hasattr(lg, "log_table")]
     if not loggers:
         return
-    extra = extra or {}
-    total = len(rollouts.texts)
+    extra, step, total = extra or {}, module.global_step, len(rollouts.texts)
     columns = ["step", "problem", "completion", "reward", "advantage", *extra]
-    rows = []
-    for r, i in enumerate(rollouts.prompt_index.tolist()[:MAX_ROWS]):
-        rows.append(
-            [
-                module.global_step,
-                batch[i]["id"],
-                rollouts.texts[r],
-                float(rewards[r]),
-                float(advantages[r]),
-                *[values[r] if len(values) == total else None for values in extra.values()],
-            ]
-        )
+    rows = [
+        [step, batch[i]["id"], rollouts.texts[r], float(rewards[r]), float(advantages[r])]
+        + [values[r] if len(values) == total else None for values in extra.values()]
+        for r, i in enumerate(rollouts.prompt_index.tolist()[:MAX_ROWS])
+    ]
     for lg in loggers:
-        lg.log_table(key=f"completions/step_{module.global_step}", columns=columns, data=rows)
+        lg.log_table(key=f"completions/step_{step}", columns=columns, data=rows)
