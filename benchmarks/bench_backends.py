@@ -44,10 +44,11 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, field
+from statistics import median
 
 import lightning as L
 import torch
-from bench_grpo import QUESTIONS, SpreadReward
+from bench_grpo import SpreadReward, problems
 from paired import LightningTimer, timed
 from torch.utils.data import DataLoader
 from vllm_bench import (
@@ -56,7 +57,6 @@ from vllm_bench import (
     Report,
     cell,
     engine_options,
-    median,
     require_vllm,
     write_header,
 )
@@ -151,11 +151,10 @@ def fit_steps(module: KeptEngineGRPO, args, into: Timings) -> None:
     server = module.backend.name == "vllm-server"
     use_cores(args.trainer_cores if server and args.trainer_cores else args.all_cores)
     module.sample_seconds, module.sync_seconds, module.wait_seconds = [], [], []
-    problems = [{"id": str(i), "question": q, "answer": "", "n": args.n}
-                for i, q in enumerate(QUESTIONS)]  # fmt: skip
-    data: dict = {"train_dataloaders": DataLoader(problems, args.prompts, collate_fn=list)}
+    rows = problems(args.n)
+    data: dict = {"train_dataloaders": DataLoader(rows, args.prompts, collate_fn=list)}
     if module.update_settings.max_staleness:
-        data = {"datamodule": solvable_data(problems, args)}
+        data = {"datamodule": solvable_data(rows, args)}
     timer = LightningTimer()
     trainer = L.Trainer(
         max_steps=1 + args.steps, accelerator="cpu", devices=1, logger=False,

@@ -92,7 +92,7 @@ def run_seed(seed: int, args: argparse.Namespace, tmp: str) -> dict:
     )
     start = time.perf_counter()
     init = save_tiny(os.path.join(tmp, f"init{seed}"), seed=seed)
-    base = run_sft(init, pairs(easy), sft_kwargs(args), trainer_kwargs(args.base_epochs), seed)
+    base = run_sft(init, pairs(easy), sft_kwargs(args), {"max_epochs": args.base_epochs}, seed)
     base_easy, texts = greedy(base, easy)
     mastered = [
         {"id": r["id"], "question": r["question"], "solution": text}
@@ -107,7 +107,7 @@ def run_seed(seed: int, args: argparse.Namespace, tmp: str) -> dict:
         items = pairs(new) + (mastered if replay else [])
         mode = {"mode": guard, "batch_size": 16, "refresh_every": args.refresh_every}
         kwargs = sft_kwargs(args) | {"forgetting_guard": mode, "mastered": mastered}
-        stage = run_sft(base_path, items, kwargs, trainer_kwargs(args.stage_epochs), seed)
+        stage = run_sft(base_path, items, kwargs, {"max_epochs": args.stage_epochs}, seed)
         easy_ok = greedy(stage, easy)[0]
         out["arms"][arm] = {
             "kept": [ok for ok, was in zip(easy_ok, base_easy) if was],
@@ -129,10 +129,6 @@ def sft_kwargs(args: argparse.Namespace) -> dict:
         "verifier": BoxedInteger(),
         "batch_size": 16,
     }
-
-
-def trainer_kwargs(epochs: int) -> dict:
-    return {"max_epochs": epochs}
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

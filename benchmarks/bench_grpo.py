@@ -34,22 +34,20 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import statistics
 import tempfile
-import time
 import warnings
 
-import lightning as L
 from paired import (
-    LightningTimer,
     build,
     count_params,
     header,
-    median_step,
+    lora_cells,
     mib,
+    pair_cells,
     paired,
-    peak_tensor_bytes,
-    ratio_cell,
+    run_peak,
+    timed_fit,
+    trl_fit,
 )
 from torch.utils.data import DataLoader
 
@@ -64,6 +62,11 @@ TRL_WORKSPACE = (
     "32768] (up to 200 MiB) per pass whatever the vocabulary (98 here), mostly never written"
 )
 QUESTIONS = [f"Q{k}: what is {7 * k + 11}+{3 * k + 40}?\n" for k in range(512)]
+
+
+def problems(n: int) -> list[dict]:
+    """:data:`QUESTIONS` as problems of `n` rollouts each (no answer: the reward needs none)."""
+    return [{"id": str(i), "question": q, "answer": "", "n": n} for i, q in enumerate(QUESTIONS)]
 
 
 def spread(completions: list[str]) -> list[float]:
@@ -101,21 +104,10 @@ def coscale_run(size: str, n: int, args, peft=None, **paths: bool):
     )  # fmt: skip
     for name, on in paths.items():
         setattr(module, name, on)
-    problems = [
-        {"id": str(i), "question": q, "answer": "", "n": n} for i, q in enumerate(QUESTIONS)
-    ]
 
     def run(steps: int = args.steps) -> float:
-        module.trainer = None  # the last fit's optimizer state goes before this fit builds its
-        gc.collect()  # own
-        timer = LightningTimer()
-        trainer = L.Trainer(
-            max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[timer],
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        )  # fmt: skip
-        loader = DataLoader(problems, batch_size=args.prompts, collate_fn=list)
-        trainer.fit(module, train_dataloaders=loader)
-        return median_step(timer.ends)
+        loader = DataLoader(problems(n), batch_size=args.prompts, collate_fn=list)
+        return timed_fit(module, loader, steps)
 
     return run
 
@@ -123,18 +115,7 @@ def coscale_run(size: str, n: int, args, peft=None, **paths: bool):
 def trl_run(size: str, n: int, args, peft=None):
     """The same for TRL's GRPOTrainer (``peft``: its ``peft_config``)."""
     from datasets import Dataset
-    from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    class Timer(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-
-        def on_train_begin(self, *_, **__):
-            self.ends.append(time.perf_counter())
-
-        def on_step_end(self, *_, **__):
-            self.ends.append(time.perf_counter())
 
     model, tok = build(size)
     rollouts = args.prompts * n
@@ -153,14 +134,10 @@ def trl_run(size: str, n: int, args, peft=None):
             save_strategy="no", logging_steps=10_000, disable_tqdm=True, shuffle_dataset=False,
             dataloader_num_workers=0, seed=0,
         )  # fmt: skip
-        timer = Timer()
-        trainer = GRPOTrainer(
-            model=model, reward_funcs=trl_reward, args=config, train_dataset=dataset,
-            processing_class=tok, callbacks=[timer], peft_config=peft,
+        return trl_fit(
+            GRPOTrainer, model=model, reward_funcs=trl_reward, args=config,
+            train_dataset=dataset, processing_class=tok, peft_config=peft,
         )  # fmt: skip
-        trainer.remove_callback(PrinterCallback)  # no metrics dict printed at the end
-        trainer.train()
-        return median_step(timer.ends)
 
     return run
 
@@ -169,19 +146,10 @@ def row(label: str, size: str, n: int, args) -> None:
     """Paired coscale (A) vs TRL (B) for one setting -> one table row (+ the plain variant)."""
     fast, trl = coscale_run(size, n, args), trl_run(size, n, args)
     result = paired(fast, trl, args.pairs)
-    mem_fast, mem_trl = (peak_tensor_bytes(lambda r=r: r(1)) for r in (fast, trl))
-    cells = [
-        label,
-        f"{statistics.median(result.a) * 1e3:,.0f} ms",
-        f"{statistics.median(result.b) * 1e3:,.0f} ms",
-        ratio_cell(result),
-        mib(mem_fast),
-        mib(mem_trl),
-    ]
+    cells = [label, *pair_cells(result), *(mib(run_peak(r)) for r in (fast, trl))]
     if args.plain:
         plain = coscale_run(size, n, args, **PLAIN)
-        vs_plain = paired(fast, plain, args.pairs)
-        cells += [f"{statistics.median(vs_plain.b) * 1e3:,.0f} ms", ratio_cell(vs_plain)]
+        cells += pair_cells(paired(fast, plain, args.pairs))[1:]
     print("| " + " | ".join(cells) + " |", flush=True)
 
 
@@ -203,12 +171,8 @@ def paths_table(args) -> None:
     for name in [*PLAIN, "all three"]:
         options = PLAIN if name == "all three" else {name: False}
         other = coscale_run(args.sweep_size, args.n, args, **options)
-        result = paired(fast, other, args.pairs)
-        print(
-            f"| {name} off | {statistics.median(result.a) * 1e3:,.0f} ms | "
-            f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} |",
-            flush=True,
-        )
+        cells = pair_cells(paired(fast, other, args.pairs))
+        print(f"| {name} off | {' | '.join(cells)} |", flush=True)
 
 
 def lora_table(args) -> None:
@@ -225,15 +189,7 @@ def lora_table(args) -> None:
         full = coscale_run(size, n, args)
         lora = coscale_run(size, n, args, peft=lora_config())
         trl = trl_run(size, n, args, peft=lora_config())
-        result = paired(lora, trl, args.pairs)
-        full_s = statistics.median(full() for _ in range(args.pairs))
-        mems = [mib(peak_tensor_bytes(lambda r=r: r(1))) for r in (full, lora, trl)]
-        print(
-            f"| {size} | {full_s * 1e3:,.0f} ms | {statistics.median(result.a) * 1e3:,.0f} ms | "
-            f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} | "
-            f"{' | '.join(mems)} |",
-            flush=True,
-        )
+        print(f"| {size} | {' | '.join(lora_cells(full, lora, trl, args.pairs))} |", flush=True)
         del full, lora, trl  # this model's three copies and optimizer state, before the next
         gc.collect()
 

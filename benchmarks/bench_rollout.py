@@ -27,6 +27,7 @@ batch 8, one round, 8 tokens, output in /tmp, to check the script).
 from __future__ import annotations
 
 import argparse
+from statistics import median_high
 
 import rollout_vllm
 import torch
@@ -91,24 +92,20 @@ def rate_runner(backend, prompts: list[str], n: int, sampling: SamplingParams, t
     return run
 
 
-def compare(a, b, prompts, n, sampling, pairs: int) -> tuple[list, list, object]:
-    """Paired runs of backends a and b -> (a tokens/s, b tokens/s, Paired)."""
+def compare(a, b, prompts, n, sampling, pairs: int) -> tuple[float, float, object]:
+    """Paired runs of backends a and b -> (a's median tokens/s, b's, Paired)."""
     rates_a, rates_b = [], []
     result = paired(
         rate_runner(a, prompts, n, sampling, rates_a),
         rate_runner(b, prompts, n, sampling, rates_b),
         pairs,
     )
-    return rates_a[1:], rates_b[1:], result  # [0] is the warm-up
+    return median_high(rates_a[1:]), median_high(rates_b[1:]), result  # [0] is the warm-up
 
 
 def memory(backend, prompts: list[str], n: int, sampling: SamplingParams) -> int:
     """Peak live tensor bytes of one `generate` call."""
     return peak_tensor_bytes(lambda: backend.generate(prompts, n, sampling))
-
-
-def median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def batch_table(args, peaks: list[float]) -> None:
@@ -120,10 +117,10 @@ def batch_table(args, peaks: list[float]) -> None:
     for batch in args.batches:
         prompts, n = prompts_for(batch)
         peaks.append(matmul_peak())  # the load moves; the best peak seen is the bound
-        rates_a, rates_b, result = compare(fast, ref, prompts, n, sampling, args.pairs)
+        rate_a, rate_b, result = compare(fast, ref, prompts, n, sampling, args.pairs)
         mems = [memory(x, prompts, n, sampling) for x in (ref, fast)]
         alone = matmuls_alone(model, batch)
-        rows.append((batch, median(rates_b), median(rates_a), result, mems, alone))
+        rows.append((batch, rate_b, rate_a, result, mems, alone))
     peaks.append(matmul_peak())
     bound = max(peaks) / flops_per_token(model, 20 + args.new_tokens / 2)
     print(
@@ -167,10 +164,10 @@ def ablation_table(args) -> None:
     mem_a = memory(fast, prompts, n, sampling)
     for label, options in variants.items():
         other = CachedDecodeBackend(model, tok, **options)
-        rates_a, rates_b, result = compare(fast, other, prompts, n, sampling, args.pairs)
+        rate_a, rate_b, result = compare(fast, other, prompts, n, sampling, args.pairs)
         mem_b = memory(other, prompts, n, sampling)
         print(
-            f"| {label} | {median(rates_a):,.0f} | {median(rates_b):,.0f} | "
+            f"| {label} | {rate_a:,.0f} | {rate_b:,.0f} | "
             f"{ratio_cell(result)} | {mib(mem_a)} | {mib(mem_b)} |",
             flush=True,
         )
@@ -192,10 +189,10 @@ def compile_check(args) -> None:
         eager = CachedDecodeBackend(model, tok)
         compiled = CachedDecodeBackend(model, tok, compile=True)
         first = timed(lambda c=compiled: c.generate(prompts, n, sampling))
-        rates_a, rates_b, result = compare(compiled, eager, prompts, n, sampling, args.pairs)
+        rate_a, rate_b, result = compare(compiled, eager, prompts, n, sampling, args.pairs)
         mems = [memory(x, prompts, n, sampling) for x in (compiled, eager)]
         print(
-            f"| {size} | {first:.0f} s | {median(rates_a):,.0f} | {median(rates_b):,.0f} | "
+            f"| {size} | {first:.0f} s | {rate_a:,.0f} | {rate_b:,.0f} | "
             f"{ratio_cell(result)} | {mib(mems[0])} | {mib(mems[1])} |",
             flush=True,
         )

@@ -31,23 +31,23 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import random
 import statistics
 import tempfile
-import time
 import warnings
 
-import lightning as L
 from paired import (
-    LightningTimer,
     build,
     count_params,
     header,
-    median_step,
+    lora_cells,
     mib,
+    pair_cells,
     paired,
-    peak_tensor_bytes,
-    ratio_cell,
+    run_peak,
+    timed_fit,
+    trl_fit,
 )
 from torch.utils.data import DataLoader
 
@@ -84,7 +84,7 @@ def lora_config():
 
 def coscale_run(size: str, data: list[dict], args, padding_free: bool = True, peft=None):
     """A function running one fit of `args.steps` steps -> median step seconds; its
-    ``module`` and last ``trainer`` as attributes (for a checkpoint)."""
+    ``module`` as an attribute (for a checkpoint of the last fit)."""
     model, tok = build(size)
     module = SFTModule(
         model=model, tokenizer=tok, optimizer={"lr": 1e-5}, max_length=1024, verifier=_NoReward(),
@@ -92,37 +92,17 @@ def coscale_run(size: str, data: list[dict], args, padding_free: bool = True, pe
     )  # fmt: skip
 
     def run(steps: int = args.steps) -> float:
-        run.trainer = module.trainer = None  # the last fit's optimizer state goes before this
-        gc.collect()  # fit builds its own
-        timer = LightningTimer()
-        trainer = L.Trainer(
-            max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[timer],
-            gradient_clip_val=1.0, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, limit_val_batches=0,
-        )  # fmt: skip
         loader = DataLoader(data, batch_size=args.batch, collate_fn=list)
-        trainer.fit(module, train_dataloaders=loader)
-        run.trainer = trainer
-        return median_step(timer.ends)
+        return timed_fit(module, loader, steps, gradient_clip_val=1.0, limit_val_batches=0)
 
+    run.module = module
     return run
 
 
 def trl_run(size: str, data: list[dict], args, peft=None):
     """The same for TRL's SFTTrainer (``peft``: its ``peft_config``)."""
     from datasets import Dataset, disable_progress_bar
-    from transformers import PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
-
-    class Timer(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-
-        def on_train_begin(self, *_, **__):
-            self.ends.append(time.perf_counter())
-
-        def on_step_end(self, *_, **__):
-            self.ends.append(time.perf_counter())
 
     disable_progress_bar()
     model, tok = build(size)
@@ -139,26 +119,19 @@ def trl_run(size: str, data: list[dict], args, peft=None):
             report_to="none", save_strategy="no", logging_steps=10_000, disable_tqdm=True,
             shuffle_dataset=False, dataloader_num_workers=0, seed=0,
         )  # fmt: skip
-        timer = Timer()
-        trainer = SFTTrainer(
-            model=model, args=config, train_dataset=dataset, processing_class=tok,
-            callbacks=[timer], peft_config=peft,
+        return trl_fit(
+            SFTTrainer, model=model, args=config, train_dataset=dataset, processing_class=tok,
+            peft_config=peft,
         )  # fmt: skip
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
-        return median_step(timer.ends)
 
     return run
 
 
-def print_row(label: str, result, mem_a: int, mem_b: int) -> None:
-    """One table row: both medians, the paired ratio and both peaks."""
-    print(
-        f"| {label} | {statistics.median(result.a) * 1e3:,.0f} ms | "
-        f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} | "
-        f"{mib(mem_a)} | {mib(mem_b)} |",
-        flush=True,
-    )
+def print_row(label: str, run_a, run_b, pairs: int) -> None:
+    """One table row of two fit runners: both medians, the paired ratio and both peaks."""
+    result = paired(run_a, run_b, pairs)
+    cells = [label, *pair_cells(result), *(mib(run_peak(r)) for r in (run_a, run_b))]
+    print("| " + " | ".join(cells) + " |", flush=True)
 
 
 def sizes_table(data: list[dict], args) -> None:
@@ -168,10 +141,8 @@ def sizes_table(data: list[dict], args) -> None:
     print("|---|---|---|---|---|---|")
     for size in args.sizes:
         fast, trl = coscale_run(size, data, args), trl_run(size, data, args)
-        result = paired(fast, trl, args.pairs)
-        mem_a, mem_b = (peak_tensor_bytes(lambda r=r: r(1)) for r in (fast, trl))
         params = count_params(build(size)[0]) / 1e6
-        print_row(f"{size} ({params:.1f}M)", result, mem_a, mem_b)
+        print_row(f"{size} ({params:.1f}M)", fast, trl, args.pairs)
 
 
 def paths_table(data: list[dict], args) -> None:
@@ -182,17 +153,13 @@ def paths_table(data: list[dict], args) -> None:
     print("|---|---|---|---|---|---|")
     for size in args.sizes:
         free, padded = (coscale_run(size, data, args, flag) for flag in (True, False))
-        result = paired(free, padded, args.pairs)
-        mem_a, mem_b = (peak_tensor_bytes(lambda r=r: r(1)) for r in (free, padded))
-        print_row(size, result, mem_a, mem_b)
+        print_row(size, free, padded, args.pairs)
 
 
 def checkpoint_bytes(run) -> int:
     """Bytes of a checkpoint of the last fit of a :func:`coscale_run` runner."""
-    import os
-
     path = os.path.join(tempfile.mkdtemp(prefix="bench_sft_ckpt_"), "last.ckpt")
-    run.trainer.save_checkpoint(path)
+    run.module.trainer.save_checkpoint(path)
     size = os.path.getsize(path)
     os.remove(path)
     return size
@@ -210,14 +177,10 @@ def lora_table(data: list[dict], args) -> None:
             coscale_run(size, data, args, peft=lora_config()),
             trl_run(size, data, args, peft=lora_config()),
         )
-        result = paired(lora, trl, args.pairs)
-        full_s = statistics.median(full() for _ in range(args.pairs))
-        mems = [peak_tensor_bytes(lambda r=r: r(1)) for r in (full, lora, trl)]
+        cells = lora_cells(full, lora, trl, args.pairs)
         ckpts = [checkpoint_bytes(r) for r in (full, lora)]
         print(
-            f"| {size} | {full_s * 1e3:,.0f} ms | {statistics.median(result.a) * 1e3:,.0f} ms | "
-            f"{statistics.median(result.b) * 1e3:,.0f} ms | {ratio_cell(result)} | "
-            f"{' | '.join(mib(m) for m in mems)} | {ckpts[0] / 2**20:,.1f} MiB | "
+            f"| {size} | {' | '.join(cells)} | {ckpts[0] / 2**20:,.1f} MiB | "
             f"{ckpts[1] / 2**20:,.2f} MiB ({ckpts[0] / ckpts[1]:,.0f}x smaller) |",
             flush=True,
         )

@@ -260,12 +260,8 @@ def speed_in_subprocess(setup: paths.Setup, argv: list[str]) -> str:
     finally:
         log = setup.work / "speed.log"
         if log.exists():
-            lines = [
-                ln
-                for ln in log.read_text(errors="replace").splitlines()
-                if ln.startswith("[gpu_check]")
-            ]
-            print("\n".join(lines), flush=True)
+            lines = log.read_text(errors="replace").splitlines()
+            print("\n".join(ln for ln in lines if ln.startswith("[gpu_check]")), flush=True)
     paths.expect(medians.exists(), "no medians written (too few steps?)")
     each = "; ".join(f"{b} {r['s_per_step']:.3f} s/step, generated {r['generated_tok_s']:.0f} "
                      f"tok/s, trained {r['trained_tok_s']:.0f} tok/s"

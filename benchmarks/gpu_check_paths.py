@@ -143,14 +143,15 @@ def _fresh(folder: Path) -> Path:
     return folder
 
 
-def _tiny_model(work: Path) -> Path:
-    """The 2-layer, 64-wide random Llama and character tokenizer of tests/conftest.py."""
+def _tiny_model(work: Path, folder: str = "tiny_model", **sizes: int) -> Path:
+    """A random Llama and character tokenizer saved once in ``work / folder``: by default the
+    2-layer, 64-wide one of tests/conftest.py; ``sizes``: other `build_tiny_model` sizes."""
     from coscale.models.tiny import build_char_tokenizer, build_tiny_model
 
-    path = work / "tiny_model"
+    path = work / folder
     if not (path / "config.json").exists():
         tok = build_char_tokenizer()
-        build_tiny_model(tok, seed=0).save_pretrained(path)
+        build_tiny_model(tok, seed=0, **sizes).save_pretrained(path)
         tok.save_pretrained(path)
     return path
 

@@ -90,15 +90,8 @@ def _model(work: Path, choice: str) -> tuple[Path, str]:
         from coscale.models.policy import resolve_model_path
 
         return Path(resolve_model_path("builtin:smollm2-135m-instruct")), "SmolLM2-135M"
-    from coscale.models.tiny import build_char_tokenizer, build_tiny_model
-
-    path = work / "tiny_model_head64"
-    if not (path / "config.json").exists():
-        tok = build_char_tokenizer()
-        model = build_tiny_model(tok, hidden_size=128, num_heads=2, intermediate_size=256)
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
-    return path, "tiny Llama (head size 64)"
+    sizes = {"hidden_size": 128, "num_heads": 2, "intermediate_size": 256}
+    return paths._tiny_model(work, "tiny_model_head64", **sizes), "tiny Llama (head size 64)"
 
 
 # ------------------------------------------------------------------------------- the worker
@@ -129,7 +122,8 @@ def _worker(
         backend, transfer = VLLMBackend(model_dir, tok, policy, engine=engine), "in-process"
     start = time.perf_counter()
     backend.engine  # noqa: B018 (builds it)
-    result = {"build_s": time.perf_counter() - start, "device": _device_name(device),
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    result = {"build_s": time.perf_counter() - start, "device": device_name,
               "vllm": vllm_module.__version__, "parity": [], "sync_seconds": [],
               "transfer": transfer}  # fmt: skip
     optimiser = torch.optim.AdamW(policy.parameters(), lr=1e-4)
@@ -193,12 +187,6 @@ def _drift(backend, initial, sampling_params) -> float:
     before = trainer_logprobs(initial, rollouts, 1.0, 16)
     mask = rollouts.completion_mask.bool()
     return float((rollouts.logprobs - before).abs()[mask].mean())
-
-
-def _device_name(device) -> str:
-    import torch
-
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 if __name__ == "__main__":  # the worker; the check runs from gpu_check.py

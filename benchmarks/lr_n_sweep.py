@@ -101,17 +101,8 @@ def sweep(
     rows = []
     for lr, n in grid:
         t0 = time.time()
-        args = {**grpo_args, "lr": lr}
-        path = plain_grpo(
-            start,
-            problems,
-            rollouts,
-            n,
-            args,
-            32,
-            os.path.join(work, f"{lr}_{n}"),
-            precision=precision,
-        )
+        args, out = {**grpo_args, "lr": lr}, os.path.join(work, f"{lr}_{n}")
+        path = plain_grpo(start, problems, rollouts, n, args, 32, out, precision=precision)
         after = sum(count_correct(path, problems, k)) / (k * len(problems))
         rows.append({"lr": lr, "n": n, "x": lr / n, "gain": after - before, "after": after})
         print(

@@ -1,4 +1,4 @@
-"""What the speed benchmarks share: model sizes, paired A/B runs, peak memory, the header.
+"""What the speed benchmarks share: model sizes, paired A/B runs, timed fits, peak memory, header.
 
 Timing: A and B alternate (A B A B ...) in one process after one warm-up run of each, so a
 load change on the shared machine hits both sides alike; the figure of merit is the median of
@@ -16,6 +16,7 @@ untimed run of each side, because the profiler slows the run down.
 from __future__ import annotations
 
 import datetime
+import gc
 import itertools
 import os
 import shlex
@@ -174,6 +175,28 @@ def ratio_cell(result: Paired) -> str:
     return f"{result.ratio:.2f}x ({' '.join(f'{r:.2f}' for r in result.ratios)})"
 
 
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.0f} ms"
+
+
+def pair_cells(result: Paired) -> list[str]:
+    """Table cells of a paired result: A's median run, B's median run, :func:`ratio_cell`."""
+    return [ms(statistics.median(result.a)), ms(statistics.median(result.b)), ratio_cell(result)]
+
+
+def run_peak(run: Callable[[int], float]) -> int:
+    """:func:`peak_tensor_bytes` of one 1-step run of a fit runner (``run(steps)``)."""
+    return peak_tensor_bytes(lambda: run(1))
+
+
+def lora_cells(full, lora, trl, pairs: int) -> list[str]:
+    """The LoRA tables' cells of three fit runners (coscale full, coscale LoRA, TRL LoRA): the
+    full step, :func:`pair_cells` of LoRA (A) against TRL (B), then the three peaks."""
+    result = paired(lora, trl, pairs)
+    full_s = statistics.median(full() for _ in range(pairs))
+    return [ms(full_s), *pair_cells(result), *(mib(run_peak(r)) for r in (full, lora, trl))]
+
+
 def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of the best of `repeats` n x n x n matmuls in `dtype` (after one warm-up)."""
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
@@ -198,3 +221,39 @@ class LightningTimer(L.Callback):
 def median_step(ends: list[float]) -> float:
     """Median seconds between consecutive timer marks (one training step each)."""
     return statistics.median(b - a for a, b in itertools.pairwise(ends))
+
+
+def timed_fit(module: L.LightningModule, loader, steps: int, **trainer_kwargs) -> float:
+    """One fit of `steps` steps with a fresh CPU Lightning `Trainer` -> :func:`median_step`.
+    The last fit's trainer (and optimizer state) is let go first: each fit builds its own."""
+    module.trainer = None
+    gc.collect()
+    timer = LightningTimer()
+    trainer = L.Trainer(
+        max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[timer],
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        **trainer_kwargs,
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=loader)
+    return median_step(timer.ends)
+
+
+def trl_fit(trainer_cls, **kwargs) -> float:
+    """One ``train()`` of a TRL trainer (``trainer_cls(**kwargs)``) -> :func:`median_step`."""
+    from transformers import PrinterCallback, TrainerCallback
+
+    class Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_train_begin(self, *_, **__):
+            self.ends.append(time.perf_counter())
+
+        def on_step_end(self, *_, **__):
+            self.ends.append(time.perf_counter())
+
+    timer = Timer()
+    trainer = trainer_cls(callbacks=[timer], **kwargs)
+    trainer.remove_callback(PrinterCallback)  # no metrics dict printed at the end
+    trainer.train()
+    return median_step(timer.ends)

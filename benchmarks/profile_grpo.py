@@ -15,8 +15,9 @@ import statistics
 import time
 
 import torch
-from bench_grpo import QUESTIONS, SpreadReward
-from paired import build, cpu_line
+from bench_grpo import SpreadReward, problems
+from paired import build, cpu_line, timed_fit
+from torch.utils.data import DataLoader
 
 from coscale.modules import GRPOModule
 from coscale.rl.losses import GRPOLoss
@@ -27,8 +28,7 @@ class PhaseClock:
 
     def __init__(self, module: GRPOModule) -> None:
         self.seconds: dict[str, list[float]] = {"rollouts": [], "reward": [], "update": []}
-        backend = module.backend
-        self._wrap(backend, "generate", "rollouts")
+        self._wrap(module.backend, "generate", "rollouts")
         self._wrap(module.rewards, "score", "reward")
         self._wrap(module, "update", "update")
 
@@ -50,20 +50,6 @@ def module_for(size: str, n: int, args) -> GRPOModule:
     return GRPOModule(model=model, tokenizer=tok, reward=SpreadReward(), loss=GRPOLoss(epsilon=0.2), optimizer={'lr': 1e-06}, sampling={'max_new_tokens': args.new_tokens, 'temperature': 1.0, 'top_p': 1.0}, update={'scale_rewards': 'group', 'max_grad_norm': 1.0, 'num_iterations': 1, 'micro_batch_size': min(args.micro_batch, args.prompts * n)})  # fmt: skip
 
 
-def fit(module: GRPOModule, steps: int, n: int, prompts: int) -> None:
-    import lightning as L
-    from torch.utils.data import DataLoader
-
-    problems = [
-        {"id": str(i), "question": q, "answer": "", "n": n} for i, q in enumerate(QUESTIONS)
-    ]
-    trainer = L.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
-    trainer.fit(module, train_dataloaders=DataLoader(problems, batch_size=prompts, collate_fn=list))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="smollm2-135m")
@@ -78,13 +64,14 @@ def main() -> None:
     print(f"# {cpu_line()}; torch threads 1; float32; {args.size}")
     module = module_for(args.size, args.n, args)
     clock = PhaseClock(module)
-    fit(module, args.steps, args.n, args.prompts)
+    loader = DataLoader(problems(args.n), batch_size=args.prompts, collate_fn=list)
+    timed_fit(module, loader, args.steps)
     total = {k: statistics.median(v) for k, v in clock.seconds.items() if v}
     print("## median seconds per step, by phase")
     for phase, s in total.items():
         print(f"{phase:10s} {s:8.2f} s")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fit(module, 1, args.n, args.prompts)
+        timed_fit(module, loader, 1)
     print(f"## top {args.top} operators by self CPU time (one step)")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
 

@@ -189,16 +189,9 @@ def equal_problems_arms(base: str, problems: list, spent: dict, cfg, data, work:
 
 def grpo_arm(start: str, problems: list, rollouts: int, cfg, data, out: str) -> str:
     """Plain GRPO with (f)'s first N, fixed, on all ``problems`` for about ``rollouts`` rollouts."""
+    n, grpo = data.curriculum.start_n, instantiate(cfg.grpo)
     return plain_grpo(
-        start,
-        problems,
-        rollouts,
-        data.curriculum.start_n,
-        instantiate(cfg.grpo),
-        data.batch_size,
-        out,
-        seed=cfg.seed,
-        precision=_precision(cfg).get("precision"),
+        start, problems, rollouts, n, grpo, data.batch_size, out, cfg.seed, **_precision(cfg)
     )
 
 
@@ -260,14 +253,8 @@ def main() -> None:
 def run_sweep(args, start: str, pool: list, cfg, work: str) -> None:
     """The lr/N sweep from (f)'s first SFT model on (f)'s training problems."""
     quick = {"rollouts": 256, "grid": [(2e-4, 4), (2e-4, 16)], "k": 4} if args.quick else {}
-    result = sweep(
-        start,
-        pool,
-        instantiate(cfg.grpo),
-        os.path.join(work, "sweep"),
-        precision=_precision(cfg).get("precision"),
-        **quick,
-    )
+    grpo, out = instantiate(cfg.grpo), os.path.join(work, "sweep")
+    result = sweep(start, pool, grpo, out, **_precision(cfg), **quick)
     suffix = " --quick" if args.quick else ""
     write_sweep(result, args.out, f".venv/bin/python benchmarks/reproduce.py{suffix}")
 

@@ -109,14 +109,8 @@ def main(argv: list[str]) -> None:
     rows = []
     for label in ("it1/rl", "it2/rl"):
         if label in state["models"]:
-            rows.append(
-                (
-                    f"run's {label} model",
-                    None,
-                    None,
-                    judge(state["models"][label], train, easy, args.k),
-                )
-            )
+            scores = judge(state["models"][label], train, easy, args.k)
+            rows.append((f"run's {label} model", None, None, scores))
     rows.append(("base", None, None, judge(resolve_model_path(cfg.model), train, easy, args.k)))
     for name, change in VARIANTS.items():
         if args.only and name[0] not in args.only.split(","):

@@ -24,6 +24,7 @@ import argparse
 import os
 import time
 from dataclasses import dataclass
+from statistics import median
 from typing import Any
 
 import torch
@@ -33,7 +34,6 @@ from vllm_bench import (
     Report,
     cell,
     engine_options,
-    median,
     optimiser_step,
     require_vllm,
     smollm2,

@@ -101,10 +101,6 @@ def optimiser_step(policy: torch.nn.Module, optimiser: torch.optim.Optimizer, to
     optimiser.zero_grad(set_to_none=True)
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def cell(values: list[float], fmt: str = "{:,.0f}") -> str:
     """``median (v1 v2 ...)``, e.g. ``412 (405 412 430)``."""
-    return f"{fmt.format(median(values))} ({' '.join(fmt.format(v) for v in values)})"
+    return f"{fmt.format(statistics.median(values))} ({' '.join(fmt.format(v) for v in values)})"

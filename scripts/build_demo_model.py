@@ -52,15 +52,8 @@ def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
     tok = build_char_tokenizer(tiers.CHARS)
-    model = build_tiny_model(
-        tok,
-        hidden_size=192,
-        num_layers=4,
-        num_heads=6,
-        intermediate_size=512,
-        max_position_embeddings=128,
-        seed=args.seed,
-    )
+    sizes = {"hidden_size": 192, "num_layers": 4, "num_heads": 6, "intermediate_size": 512}
+    model = build_tiny_model(tok, max_position_embeddings=128, seed=args.seed, **sizes)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(
@@ -69,12 +62,8 @@ def train(args: argparse.Namespace) -> None:
     start = time.time()
     for step in range(args.steps):
         pairs = [example(rng, args.chain_fraction) for _ in range(args.batch)]
-        enc = tokenize_pairs(
-            tok,
-            [tiers.PROMPT.format(question=q) for q, _ in pairs],
-            [s for _, s in pairs],
-            max_length=128,
-        )
+        prompts = [tiers.PROMPT.format(question=q) for q, _ in pairs]
+        enc = tokenize_pairs(tok, prompts, [s for _, s in pairs], max_length=128)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
         loss, _ = token_mean_loss(logits, enc["labels"])
