@@ -21,6 +21,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked ``vllm`` are skipped where vllm is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        reason = "vllm is not installed: ./run.sh setup installs vLLM's CPU build (x86_64 Linux)"
+        for item in items:
+            if item.get_closest_marker("vllm"):
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
 @pytest.fixture(scope="session")
 def char_tokenizer():
     """The default character tokenizer (`coscale.models.tiny.build_char_tokenizer()`)."""

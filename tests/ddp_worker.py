@@ -13,19 +13,13 @@ import sys
 
 import lightning as L
 import torch
+from reward_examples import HasDigit
 from trainers import quiet_trainer
 
 from coscale.callbacks import RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule, SFTModule
 from coscale.tasks import arithmetic
-
-
-class DigitReward:
-    """1.0 for a completion with a digit: a signal the random tiny model sometimes earns."""
-
-    def __call__(self, completions, answers, **_):
-        return [float(any(ch.isdigit() for ch in c)) for c in completions]
 
 
 def _trainer(strategy="ddp", devices=2, max_steps=-1, **kw) -> L.Trainer:
@@ -58,10 +52,10 @@ def mark_solvable(dm: ProblemDataModule) -> None:
 
 
 def digit_grpo(model_dir: str, micro_batch_size: int = 3, **kw) -> GRPOModule:
-    """The workers' GRPO module: `DigitReward`, 6 new tokens at temperature 1, lr 0.005."""
+    """The workers' GRPO module: `HasDigit`, 6 new tokens at temperature 1, lr 0.005."""
     return GRPOModule(
         model=model_dir,
-        reward=DigitReward(),
+        reward=HasDigit(),
         optimizer={"lr": 0.005},
         sampling={"max_new_tokens": 6, "temperature": 1.0},
         update={"micro_batch_size": micro_batch_size},

@@ -21,8 +21,9 @@ import sys
 
 import lightning as L
 import torch
-from ddp_worker import DigitReward, loaded_data
 from ddp_worker import _trainer as quiet_trainer
+from ddp_worker import loaded_data
+from reward_examples import HasDigit
 
 from coscale.callbacks import FinalRetrain, ReDistillation
 from coscale.datamodules.serving import CurriculumDataModule
@@ -62,7 +63,7 @@ def main(strategy: str, guard: str, model_dir: str, out: str) -> None:
     final = FinalRetrain(sft=sft, trainer=LOOP, judge_k=2)
     grpo = GRPOModule(
         model=model_dir,
-        reward=DigitReward(),
+        reward=HasDigit(),
         optimizer={"lr": 0.005},
         sampling={"max_new_tokens": 6},
         update={"micro_batch_size": 3},
@@ -70,7 +71,7 @@ def main(strategy: str, guard: str, model_dir: str, out: str) -> None:
     _trainer(strategy, max_epochs=1, callbacks=[redistill, final]).fit(grpo, datamodule=dm)
     _save(full_state_dict(grpo.policy), os.path.join(out, "final.pt"))
     args = {k: v for k, v in sft.items() if k != "batch_size"}
-    stage = SFTModule(model=model_dir, verifier=DigitReward(), **args)
+    stage = SFTModule(model=model_dir, verifier=HasDigit(), **args)
     view = CurriculumDataModule(cur, "all", sft_batch_size=SFT["batch_size"])
     _trainer(strategy, **LOOP).fit(stage, datamodule=view)
     _save(full_state_dict(stage.policy), os.path.join(out, "stage.pt"))

@@ -19,6 +19,7 @@ import pytest
 import torch
 from counting import each_chunk, real_counts
 from lightning.pytorch.loggers import Logger
+from trainers import quiet_trainer
 
 from coscale.callbacks import (
     FinalRetrain,
@@ -605,10 +606,7 @@ def _fit_with_all_callbacks(model_dir, ids):
         FinalRetrain(judge_k=2, **stage),
     ]
     logger = RecordingLogger()
-    off = dict(enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer = L.Trainer(
-        max_epochs=1, accelerator="cpu", devices=1, logger=logger, callbacks=callbacks, **off
-    )
+    trainer = quiet_trainer(-1, max_epochs=1, devices=1, logger=logger, callbacks=callbacks)
     trainer.fit(module, datamodule=dm)
     return dm, callbacks, logger
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_solution_sources import FakeBackend
 
 from coscale.loop.solution_sources import TeacherSolutions
 from coscale.models.prompting import PromptFormat, end_of_turn_id, generation_prompt
 from coscale.modules.policy_mixin import PolicyMixin
-from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, Rollouts, SamplingParams
+from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, SamplingParams
 from coscale.scoring.reward_set import RewardSet
 from coscale.scoring.rewards import MathReward
 from coscale.sft.batch import IGNORE, tokenize_pairs
@@ -115,32 +116,15 @@ def test_sft_grpo_evaluation_and_teacher_build_prompts_through_prompt_format(tok
     host = Host(prompt=CHAT, tokenizer=tok)  # SFTModule, GRPOModule and their evaluation
     assert host.prompts_for(["1+2", "2+2"]) == expected
 
-    seen: list[list[str]] = []
-
-    class Recording:
-        tokenizer = tok
-
-        def generate(self, prompts, n, sampling):
-            seen.append(list(prompts))
-            r = len(prompts)
-            return Rollouts(
-                prompt_index=torch.arange(r),
-                input_ids=torch.zeros(r, 2, dtype=torch.long),
-                attention_mask=torch.ones(r, 2, dtype=torch.long),
-                completion_mask=torch.ones(r, 1),
-                logprobs=torch.zeros(r, 1),
-                texts=["no"] * r,
-                finish_reasons=["stop"] * r,
-                prompt_length=1,
-            )
-
+    recording = FakeBackend([{prompt: ["no"] for prompt in expected}])
+    recording.tokenizer = tok
     teacher = TeacherSolutions(
         "unused/teacher", prompt=CHAT, samples_per_problem=1, reward=lambda c, a: [0.0] * len(c)
     )
-    teacher._backend = Recording()
+    teacher._backend = recording
     requests = [(Problem("p", "1+2", "3"), 1), (Problem("q", "2+2", "4"), 1)]
     assert teacher.propose(requests, lambda pid: []) == {"p": [], "q": []}
-    assert seen == [expected]
+    assert [prompts for prompts, _, _ in recording.calls] == [expected]
 
 
 # ---------------------------------------------------------------------------------- SFT targets

@@ -12,9 +12,10 @@ import json
 import re
 from types import SimpleNamespace
 
-import lightning as L
 import pytest
 import torch
+from reward_examples import HasDigit
+from trainers import quiet_trainer
 
 from coscale.callbacks import PassRateMeasurement, RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
@@ -430,22 +431,8 @@ def test_a_curriculum_datamodule_serves_a_shared_curriculum():
 
 
 # ------------------------------------------------------------------------ plug-in (item 6)
-class DigitReward:
-    """1.0 for a completion with a digit in it."""
-
-    def __call__(self, completions, answers, **_):
-        return [float(any(ch.isdigit() for ch in c)) for c in completions]
-
-
 FIELDS = {"question": "problem", "answer": "final", "solutions": "sols"}
 PROMPT = {"template": "Q:{question}\nA:"}
-QUIET = dict(
-    accelerator="cpu",
-    logger=False,
-    enable_checkpointing=False,
-    enable_progress_bar=False,
-    enable_model_summary=False,
-)
 
 
 def _weights(module):
@@ -469,7 +456,7 @@ def test_plug_in_sft_then_grpo_in_a_plain_trainer(tiny_model_dir, tmp_path):
     # SFT on the bank's pairs
     sft = SFTModule(model=str(tiny_model_dir), prompt=PROMPT, optimizer={"lr": 1e-3}, max_length=64)
     before = _weights(sft)
-    trainer = L.Trainer(max_steps=2, **QUIET)
+    trainer = quiet_trainer(2)
     trainer.fit(sft, datamodule=dm)
     assert trainer.global_step == 2
     after = _weights(sft)
@@ -483,7 +470,7 @@ def test_plug_in_sft_then_grpo_in_a_plain_trainer(tiny_model_dir, tmp_path):
     grpo = GRPOModule(
         model=str(tiny_model_dir),
         prompt=PROMPT,
-        reward=DigitReward(),
+        reward=HasDigit(),
         optimizer={"lr": 0.001},
         sampling={"max_new_tokens": 6, "temperature": 1.0},
     )
@@ -491,7 +478,7 @@ def test_plug_in_sft_then_grpo_in_a_plain_trainer(tiny_model_dir, tmp_path):
         PassRateMeasurement(k=2, every_n_epochs=1),
         RolloutNSchedule(num_groups=2, n_init=2, n_max=4),
     ]
-    trainer = L.Trainer(max_epochs=2, callbacks=callbacks, **QUIET)
+    trainer = quiet_trainer(-1, max_epochs=2, callbacks=callbacks)
     trainer.fit(grpo, datamodule=dm)
     assert trainer.global_step >= 1
     assert cur.schedule is callbacks[1].schedule  # installed in the fit's curriculum

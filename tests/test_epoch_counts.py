@@ -13,6 +13,7 @@ import lightning as L
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from trainers import quiet_trainer
 
 from coscale.stages.epoch_counts import WholeEpochCounts
 
@@ -57,10 +58,7 @@ class StopAfter(L.Callback):
 def _fit(folder, stop: int | None, resume: str | None, fix: bool) -> Linear:
     module = Linear()
     callbacks = [StopAfter(folder, stop), *([WholeEpochCounts()] if fix else [])]
-    trainer = L.Trainer(
-        max_epochs=EPOCHS, callbacks=callbacks, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-    )  # fmt: skip
+    trainer = quiet_trainer(-1, max_epochs=EPOCHS, callbacks=callbacks)
     try:
         trainer.fit(module, ckpt_path=None if resume is None else str(folder / resume))
     except Stopped:

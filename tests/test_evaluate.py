@@ -248,17 +248,13 @@ def test_8gpu_fsdp_pipeline_config_instantiates_with_a_tiny_model():
 # --- GRPO with a vLLM-style backend: GRPOModule keeps the engine in sync ---------------
 
 
-class HasDigitReward:
-    def __call__(self, completions, answers, **_):
-        return [float(any(ch.isdigit() for ch in c)) for c in completions]
-
-
 def test_grpo_steps_keep_a_colocated_engine_in_sync(tiny_model_dir):
+    from reward_examples import HasDigit
     from test_vllm_logic import _backend, _same_weights
 
     from coscale.datamodules import ProblemDataModule
 
-    module = GRPOModule(model=str(tiny_model_dir), reward=HasDigitReward(), optimizer={'lr': 0.01}, sampling={'max_new_tokens': 4, 'temperature': 1.0}, update={'micro_batch_size': 64})  # fmt: skip
+    module = GRPOModule(model=str(tiny_model_dir), reward=HasDigit(), optimizer={'lr': 0.01}, sampling={'max_new_tokens': 4, 'temperature': 1.0}, update={'micro_batch_size': 64})  # fmt: skip
     initial = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     module.backend = _backend(module.policy, module.tokenizer, parity={"tokens": 4})
     rows = [{"id": f"p{i}", "question": f"{i}+{i}", "answer": str(2 * i)} for i in range(8)]

@@ -305,10 +305,7 @@ def test_default_mastered_set_comes_from_the_datamodule(tiny_model, char_tokeniz
     for pid in ("d-0", "d-3"):
         dm.curriculum.pools.record(pid, 10, 10)  # solved
     module = _module(tiny_model, char_tokenizer, forgetting_guard={"mode": "parameter"})
-    L.Trainer(
-        max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    ).fit(module, datamodule=dm)  # fmt: skip
+    quiet_trainer(1).fit(module, datamodule=dm)
     assert module.guard_report["mastered_examples"] == 2.0
     assert [r["id"] for r in dm.curriculum.mastered()] == ["d-0", "d-3"]
 

@@ -8,6 +8,7 @@ import math
 
 import lightning as L
 import torch
+from reward_examples import HasDigit
 from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
@@ -16,13 +17,6 @@ from coscale.modules import GRPOModule, SFTModule
 from coscale.rl.losses import GRPOLoss, GSPOLoss, Mismatch
 from coscale.rollout import CachedDecodeBackend, SamplingParams
 from coscale.tasks import arithmetic
-
-
-class CharCountReward:
-    """A reward with spread on a random model: 1.0 when the completion holds a digit."""
-
-    def __call__(self, completions, answers, **_):
-        return [float(any(ch.isdigit() for ch in c)) for c in completions]
 
 
 class ZeroReward:
@@ -81,7 +75,7 @@ def test_grpo_two_steps_with_different_n_per_problem(tiny_model_dir):
     dm = _rl_dm([2, 5, 3, 4, 1, 6], batch_size=3)  # two batches of three problems in epoch 0
     module = GRPOModule(
         model=str(tiny_model_dir),
-        reward=CharCountReward(),
+        reward=HasDigit(),  # spread on a random model
         optimizer={"lr": 0.01},
         sampling={"max_new_tokens": 6, "temperature": 1.0},
         update={"micro_batch_size": 4},
@@ -232,8 +226,7 @@ def test_modules_with_the_default_prompt_log_their_hparams_to_csv(tiny_model_dir
     module = SFTModule(model=str(tiny_model_dir), optimizer={"lr": 1e-2})
     assert module.hparams_initial["prompt"] == {"template": "{question}", "chat": False,
                                                 "system": None, "chat_template_kwargs": {}}  # fmt: skip
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=CSVLogger(tmp_path),
-                        enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
+    trainer = quiet_trainer(1, logger=CSVLogger(tmp_path))
     trainer.fit(module, datamodule=dm)
     saved = next(tmp_path.rglob("hparams.yaml")).read_text()
     assert "template: '{question}'" in saved
@@ -258,9 +251,7 @@ def test_grpo_fit_with_gspo_and_two_rewards_logs_entropy_every_step_to_csv(
         sampling={"max_new_tokens": 6, "temperature": 1.0},
     )
     before = _params(module)
-    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=CSVLogger(tmp_path),
-                        log_every_n_steps=1, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer = quiet_trainer(2, logger=CSVLogger(tmp_path), log_every_n_steps=1)
     trainer.fit(module, datamodule=_rl_dm([2, 2, 2, 2], batch_size=2))
     assert len(_changed(before, module)) == len(before)
     with open(next(tmp_path.rglob("metrics.csv"))) as f:

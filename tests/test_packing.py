@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 
-import lightning as L
 import pytest
 import torch
 import transformers
 from torch.utils.data import DataLoader
+from trainers import quiet_trainer
 from transformers import LlamaConfig, MistralConfig
 
 from coscale.modules import SFTModule
@@ -218,11 +218,7 @@ def _fit(model, tokenizer, padding_free: bool) -> torch.Tensor:
         verifier=lambda completions, answers, **_: [0.0] * len(completions),
     )  # fmt: skip
     rows = [{"question": q, "solution": s} for q, s in zip(PROMPTS, SOLUTIONS)] * 2
-    trainer = L.Trainer(
-        max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        gradient_clip_val=1.0,
-    )  # fmt: skip
+    trainer = quiet_trainer(3, limit_val_batches=0, gradient_clip_val=1.0)
     trainer.fit(module, train_dataloaders=DataLoader(rows, batch_size=3, collate_fn=list))
     return torch.cat([p.detach().flatten() for p in module.policy.parameters()])
 

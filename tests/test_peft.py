@@ -13,6 +13,8 @@ import re
 import pytest
 import torch
 from jsonargparse import ArgumentParser
+from reward_examples import HasDigit
+from test_modules import _rows
 from torch.utils.data import DataLoader
 from trainers import quiet_trainer
 
@@ -28,7 +30,6 @@ from coscale.rl.losses import GRPOLoss  # noqa: E402
 from coscale.rollout.base import SamplingParams  # noqa: E402
 from coscale.sft.batch import solution_loss, tokenize_pairs  # noqa: E402
 from coscale.sft.packing import can_pack  # noqa: E402
-from coscale.tasks import arithmetic  # noqa: E402
 
 LINEARS = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 """The tiny Llama's linear layers that ``all-linear`` wraps (all but ``lm_head``)."""
@@ -37,20 +38,6 @@ IDS = torch.tensor([[5, 9, 12, 7, 3, 20, 11, 4]])  # [1, 8] a few tokens of the 
 
 def lora(**kw) -> peft.LoraConfig:
     return peft.LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": "all-linear"} | kw)
-
-
-class DigitReward:
-    """1.0 for a completion holding a digit: spread on a random model."""
-
-    def __call__(self, completions, answers, **_):
-        return [float(any(ch.isdigit() for ch in c)) for c in completions]
-
-
-def _rows(n: int, seed: int = 0) -> list[dict]:
-    return [
-        p.to_dict() | {"solutions": arithmetic.solutions_of(p, 3)}
-        for p in arithmetic.generate(n, (2, 3), seed, "t")
-    ]
 
 
 def _pairs(n: int = 8) -> DataLoader:
@@ -69,7 +56,7 @@ def _rl_data(n: int = 4) -> ProblemDataModule:
 
 def _grpo(model_dir, **kw) -> GRPOModule:
     settings = {"max_new_tokens": 6, "temperature": 1.0}
-    return GRPOModule(model=str(model_dir), reward=DigitReward(), sampling=settings, **kw)
+    return GRPOModule(model=str(model_dir), reward=HasDigit(), sampling=settings, **kw)
 
 
 def _split(module) -> tuple[dict, dict]:

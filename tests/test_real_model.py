@@ -15,7 +15,10 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from reward_examples import HasDigit
+from test_modules import _changed, _params
 from torch.utils.data import DataLoader
+from trainers import quiet_trainer
 
 from coscale.callbacks import RolloutNSchedule
 from coscale.datamodules import ProblemDataModule
@@ -29,35 +32,8 @@ CHAT = {"template": "{question}", "chat": True, "system": "Answer briefly."}
 IM_END = "<|im_end|>"
 
 
-class DigitReward:
-    """1.0 for a completion that holds a digit. Sampled at temperature 1 on sums, SmolLM2
-    answers with digits about half the time, so a group of 5 almost always has spread."""
-
-    def __call__(self, completions, answers, **_):
-        return [float(any(ch.isdigit() for ch in c)) for c in completions]
-
-
 def _trainer(steps: int, *callbacks) -> L.Trainer:
-    return L.Trainer(
-        callbacks=list(callbacks),
-        accelerator="cpu",
-        devices=1,
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
-
-
-def _weights(module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
-
-
-def _changed(before, module) -> list[str]:
-    after = module.policy.state_dict()
-    return [k for k in before if not torch.equal(before[k], after[k])]
+    return quiet_trainer(steps, callbacks=list(callbacks), devices=1, limit_val_batches=0)
 
 
 def _rows(n: int, seed: int = 0) -> list[dict]:
@@ -87,7 +63,7 @@ def test_sft_then_grpo_then_export_reloads_in_plain_transformers(smollm2_dir, tm
     # each stage starts from the previous one's export, as in the pipeline
     sft = SFTModule(model=str(smollm2_dir), prompt=CHAT, optimizer={"lr": 1e-5}, max_length=96)
     pairs = [{"question": r["question"], "solution": r["solutions"][0]} for r in _rows(4)]
-    before = _weights(sft)
+    before = _params(sft)
     _trainer(2).fit(sft, train_dataloaders=DataLoader(pairs, batch_size=2, collate_fn=list))
     assert _changed(before, sft)
     sft_dir = sft.export(tmp_path / "sft")
@@ -102,11 +78,13 @@ def test_sft_then_grpo_then_export_reloads_in_plain_transformers(smollm2_dir, tm
     grpo = GRPOModule(
         model=sft_dir,
         prompt=CHAT,
-        reward=DigitReward(),
+        # sampled at temperature 1 on sums, SmolLM2 answers with digits about half the time,
+        # so a group of 5 almost always has spread
+        reward=HasDigit(),
         optimizer={"lr": 1e-05},
         sampling={"max_new_tokens": 16, "temperature": 1.0},
     )
-    before = _weights(grpo)
+    before = _params(grpo)
     trainer = _trainer(1, RolloutNSchedule(n_init=5, factor=1.0))
     trainer.fit(grpo, datamodule=dm)
     assert trainer.global_step == 1 and trainer.callback_metrics["train/skipped"] == 0

@@ -11,6 +11,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from reward_examples import HasDigit
 
 from coscale.callbacks import PassRateMeasurement
 from coscale.datamodules import ProblemDataModule
@@ -19,11 +20,6 @@ from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.modules import GRPOModule
 from coscale.stages.checkpoint import CommitCheckpoint, RunState
 from coscale.tasks import arithmetic
-
-
-class DigitReward:
-    def __call__(self, completions, answers, **_):
-        return [float(any(ch.isdigit() for ch in c)) for c in completions]
 
 
 def _setup(model_dir):
@@ -36,7 +32,7 @@ def _setup(model_dir):
         cur.n_per_problem[pid] = 2 + i % 3
     module = GRPOModule(
         model=str(model_dir),
-        reward=DigitReward(),
+        reward=HasDigit(),
         optimizer={"lr": 0.005},
         sampling={"max_new_tokens": 6, "temperature": 1.0, "seed": 3},
     )

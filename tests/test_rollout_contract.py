@@ -13,7 +13,6 @@ head sizes 32, 64, 80, ... and the default tiny model's is 16.
 from __future__ import annotations
 
 import copy
-import importlib.util
 from dataclasses import dataclass
 
 import pytest
@@ -61,16 +60,10 @@ def _vllm(policy, tokenizer, model_dir) -> RolloutBackend:
     )
 
 
-NO_VLLM = "vllm is not installed: ./run.sh setup installs vLLM's CPU build (x86_64 Linux)"
-_HAS_VLLM = importlib.util.find_spec("vllm") is not None
 CASES = [
     pytest.param(Case(_hf, 1e-5), id="hf"),
     pytest.param(Case(_cached, 1e-5), id="cached"),
-    pytest.param(
-        Case(_vllm, 1e-3, head_dim=32),
-        id="vllm",
-        marks=[pytest.mark.vllm, pytest.mark.skipif(not _HAS_VLLM, reason=NO_VLLM)],
-    ),
+    pytest.param(Case(_vllm, 1e-3, head_dim=32), id="vllm", marks=pytest.mark.vllm),
 ]
 
 

@@ -14,10 +14,10 @@ import copy
 import itertools
 import math
 
-import lightning as L
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from trainers import quiet_trainer
 
 from coscale.modules import GRPOModule
 from coscale.modules import grpo as grpo_module
@@ -279,14 +279,7 @@ def _grpo_step(tiny_model, char_tokenizer, plain=False):
         for i, (q, n) in enumerate(zip(PROMPTS, COUNTS))
     ]
     loader = DataLoader(problems, batch_size=3, collate_fn=list)
-    trainer = L.Trainer(
-        max_steps=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(1)
     trainer.fit(module, train_dataloaders=loader)
     return module, trainer
 

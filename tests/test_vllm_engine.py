@@ -8,23 +8,18 @@ embeddings, so every sync also exercises the tied LM head (`coscale.rollout.vllm
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import random
 
 import lightning as L
 import pytest
 import torch
+from reward_examples import HasDigit
+from test_modules import _changed, _params, _rl_dm, _trainer
 
 from coscale.rollout import HFGenerateBackend, SamplingParams
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vllm is not installed: ./run.sh setup installs vLLM's CPU build (x86_64 Linux)",
-    ),
-]
+pytestmark = pytest.mark.vllm
 PROMPTS = ["1+2=", "7*6=", "x"]
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0)
 
@@ -185,23 +180,31 @@ class _Watch(L.Callback):
         self.greedy = (engine.texts, hf.texts)
 
 
-def test_a_grpo_fit_with_vllm_rollouts_syncs_and_checks_parity_every_step(model32_dir):
-    from test_modules import CharCountReward, _changed, _params, _rl_dm, _trainer
-
+def _grpo(model_dir, **kw):
+    """A GRPOModule on ``model_dir`` rewarding digits (spread on a random model), 8 new tokens
+    at temperature 1, float32 vLLM rollouts; ``kw`` adds or replaces settings."""
     from coscale.modules import GRPOModule
 
-    dm = _rl_dm([4, 4, 4, 4], batch_size=2)
-    module = GRPOModule(
-        model=str(model32_dir),
-        reward=CharCountReward(),
-        optimizer={"lr": 0.02},
-        sampling={"max_new_tokens": 8, "temperature": 1.0},
-        rollout={"backend": "vllm", "options": {"engine": {"dtype": "float32"}}},
-    )
-    before, watch = _params(module), _Watch()
-    trainer = _trainer(3)
-    trainer.callbacks.append(watch)
-    trainer.fit(module, datamodule=dm)
+    settings = {
+        "reward": HasDigit(),
+        "sampling": {"max_new_tokens": 8, "temperature": 1.0},
+        "rollout": {"backend": "vllm", "options": {"engine": {"dtype": "float32"}}},
+    }
+    return GRPOModule(model=str(model_dir), **(settings | kw))
+
+
+def _watched_fit(module, steps: int) -> tuple[L.Trainer, _Watch]:
+    """``steps`` steps of ``module`` on 4 solvable problems, 2 a batch, watched by a `_Watch`."""
+    watch = _Watch()
+    trainer = _trainer(steps, callbacks=[watch])
+    trainer.fit(module, datamodule=_rl_dm([4, 4, 4, 4], batch_size=2))
+    return trainer, watch
+
+
+def test_a_grpo_fit_with_vllm_rollouts_syncs_and_checks_parity_every_step(model32_dir):
+    module = _grpo(model32_dir, optimizer={"lr": 0.02})
+    before = _params(module)
+    trainer, watch = _watched_fit(module, 3)
     assert trainer.global_step == 3 and len(_changed(before, module)) == len(before)
     # sync #1 at the start, one after each of the 3 steps, a parity check after every one (the
     # last sync's at the epoch's end sampling, if any, and at the end of the fit)
@@ -216,25 +219,13 @@ def test_a_grpo_fit_with_vllm_rollouts_syncs_and_checks_parity_every_step(model3
 def test_a_lora_grpo_fit_syncs_the_merged_weights_and_keeps_parity(model32_dir):
     pytest.importorskip("peft", reason="install coscale[peft]")
     from peft import LoraConfig
-    from test_modules import CharCountReward, _rl_dm, _trainer
 
-    from coscale.modules import GRPOModule
-
-    module = GRPOModule(
-        model=str(model32_dir),
-        reward=CharCountReward(),
-        optimizer={"lr": 0.05},
-        sampling={"max_new_tokens": 8, "temperature": 1.0},
-        rollout={"backend": "vllm", "options": {"engine": {"dtype": "float32"}}},
-        peft=LoraConfig(r=4, lora_alpha=16, target_modules="all-linear"),
-    )
+    lora = LoraConfig(r=4, lora_alpha=16, target_modules="all-linear")
+    module = _grpo(model32_dir, optimizer={"lr": 0.05}, peft=lora)
     frozen = {
         n: p.detach().clone() for n, p in module.policy.named_parameters() if "lora_" not in n
     }
-    watch = _Watch()
-    trainer = _trainer(3)
-    trainer.callbacks.append(watch)
-    trainer.fit(module, datamodule=_rl_dm([4, 4, 4, 4], batch_size=2))
+    trainer, watch = _watched_fit(module, 3)
     assert trainer.global_step == 3
     lora_b = [p for n, p in module.policy.named_parameters() if "lora_B" in n]
     assert lora_b and all(p.abs().sum() > 0 for p in lora_b)  # the adapter moved off zero
@@ -253,23 +244,15 @@ def test_a_lora_grpo_fit_syncs_the_adapter_alone_and_keeps_parity(model32_dir):
     request after every step; parity after every sync, greedy output equal to the trainer's."""
     pytest.importorskip("peft", reason="install coscale[peft]")
     from peft import LoraConfig
-    from test_modules import CharCountReward, _rl_dm, _trainer
-
-    from coscale.modules import GRPOModule
 
     options = {"engine": {"dtype": "float32"}, "sync": {"adapter": "lora"}}
-    module = GRPOModule(
-        model=str(model32_dir),
-        reward=CharCountReward(),
+    module = _grpo(
+        model32_dir,
         optimizer={"lr": 0.05},
-        sampling={"max_new_tokens": 8, "temperature": 1.0},
         rollout={"backend": "vllm", "options": options},
         peft=LoraConfig(r=4, lora_alpha=16, target_modules="all-linear"),
     )
-    watch = _Watch()
-    trainer = _trainer(3)
-    trainer.callbacks.append(watch)
-    trainer.fit(module, datamodule=_rl_dm([4, 4, 4, 4], batch_size=2))
+    trainer, watch = _watched_fit(module, 3)
     assert trainer.global_step == 3
     book = module._backend.book
     lora = [n for n, _ in module.policy.named_parameters() if "lora_" in n]
@@ -303,13 +286,8 @@ def test_ddp_on_two_cpu_ranks_with_one_engine_per_rank(model32_dir, tmp_path):
 
 def test_a_grpo_fit_on_smollm2_with_vllm_rollouts(smollm2_dir):
     # the real chat model: BPE tokenizer, ChatML template, <|im_end|> ends a turn
-    from test_modules import CharCountReward, _rl_dm, _trainer
-
-    from coscale.modules import GRPOModule
-
-    module = GRPOModule(
-        model=str(smollm2_dir),
-        reward=CharCountReward(),
+    module = _grpo(
+        smollm2_dir,
         prompt={"template": "Compute {question}.", "chat": True},
         optimizer={"lr": 1e-05},
         sampling={"max_new_tokens": 12, "temperature": 1.0},
@@ -318,11 +296,8 @@ def test_a_grpo_fit_on_smollm2_with_vllm_rollouts(smollm2_dir):
             "options": {"engine": {"max_model_len": 256, "kwargs": {"enforce_eager": True}}},
         },
     )
-    watch = _Watch()
-    trainer = _trainer(2)
-    trainer.callbacks.append(watch)
     # two batches in epoch 0: both steps there, whichever pools the first epoch's rollouts leave
-    trainer.fit(module, datamodule=_rl_dm([4, 4, 4, 4], batch_size=2))
+    _, watch = _watched_fit(module, 2)
     versions = [version for version, _ in watch.parity]
     assert sorted(set(versions)) == [1, 2, 3], watch.parity
     assert all(r.ok and r.mean_abs < 1e-3 for _, r in watch.parity), watch.parity

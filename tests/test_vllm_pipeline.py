@@ -17,7 +17,6 @@ uninterrupted run's.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -30,15 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.vllm,
-    pytest.mark.timeout(1500),
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vllm is not installed: ./run.sh setup installs vLLM's CPU build (x86_64 Linux)",
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500)]
 CONFIGS = (ROOT / "configs" / "tiny.yaml", ROOT / "tests" / "configs" / "vllm_tiny.yaml")
 STARTED = "[coscale] vLLM engine started"
 

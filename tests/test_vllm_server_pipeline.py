@@ -15,7 +15,6 @@ through every stage on a server, its RL batches sampled a step ahead.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import signal
@@ -30,15 +29,7 @@ import pytest
 from coscale.rollout.vllm.server.launch import LAUNCHER
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.vllm,
-    pytest.mark.timeout(1800),
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vllm is not installed: ./run.sh setup installs vLLM's CPU build (x86_64 Linux)",
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800)]
 TINY = (ROOT / "configs" / "tiny.yaml", ROOT / "tests" / "configs" / "vllm_tiny.yaml")
 SMOLLM2 = (ROOT / "configs" / "smollm2-135m" / "smoke.yaml",)
 STARTED = "[coscale] vLLM server started at"

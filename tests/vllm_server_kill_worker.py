@@ -20,7 +20,8 @@ import sys
 
 import lightning as L
 import torch
-from ddp_worker import DigitReward, loaded_data, mark_solvable
+from ddp_worker import loaded_data, mark_solvable
+from reward_examples import HasDigit
 
 from coscale.loop import budget
 from coscale.loop.checkpoint_store import last_checkpoint
@@ -59,7 +60,7 @@ def main(url: str, model_dir: str, out: str, mode: str) -> None:
     mark_solvable(dm)
     rollout = {"backend": "vllm-server", "options": {"server": {"url": url}}}
     module = GRPOModule(
-        model=model_dir, reward=DigitReward(), optimizer={"lr": 0.005}, rollout=rollout,
+        model=model_dir, reward=HasDigit(), optimizer={"lr": 0.005}, rollout=rollout,
         sampling={"max_new_tokens": 6, "temperature": 1.0},
         update={"micro_batch_size": 4, "max_staleness": 1},
     )  # fmt: skip
