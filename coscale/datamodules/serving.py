@@ -3,9 +3,10 @@
 What a fit gets depends on the module, not on a flag flipped from outside: a module whose
 ``data_kind`` is ``"sft"`` gets (question, solution) pairs of ``sft_source``; one whose
 ``data_kind`` is ``"rl"`` gets the solvable problems, each with its own Rollout N. The loader is
-rebuilt every epoch (the pools change); the curriculum is saved in every Lightning checkpoint,
-and the fit's position (:class:`~coscale.datamodules.batches.FitCursor`, counted here) with the
-loader, which resumes mid-epoch from it.
+rebuilt every epoch (the pools change); the curriculum and what the running epoch was served
+(:class:`~coscale.datamodules.epoch_snapshot.EpochSnapshot`) are saved in every Lightning
+checkpoint, and the fit's position (:class:`~coscale.datamodules.batches.FitCursor`, counted
+here) with the loader, which resumes mid-epoch from it, over the same items.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from coscale.checks import at_least, one_of
 from coscale.datamodules.batches import FitCursor, epoch_loader
+from coscale.datamodules.epoch_snapshot import EpochSnapshot, resumed_items
 from coscale.loop.curriculum import SFT_SOURCES, Curriculum, SFTSource
 from coscale.loop.problem import Problem
 
@@ -72,11 +74,14 @@ class CurriculumDataModule(L.LightningDataModule):
         self.batch_size, self.sft_batch_size = batch_size, sft_batch_size
         self.val_batch_size, self.val_problems = val_batch_size, list(val_problems)
         self.cursor = FitCursor()  # where the running fit is: its train loader's state
+        self.served: EpochSnapshot | None = None  # what the running epoch's loader holds
+        self._resume_from: dict[str, Any] | None = None  # a checkpoint's EpochSnapshot state
 
     def setup(self, stage: str | None = None) -> None:
         if stage == "fit":
             self.cursor = FitCursor()  # a new fit starts at epoch 0; a resumed one's loader
-            # gets its position back from the checkpoint
+            # gets its position back from the checkpoint, its items from load_state_dict
+            self.served, self._resume_from = None, None
         trainer = self.trainer
         if trainer is not None and trainer.reload_dataloaders_every_n_epochs != 1:
             rank_zero_info(f"{type(self).__name__}: reloading the train loader every epoch")
@@ -94,7 +99,10 @@ class CurriculumDataModule(L.LightningDataModule):
         kind = data_kind(trainer.lightning_module) if trainer is not None else "rl"
         epoch = trainer.current_epoch if trainer is not None else self.cursor.epoch + 1
         size = self.batch_size if kind == "rl" else self.sft_batch_size
-        loader = epoch_loader(lambda: self.items(kind), size, self.curriculum.settings.seed, epoch)
+        items = resumed_items(self._resume_from, kind, epoch, lambda: self.items(kind))
+        self._resume_from = None  # the first loader after a restore only
+        self.served = EpochSnapshot(epoch, kind, items)
+        loader = epoch_loader(lambda: items, size, self.curriculum.settings.seed, epoch)
         self.cursor = loader.cursor  # counted below, saved and restored with the loader
         return loader
 
@@ -116,8 +124,11 @@ class CurriculumDataModule(L.LightningDataModule):
 
     # -------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """The curriculum (the fit's position is its train loader's state)."""
-        return {"curriculum": self.curriculum.state_dict()}
+        """The curriculum and what the running epoch was served (the fit's position in it is
+        its train loader's state)."""
+        served = None if self.served is None else self.served.state_dict()
+        return {"curriculum": self.curriculum.state_dict(), "served": served}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.curriculum.load_state_dict(state["curriculum"])
+        self._resume_from = state.get("served")  # none in checkpoints of earlier releases
