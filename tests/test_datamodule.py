@@ -402,10 +402,10 @@ def test_restored_state_resumes_mid_epoch():
     trainer.training = True
     assert dm.cursor is loader.cursor and loader.state_dict() == {"epoch": 1, "consumed": 1}
     # the position is the loader's state (Lightning saves it with the fit loop); the
-    # DataModule's own state is the curriculum
+    # DataModule's own state is the curriculum and what the epoch was served
     loader_state = json.loads(json.dumps(loader.state_dict()))
     state = json.loads(json.dumps(dm.state_dict()))
-    assert set(state) == {"curriculum"}
+    assert set(state) == {"curriculum", "served"} and state["served"]["count"] == 5
     fresh = ProblemDataModule(train=rows, batch_size=2)
     fresh.trainer = trainer
     fresh.setup("fit")  # Lightning's order: setup, the DataModule's state, the loader, its state
@@ -419,13 +419,61 @@ def test_restored_state_resumes_mid_epoch():
     assert fresh.cursor == FitCursor(epoch=2, consumed=0)
 
 
+def test_a_resumed_epoch_serves_what_it_was_served_though_the_pools_changed():
+    """The RL module closes an epoch in the step that trains its last batch (the pools change),
+    and a step checkpoint follows: resumed from it, the epoch is served as it was, not rebuilt
+    from the changed pools (rebuilt empty, Lightning skipped the rest of the stage)."""
+    rows = [{"id": i, "question": f"q{i}", "answer": f"ans{i}"} for i in "abcde"]
+    dm = _dm(rows, batch_size=2)
+    for pid in "abcde":
+        dm.curriculum.pools.record(pid, 4, 1)
+    dm.trainer = _trainer("rl", epoch=0)
+    dm.setup("fit")
+    full = list(dm.train_dataloader())
+    for batch in full:
+        dm.on_before_batch_transfer(batch, 0)
+    for pid in "abcde":  # the close: every problem leaves RL
+        dm.curriculum.pools.record(pid, 4, 4)
+    assert dm.curriculum.rl_items() == []
+    state = json.loads(json.dumps(dm.state_dict()))
+    fresh = ProblemDataModule(train=rows, batch_size=2)
+    fresh.trainer = dm.trainer
+    fresh.setup("fit")
+    fresh.load_state_dict(state)
+    resumed = fresh.train_dataloader()
+    assert resumed.dataset.batches == full  # the same epoch, so the same batches
+    resumed.load_state_dict({"epoch": 0, "consumed": 3})
+    assert list(resumed) == []  # every batch was trained: the epoch's end work comes next
+    fresh.trainer.current_epoch = 1
+    assert list(fresh.train_dataloader()) == []  # the next epoch reads the pools as they are
+
+
+def test_a_resumed_sft_epoch_checks_its_pairs_against_the_digest():
+    dm = _dm(sft_batch_size=2)
+    dm.trainer = _trainer("sft", epoch=0)
+    dm.setup("fit")
+    full = list(dm.train_dataloader())
+    state = json.loads(json.dumps(dm.state_dict()))
+    assert "items" not in state["served"]  # SFT pairs: a count and a digest, not the texts
+    fresh = _dm(sft_batch_size=2)
+    fresh.trainer = dm.trainer
+    fresh.setup("fit")
+    fresh.load_state_dict(state)
+    assert list(fresh.train_dataloader()) == full
+    fresh.setup("fit")
+    fresh.load_state_dict(state)
+    fresh.curriculum.bank.add("a", "a new solution")
+    with pytest.warns(UserWarning, match=r"epoch 0 builds 5 SFT pairs that differ from the 4"):
+        fresh.train_dataloader()
+
+
 def test_a_curriculum_datamodule_serves_a_shared_curriculum():
     cur = Curriculum()
     cur.add_problems([Problem("x", "1+1", "2"), Problem("y", "2+2", "4")])
     cur.record_measurement({"x": (4, 1), "y": (4, 0)})
     dm = CurriculumDataModule(cur, batch_size=4)
     assert list(dm.train_dataloader()) == [[{"id": "x", "question": "1+1", "answer": "2", "n": 8}]]
-    assert dm.state_dict() == {"curriculum": cur.state_dict()}
+    assert dm.state_dict() == {"curriculum": cur.state_dict(), "served": dm.served.state_dict()}
     with pytest.raises(ValueError, match=r"CurriculumDataModule: sft_source must be one of"):
         CurriculumDataModule(cur, sft_source="x")
 

@@ -16,8 +16,15 @@ equal those of the uninterrupted run of the same strategy, bit for bit. What is 
 * tests/configs/every_switch.yaml, one process: every switch the demo and the SmolLM2 configs
   turn on (checkpoint selection, re-distillation each iteration, ``distill_weight``, the
   forgetting guard, ``final.rl``, ``final.keep: better``, a replay share), killed inside a
-  selection scoring, inside a distilled and guarded re-distillation, inside the final RL stage,
-  between the final judge and its copy, and between the final stage and the state file.
+  selection scoring, inside a distilled and guarded re-distillation, between the final judge
+  and its copy, and between the final stage and the state file; and under
+  tests/configs/rl_every_batch.yaml, with and without a measurement after each RL epoch, inside
+  an epoch of each RL stage (both iterations', the final one).
+
+Every kill point is asserted to lie strictly inside its stage in the reference run (an optimizer
+step before it, a checkpoint of the stage after it): a run's steps depend on the CPU's numerics,
+and a point that slips out of its stage would test less on that machine. The spend of every stage
+(samples, SFT examples) is compared with the rest.
 * tests/configs/two_ranks.yaml under DDP and under FSDP2 (2 CPU processes, gloo; an FSDP2
   checkpoint is a folder of shards): the same chain, inside a selection scoring, right after a
   last-step checkpoint, inside RL with only rank 1 killed (rank 0 then fails at its next
@@ -64,6 +71,9 @@ def _final(run_dir: Path) -> tuple[dict, dict]:
 
 def _assert_same(got: tuple[dict, dict], want: tuple[dict, dict]) -> None:
     (state, weights), (ref_state, ref_weights) = got, want
+    spend, ref_spend = state["results"]["spend"], ref_state["results"]["spend"]
+    for stage, counts in ref_spend.items():  # samples and SFT examples, stage by stage
+        assert spend.get(stage) == counts, f"{stage} spent {spend.get(stage)}, not {counts}"
     for key in ("done", "curriculum", "results", "models"):
         a, b = state[key], ref_state[key]
         if key == "models":  # folders differ by run dir only
@@ -81,13 +91,42 @@ def uninterrupted(tmp_path_factory):
     return _final(run_dir), runs.commit_labels(commits)
 
 
+def _step_of(label: str) -> int:
+    """The optimizer step a checkpoint's label names (``... ckpt step 3``, ``... ckpt epoch 0
+    end, step 3``)."""
+    return int(label.rsplit("step ", 1)[1])
+
+
+def _assert_inside(labels: list[str], point: str) -> str:
+    """``point``, after asserting that it lies strictly inside its stage in the reference run:
+    a checkpoint after an optimizer step of the stage, with a checkpoint of the stage after it
+    (the stage's work goes on past the kill). Numerics differ between CPUs, so a stage's steps
+    do too: a kill that lands elsewhere would test less on that machine, and fails here."""
+    stage = point.split(" ckpt ")[0]
+    ckpts = [x for x in labels if x.startswith(f"{stage} ckpt ")]
+    later = ckpts[ckpts.index(point) + 1 :]
+    assert _step_of(point) > 0 and later, f"{point!r} is not inside {stage}: {ckpts}"
+    return point
+
+
+def _mid_stage(labels: list[str], stage: str, kind: str = "") -> str:
+    """The middle of the checkpoints of ``stage`` (``kind``: ``step`` for those inside an
+    epoch only) that lie inside it in the reference run (:func:`_assert_inside`)."""
+    ckpts = [x for x in labels if x.startswith(f"{stage} ckpt {kind}")]
+    last = [x for x in labels if x.startswith(f"{stage} ckpt ")][-1]
+    inside = [x for x in ckpts if _step_of(x) > 0 and x != last]
+    assert inside, f"no {kind or 'checkpoint'} inside {stage} in the reference run: {ckpts}"
+    return _assert_inside(labels, inside[len(inside) // 2])
+
+
 def _last_step_of_first_epoch(labels: list[str], stage: str) -> str:
-    """The step checkpoint right before the stage's first epoch-end checkpoint. Resumed from
-    there, Lightning went on without counting the next epoch started; a second kill inside
-    that epoch then repeated it (coscale.stages.epoch_counts)."""
-    end = labels.index(f"{stage} ckpt epoch 0 end")
+    """The last step checkpoint before the stage's first epoch-end checkpoint (the epoch's last
+    step has none: its epoch-end checkpoint follows the end work, coscale.stages.checkpoint).
+    Killed there and again inside the next epoch, the epoch's end work and the next epoch's
+    batches must each run once."""
+    end = next(i for i, x in enumerate(labels) if x.startswith(f"{stage} ckpt epoch 0 end"))
     assert labels[end - 1].startswith(f"{stage} ckpt step"), labels[end - 1]
-    return labels[end - 1]
+    return _assert_inside(labels, labels[end - 1])
 
 
 def _kill_points(labels: list[str]) -> list[str]:
@@ -99,11 +138,11 @@ def _kill_points(labels: list[str]) -> list[str]:
             first = _last_step_of_first_epoch(labels, stage)  # then inside the next epoch
             later = steps[steps.index(first) + 1 : -1]
             assert later, f"{stage}: no step inside its second epoch to kill at ({steps})"
-            points += [first, later[len(later) // 2]]
+            points += [first, _assert_inside(labels, later[len(later) // 2])]
         if stage in ("warmup", "final/retrain"):
-            points.append(steps[len(steps) // 2])  # inside the stage
+            points.append(_mid_stage(labels, stage, "step"))  # inside the stage
         if stage in ("it1/sft", "it1/rl"):
-            points.append(steps[-1])  # right after its last-step checkpoint
+            points.append(_assert_inside(labels, steps[-1]))  # right after its last step
         # between the stage's end and its state file
         points += [x for x in labels if x == f"{stage} end, before the state file"]
     assert points == sorted(set(points), key=labels.index), points
@@ -170,11 +209,11 @@ def test_lora_killed_inside_each_training_stage_resumes_to_the_same_result(tmp_p
     }
     assert all(steps.values()), steps  # every stage trained and checkpointed
     points = [
-        steps["warmup"][len(steps["warmup"]) // 2],  # inside the first adapter's SFT
+        _mid_stage(labels, "warmup", "step"),  # inside the first adapter's SFT
         "it1/sft end, before the state file",
         _last_step_of_first_epoch(labels, "it1/rl"),  # inside RL on the SFT stage's export
-        steps["it1/rl"][-1],  # then right after its last-step checkpoint
-        steps["final/retrain"][len(steps["final/retrain"]) // 2],
+        _assert_inside(labels, steps["it1/rl"][-1]),  # then right after its last step
+        _mid_stage(labels, "final/retrain", "step"),
     ]
     assert points == sorted(set(points), key=labels.index) and set(points) <= set(labels), points
     run_dir = tmp_path / "run"
@@ -201,13 +240,13 @@ def every_switch(tmp_path_factory):
     return _final(run_dir), runs.commit_labels(commits), run_dir
 
 
+RL_STAGES = ("it1/rl", "it2/rl", "final/rl")  # every_switch.yaml's: both iterations, final
+
+
 def _every_switch_points(labels: list[str]) -> list[str]:
-    redistill = [x for x in labels if x.startswith("it1/redistill ckpt step")]
-    final_rl = [x for x in labels if x.startswith("final/rl ckpt")]
     points = [
         next(x for x in labels if x.startswith("it1/sft select step") and "150" not in x),
-        redistill[len(redistill) // 2],  # distilled from it1/rl, guarded, selected
-        final_rl[0],  # inside the final RL stage (after its first epoch)
+        _mid_stage(labels, "it1/redistill", "step"),  # distilled from it1/rl, guarded, selected
         "final judged, before the copy",
         "final end, before the state file",
     ]
@@ -215,7 +254,7 @@ def _every_switch_points(labels: list[str]) -> list[str]:
     return points
 
 
-def test_every_switch_killed_in_scoring_final_rl_and_judge_resumes_to_the_same_result(
+def test_every_switch_killed_in_scoring_redistillation_and_judge_resumes_to_the_same_result(
     every_switch, tmp_path
 ):
     want, labels, ref_dir = every_switch
@@ -229,6 +268,31 @@ def test_every_switch_killed_in_scoring_final_rl_and_judge_resumes_to_the_same_r
     for point in _every_switch_points(labels):
         assert _run(run_dir, EVERY_SWITCH, COSCALE_KILL_AT=point) == -signal.SIGKILL, point
     assert _run(run_dir, EVERY_SWITCH) == 0
+    _assert_same(_final(run_dir), want)
+
+
+@pytest.mark.parametrize("measure_every", [1, 0])
+def test_every_rl_stage_killed_inside_an_epoch_resumes_to_the_same_result(measure_every, tmp_path):
+    """every_switch.yaml under tests/configs/rl_every_batch.yaml (a reward with spread in every
+    group and several batches an epoch, so every RL stage steps inside its epochs on any CPU),
+    with and without a measurement after each RL epoch: each RL stage (both iterations', the
+    final one) killed at its middle step checkpoint inside an epoch; the curriculum, the spend
+    of every stage and the weights must equal the uninterrupted run's."""
+    graded = {"PYTHONPATH": f"{runs.ROOT}:{runs.ROOT / 'tests'}"}  # reward_examples
+    extra = ("--config", str(ROOT / "tests" / "configs" / "rl_every_batch.yaml"))
+    extra += ("--pipeline.rl_measure_every", str(measure_every))
+    ref_dir, commits = tmp_path / "full" / "run", tmp_path / "commits.tsv"
+    ref_dir.parent.mkdir()
+    cmd = [*_cmd(ref_dir, EVERY_SWITCH), *extra]
+    assert runs.run(cmd, tmp_path / "full.log", COSCALE_COMMIT_LOG=str(commits), **graded) == 0
+    want, labels = _final(ref_dir), runs.commit_labels(commits)
+    points = [_mid_stage(labels, stage, "step") for stage in RL_STAGES]
+    assert all(want[0]["results"]["spend"][stage]["rollouts"] > 0 for stage in RL_STAGES)
+    run_dir, log = tmp_path / "run", tmp_path / "chain.log"
+    cmd = [*_cmd(run_dir, EVERY_SWITCH), *extra]
+    for point in points:
+        assert runs.run(cmd, log, COSCALE_KILL_AT=point, **graded) == -signal.SIGKILL, point
+    assert runs.run(cmd, log, **graded) == 0
     _assert_same(_final(run_dir), want)
 
 
@@ -251,8 +315,8 @@ def _two_rank_points(labels: list[str]) -> list[tuple[str, str | None]]:
     sft_steps = [x for x in labels if x.startswith("it1/sft ckpt step")]
     points = [
         ("it1/sft select step 2 scored", None),  # inside a selection scoring
-        (sft_steps[-1], None),  # right after the last-step checkpoint
-        ("it1/rl ckpt step 1", "1"),  # inside RL, rank 1 alone
+        (_assert_inside(labels, sft_steps[-1]), None),  # right after the last-step checkpoint
+        (_assert_inside(labels, "it1/rl ckpt step 1"), "1"),  # inside RL, rank 1 alone
         ("it1/rl end, before the state file", None),
     ]
     names = [p for p, _ in points]

@@ -126,7 +126,7 @@ class CurriculumDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The curriculum and what the running epoch was served (the fit's position in it is
         its train loader's state)."""
-        served = None if self.served is None else self.served.state_dict()
+        served = self._resume_from if self.served is None else self.served.state_dict()
         return {"curriculum": self.curriculum.state_dict(), "served": served}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

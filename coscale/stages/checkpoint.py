@@ -1,7 +1,7 @@
 """The callbacks every stage fit carries: atomic commit checkpoints, and the run's own state.
 
-:class:`CommitCheckpoint` writes a whole checkpoint every ``every_n_steps`` optimiser steps and
-after each epoch's end-of-epoch work (it is a ``Checkpoint``, so Lightning runs its epoch-end hook
+:class:`CommitCheckpoint` writes a whole checkpoint every ``every_n_steps`` optimiser steps (but
+after an epoch's last one) and after each epoch's end-of-epoch work (it is a ``Checkpoint``, so Lightning runs its epoch-end hook
 after the module's and the other callbacks'). The epoch-end save writes even at a step saved
 already (where Lightning's ``ModelCheckpoint`` skips it), so the last checkpoint of an epoch
 holds its end-of-epoch work.
@@ -30,6 +30,7 @@ from coscale.loop.checkpoint_store import (
     switch_to,
 )
 from coscale.loop.commit import commit_point
+from coscale.modules.fit_data import epoch_finished
 
 
 class CommitCheckpoint(Checkpoint):
@@ -60,15 +61,18 @@ class CommitCheckpoint(Checkpoint):
     @override
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         step = trainer.global_step
-        # at max_steps the epoch-end save follows at once, with the end work done; a checkpoint
-        # before it would resume into a fit Lightning finds finished and skips, losing that work
-        last = 0 < trainer.max_steps <= step
+        # After an epoch's last batch (or at max_steps) the epoch-end save follows, once the
+        # epoch's end work is done. Lightning 2.6 resumes a checkpoint taken between the two in
+        # the next epoch without the end hooks (measurement, the epoch-end save), builds that
+        # epoch's loader at once (from an empty one it fails), or finds the fit finished: the
+        # end work would be lost. A kill there resumes from the step before and redoes the last.
+        last = 0 < trainer.max_steps <= step or epoch_finished(trainer)
         if step != self._saved_step and step % self.every_n_steps == 0 and step > 0 and not last:
             self.save(trainer, f"step {step}")
 
     @override
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self.save(trainer, f"epoch {trainer.current_epoch} end")
+        self.save(trainer, f"epoch {trainer.current_epoch} end, step {trainer.global_step}")
 
     def save(self, trainer: Any, what: str) -> None:
         """Writes a new version (every rank takes part), then switches the pointer to it."""
