@@ -31,13 +31,59 @@ def test_a_save_is_a_new_version_and_the_pointer_switches_to_it(tmp_path):
     half = store.next_version(folder)  # not switched to: a save killed halfway
     assert half == second
     store.switch_to(second)
-    assert sorted(os.listdir(folder)) == ["latest", "v000002.ckpt"]  # the old folder removed
+    # the whole version before it is kept, each with its manifest
+    assert sorted(os.listdir(folder)) == sorted(["latest", *_version(1), *_version(2)])
     os.makedirs(os.path.join(folder, "v000003.ckpt"))  # killed before its switch
     assert store.last_checkpoint(folder) == second  # resume reads the whole one
     assert store.remove_leftovers(folder) == ["v000003.ckpt"]
-    os.remove(second)
-    with pytest.raises(FileNotFoundError, match=r"names v000002\.ckpt, which is missing"):
+    third = store.next_version(folder)
+    Path(third).write_text("whole")
+    store.switch_to(third)
+    assert sorted(os.listdir(folder)) == sorted(["latest", *_version(2), *_version(3)])
+    os.remove(third)
+    with pytest.raises(FileNotFoundError, match=r"names v000003\.ckpt, which is missing"):
         store.last_checkpoint(folder)
+
+
+def _version(k: int) -> list[str]:
+    return [f"v{k:06d}.ckpt", f"v{k:06d}.ckpt.manifest.json"]
+
+
+def _save(folder: str, text: str, what: str) -> str:
+    path = store.next_version(folder)
+    Path(path).write_text(text)
+    store.switch_to(path, what)
+    return path
+
+
+def test_a_truncated_latest_checkpoint_resumes_from_the_one_before(tmp_path, capsys):
+    folder = str(tmp_path)
+    first = _save(folder, "step three", "step 3")
+    second = _save(folder, "step four", "step 4")
+    with open(second, "r+") as f:
+        f.truncate(4)  # storage that lost the end of the write
+    assert store.last_checkpoint(folder) == first
+    err = capsys.readouterr().err
+    assert f"checkpoint {second} is damaged (v000002.ckpt holds 4 of its 9 bytes)" in err
+    assert "resuming from v000001.ckpt (step 3), the commit point before it" in err
+    assert store.last_checkpoint(folder) == first and capsys.readouterr().err == ""  # said once
+    third = _save(folder, "step four again", "step 4")  # the redone step replaces the damaged
+    assert store.last_checkpoint(folder) == third
+    assert sorted(os.listdir(folder)) == sorted(["latest", *_version(1), *_version(3)])
+
+
+def test_a_missing_shard_is_found_and_no_whole_version_restarts_the_stage(tmp_path, capsys):
+    folder = str(tmp_path)
+    path = store.next_version(folder)
+    os.makedirs(path)  # FSDP2's folder: a shard per rank, metadata
+    for name in ("__0_0.distcp", "__1_0.distcp", ".metadata"):
+        (Path(path) / name).write_text(name)
+    store.switch_to(path, "step 1")
+    assert store.damage(path) is None
+    os.remove(Path(path) / "__1_0.distcp")
+    assert store.damage(path) == "__1_0.distcp is missing"
+    assert store.last_checkpoint(folder) is None  # the stage starts again from its start
+    assert "no whole checkpoint is left before it" in capsys.readouterr().err
 
 
 def test_a_run_saved_before_versions_resumes_from_its_last_ckpt(tmp_path):
@@ -95,7 +141,7 @@ def test_a_full_disk_stops_the_run_naming_the_folder_and_the_same_command_resume
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"In {folder}, the last whole checkpoint, {folder / 'v000001.ckpt'}," in err
     assert "the disk is full" in err and "run the same command to resume" in err
-    assert sorted(os.listdir(folder)) == ["latest", "v000001.ckpt"]  # the half one removed
+    assert sorted(os.listdir(folder)) == ["latest", *_version(1)]  # the half one removed
     assert torch.load(folder / "v000001.ckpt", weights_only=False)["global_step"] == 1
     state = json.loads((run_dir / "pipeline_state.json").read_text())
     assert state["done"] == ["warmup", "it1/scale"]

@@ -182,6 +182,22 @@ def test_sigkill_by_a_timer_inside_the_rl_stage_resumes_to_the_same_result(unint
     _assert_same(_final(run_dir), want)
 
 
+def test_a_truncated_latest_checkpoint_resumes_from_the_one_before(uninterrupted, tmp_path):
+    """Killed inside RL, its latest checkpoint then truncated (storage that lost the end of a
+    write): the restart names the damage, resumes from the checkpoint before and redoes the
+    step, to the uninterrupted run's result."""
+    want, labels = uninterrupted
+    run_dir = tmp_path / "run"
+    assert _run(run_dir, COSCALE_KILL_AT=_mid_stage(labels, "it1/rl", "step")) == -signal.SIGKILL
+    folder = run_dir / "it1" / "rl" / "ckpt"
+    latest = folder / (folder / "latest").read_text().split()[0]
+    with open(latest, "r+b") as f:
+        f.truncate(latest.stat().st_size // 2)
+    assert _run(run_dir) == 0
+    assert f"checkpoint {latest} is damaged" in (tmp_path / "run.log").read_text()
+    _assert_same(_final(run_dir), want)
+
+
 # -------------------------------------------------------------- LoRA, one process
 def _lora_run(run_dir: Path, **extra: str) -> int:
     """configs/tiny.yaml with tests/configs/tiny_lora.yaml over it (every stage a LoRA)."""

@@ -93,6 +93,28 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_model_dir, tmp_path, 
     _assert_same_run(resumed_module, resumed_dm, full_module, full_dm, tiny_model_dir)
 
 
+def test_no_step_checkpoint_between_an_epochs_last_step_and_its_end(tiny_model_dir, tmp_path):
+    # Lightning 2.6 resumes a checkpoint saved there in the next epoch without the end hooks
+    # (and fails when that epoch's loader is empty): the epoch-end checkpoint, after the end
+    # work, is the last step's
+    from coscale.modules.fit_data import epoch_finished
+
+    class Saves(CommitCheckpoint):
+        seen: list[tuple[str, bool]] = []
+
+        def save(self, trainer, what):
+            self.seen.append((what, epoch_finished(trainer)))
+            super().save(trainer, what)
+
+    module, dm = _setup(tiny_model_dir)
+    callbacks = [RunState(), Saves(str(tmp_path / "ckpt"))]
+    _fit(module, dm, tmp_path / "ckpt", callbacks=callbacks, max_epochs=2)
+    steps = [finished for what, finished in Saves.seen if what.startswith("step")]
+    ends = [what for what, finished in Saves.seen if finished and not what.startswith("step")]
+    assert steps and not any(steps)  # each step checkpoint inside its epoch
+    assert [what.split(",")[0] for what in ends] == ["epoch 0 end", "epoch 1 end"]
+
+
 def test_checkpoint_after_an_epochs_last_step_resumes_closed_and_measures_it_once(
     tiny_model_dir, tmp_path
 ):

@@ -9,6 +9,12 @@ fsynced, renamed) switched to it and the older version removed. A SIGKILL at any
 pointer naming a whole version: before the switch the old one (a half-written new version is a
 leftover, removed by :func:`remove_leftovers` when the next fit starts), after it the new one.
 
+Each switch also writes the version's manifest (``<version>.manifest.json``: what it holds, each
+file's size) and keeps the whole version before it, so a damaged latest version (a truncated
+file, a missing shard: storage that lost part of a write) is found on resume and the fit goes on
+from the commit point before it, saying what it redoes; a stage whose every version is damaged
+starts again from its beginning (the run's state file holds the state before it).
+
 :func:`last_checkpoint` is the one reader: the stage fits resume from it, and tools that look
 into a stage's state (``benchmarks/rollback_run.py``) read it too. Lightning-free; the caller
 decides which rank writes and where the barriers go (``coscale.stages.checkpoint``).
@@ -17,11 +23,15 @@ decides which rank writes and where the barriers go (``coscale.stages.checkpoint
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import sys
 
 POINTER = "latest"
 LEGACY = "last.ckpt"  # runs saved before versions: one file, replaced atomically
+MANIFEST = ".manifest.json"  # beside each version: <version>.manifest.json
+_reported: set[str] = set()  # damaged versions already named in this process
 
 
 class CheckpointWriteError(OSError):
@@ -31,19 +41,69 @@ class CheckpointWriteError(OSError):
 def last_checkpoint(dirpath: str) -> str | None:
     """The whole checkpoint to resume from in ``dirpath`` (file or folder), None when none.
 
+    The latest version unless its manifest finds it damaged; then the one kept before it (a
+    line on stderr names the damage and what is redone), or None when none is whole.
+
     Raises:
         FileNotFoundError: When the pointer names a version that is not there (removed by hand).
     """
-    name = _target(dirpath)
-    if name is None:
+    names = _kept(dirpath)
+    if not names:
         return None
-    path = os.path.join(dirpath, name)
+    path = os.path.join(dirpath, names[0])
     if not os.path.exists(path):
         raise FileNotFoundError(
-            f"{os.path.join(dirpath, POINTER)} names {name}, which is missing: the stage cannot "
+            f"{os.path.join(dirpath, POINTER)} names {names[0]}, which is missing: the stage cannot "
             f"resume from it; remove {dirpath} to run the stage again from its start"
         )
-    return path
+    damaged = []
+    for name in names:
+        path = os.path.join(dirpath, name)
+        why = damage(path)
+        if why is None:
+            _report(damaged, path)
+            return path
+        damaged.append((path, why))
+    _report(damaged, None)
+    return None
+
+
+def damage(path: str) -> str | None:
+    """What is wrong with version ``path`` by its manifest (None: whole, or no manifest)."""
+    manifest = path + MANIFEST
+    if not os.path.exists(manifest):
+        return None if os.path.exists(path) else "it is missing"
+    with open(manifest) as f:
+        files = json.load(f)["files"]
+    for rel, size in files.items():
+        file = os.path.join(path, rel) if rel else path
+        if not os.path.exists(file):
+            return f"{rel or os.path.basename(path)} is missing"
+        if (got := os.path.getsize(file)) != size:
+            return f"{rel or os.path.basename(path)} holds {got} of its {size} bytes"
+    return None
+
+
+def _report(damaged: list[tuple[str, str]], resumed: str | None) -> None:
+    """One line per damaged version skipped (once per process), naming what is redone."""
+    for path, why in damaged:
+        if path in _reported:
+            continue
+        _reported.add(path)
+        if resumed is None:
+            then = "no whole checkpoint is left before it: the stage starts again from its start"
+        else:
+            then = f"resuming from {os.path.basename(resumed)} ({_what(resumed)}), the commit "
+            then += "point before it; the work after that point is redone"
+        print(f"[coscale] checkpoint {path} is damaged ({why}): {then}", file=sys.stderr)
+
+
+def _what(path: str) -> str:
+    """The point a version was saved at, as its manifest says."""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        with open(path + MANIFEST) as f:
+            return json.load(f)["what"]
+    return "an earlier save"
 
 
 def next_version(dirpath: str) -> str:
@@ -53,28 +113,51 @@ def next_version(dirpath: str) -> str:
     return os.path.join(dirpath, f"v{number + 1:06d}.ckpt")
 
 
-def switch_to(path: str) -> None:
-    """Points ``<dir>/latest`` at the whole version ``path`` atomically, then removes the rest.
+def switch_to(path: str, what: str = "") -> None:
+    """Points ``<dir>/latest`` at the whole version ``path`` atomically, keeping the whole
+    version before it, then removes the rest. First writes ``path``'s manifest (``what``: the
+    point it was saved at).
 
     Call on one rank, after every rank's part of ``path`` is on disk.
     """
     dirpath, name = os.path.split(path)
-    tmp = os.path.join(dirpath, POINTER + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(dirpath, POINTER))
+    before = last_checkpoint(dirpath)  # the whole one resumed from or saved last
+    _write(path + MANIFEST, json.dumps({"what": what, "files": _sizes(path)}))
+    kept = [name] + ([os.path.basename(before)] if before and before != path else [])
+    _write(os.path.join(dirpath, POINTER), "".join(f"{n}\n" for n in kept))
     _fsync_dir(dirpath)
     remove_leftovers(dirpath)
 
 
+def _sizes(path: str) -> dict[str, int]:
+    """Each file of version ``path`` (relative; "" for a one-file version) with its size."""
+    if not os.path.isdir(path):
+        return {"": os.path.getsize(path)}
+    return {
+        os.path.relpath(os.path.join(root, f), path): os.path.getsize(os.path.join(root, f))
+        for root, _, files in os.walk(path)
+        for f in files
+    }
+
+
+def _write(path: str, text: str) -> None:
+    """``text`` into ``path`` atomically (a temporary file, fsynced, renamed over it)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def remove_leftovers(dirpath: str) -> list[str]:
-    """Removes every entry of ``dirpath`` but the pointer and the version it names (half-written
-    versions of a killed save, the version before a switch); returns the names removed."""
+    """Removes every entry of ``dirpath`` but the pointer and the versions it keeps, with their
+    manifests (half-written versions of a killed save, older versions); returns the names
+    removed."""
     if not os.path.isdir(dirpath):
         return []
-    keep = {POINTER, _target(dirpath)}
+    kept = _kept(dirpath)
+    keep = {POINTER, *kept, *(name + MANIFEST for name in kept)}
     removed = sorted(set(os.listdir(dirpath)) - keep)
     for name in removed:
         remove_path(os.path.join(dirpath, name))
@@ -98,12 +181,18 @@ def remove_path(path: str) -> None:
 
 
 def _target(dirpath: str) -> str | None:
-    """The name the pointer holds; without a pointer, a legacy ``last.ckpt`` when there is one."""
+    """The latest version's name; without a pointer, a legacy ``last.ckpt`` when there is one."""
+    kept = _kept(dirpath)
+    return kept[0] if kept else None
+
+
+def _kept(dirpath: str) -> list[str]:
+    """The versions the pointer keeps, newest first (a legacy ``last.ckpt`` without one)."""
     pointer = os.path.join(dirpath, POINTER)
     if os.path.exists(pointer):
         with open(pointer) as f:
-            return f.read().strip()
-    return LEGACY if os.path.exists(os.path.join(dirpath, LEGACY)) else None
+            return [line.strip() for line in f if line.strip()]
+    return [LEGACY] if os.path.exists(os.path.join(dirpath, LEGACY)) else []
 
 
 def _fsync_dir(dirpath: str) -> None:

@@ -81,7 +81,7 @@ class CommitCheckpoint(Checkpoint):
             trainer.save_checkpoint(path)  # one file from rank 0, or a folder of shards
             trainer.strategy.barrier("commit written")  # every rank's part is on disk
             if trainer.is_global_zero:
-                switch_to(path)
+                switch_to(path, what)
         except OSError as err:
             if trainer.is_global_zero:
                 remove_path(path)
