@@ -7,6 +7,8 @@ open RL tally), the loader's position (the fit cursor), the run's RNG state and 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import lightning as L
 import pytest
 import torch
@@ -100,7 +102,7 @@ def test_no_step_checkpoint_between_an_epochs_last_step_and_its_end(tiny_model_d
     from coscale.modules.fit_data import epoch_finished
 
     class Saves(CommitCheckpoint):
-        seen: list[tuple[str, bool]] = []
+        seen: ClassVar[list[tuple[str, bool]]] = []
 
         def save(self, trainer, what):
             self.seen.append((what, epoch_finished(trainer)))

@@ -100,9 +100,8 @@ def _report(damaged: list[tuple[str, str]], resumed: str | None) -> None:
 
 def _what(path: str) -> str:
     """The point a version was saved at, as its manifest says."""
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        with open(path + MANIFEST) as f:
-            return json.load(f)["what"]
+    with contextlib.suppress(OSError, ValueError, KeyError), open(path + MANIFEST) as f:
+        return json.load(f)["what"]
     return "an earlier save"
 
 
