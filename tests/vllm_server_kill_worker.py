@@ -5,9 +5,8 @@ epochs of 4 batches), run to its end, SIGKILLed after a step's checkpoint, or re
     python tests/vllm_server_kill_worker.py URL MODEL_DIR OUT MODE
 
 MODE ``full``: to the end. ``kill``: SIGKILLed at the commit point after step 2's checkpoint,
-while the request for the next batch is out (`coscale.loop.commit`). ``kill-idle``: the same
-point, the requests sampled ahead waited for and dropped first, so nothing is out.
-``resume``: from OUT's last checkpoint to the end. Each step appends what was out and the
+while the request for the next batch is out (`coscale.loop.commit`). ``resume``: from OUT's
+last checkpoint to the end. Each step appends what was out and the
 batch's staleness to ``OUT/steps.jsonl``; the end writes ``OUT/result.json`` (spend, curriculum)
 and ``OUT/weights.pt``.
 """
@@ -34,12 +33,10 @@ KILL_AT = "fit ckpt step 2"
 class Steps(L.Callback):
     """Before each step's checkpoint: the requests out for batches ahead, and the staleness."""
 
-    def __init__(self, out: str, drop_at: int | None) -> None:
-        self.path, self.drop_at = os.path.join(out, "steps.jsonl"), drop_at
+    def __init__(self, out: str) -> None:
+        self.path = os.path.join(out, "steps.jsonl")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.drop_at:
-            module.prefetched.clear()  # waited for, then dropped: nothing out at the kill
         row = {
             "step": trainer.global_step,
             "epoch": trainer.current_epoch,
@@ -54,7 +51,7 @@ class Steps(L.Callback):
 def main(url: str, model_dir: str, out: str, mode: str) -> None:
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
-    if mode in ("kill", "kill-idle"):
+    if mode == "kill":
         os.environ["COSCALE_KILL_AT"] = KILL_AT
     dm = loaded_data(8)  # 4 batches of 2 problems
     mark_solvable(dm)
@@ -66,7 +63,7 @@ def main(url: str, model_dir: str, out: str, mode: str) -> None:
     )  # fmt: skip
     ckpt = os.path.join(out, "ckpt")
     callbacks = [
-        Steps(out, 2 if mode == "kill-idle" else None),
+        Steps(out),
         RunState(),
         CommitCheckpoint(ckpt, every_n_steps=1, label="fit"),
     ]

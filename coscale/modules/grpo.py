@@ -306,6 +306,24 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     @override
     def on_train_start(self) -> None:
         self.backend.update_weights(self.policy)  # a resumed policy reaches the engine
+        if len(self.prefetched):  # restored from the checkpoint: as old as they were then
+            self.prefetched.rebase(self.backend.book.version)
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.update_settings.max_staleness and hasattr(self.backend, "book"):
+            # every rank's, in rank order (rank 0 writes the checkpoint)
+            mine = self.prefetched.state_dict(self.backend.book.version)
+            checkpoint["prefetched"] = all_gather_objects([mine])
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        ranks = checkpoint.get("prefetched") or []
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if len(ranks) == world:  # saved by as many ranks (else those batches are re-requested)
+            self.prefetched.load_state_dict(ranks[self.global_rank])
 
     @override
     def teardown(self, stage: str) -> None:

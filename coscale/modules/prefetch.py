@@ -10,19 +10,22 @@ reproducible: which weights sample a batch never depends on timing.
 
 What is sampled ahead is not counted anywhere until its batch trains: the step that trains
 it scores it, reports it to the curriculum and logs its staleness. Nothing ahead crosses an
-epoch's end (the next epoch's batches come from the pools its start builds), and nothing of
-it is saved: a fit resumed from a checkpoint requests those batches again, as a fit stopped
-without requests out would.
+epoch's end (the next epoch's batches come from the pools its start builds). What is out at a
+checkpoint is saved in it, sampled (the step waited for it before its sync), with its
+staleness, every rank's (`Prefetch.state_dict`): a fit resumed from it trains those batches
+on the rollouts the older weights sampled, as the fit never stopped would, not on new requests
+sampled by the resumed weights (TRL's asynchronous trainer loses them, trl#7274).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from coscale.clock import timed
 from coscale.modules.fit_data import batch_position, upcoming_batches
-from coscale.rollout.base import SamplingParams
+from coscale.rollout.base import Rollouts, SamplingParams
 from coscale.seeds import derive_seed
 
 Key = tuple[int, int]  # (epoch, batch index in it)
@@ -39,6 +42,20 @@ class Pending(Protocol):
 def batch_ids(batch: Sequence[dict]) -> tuple[str, ...]:
     """What identifies a batch's contents: its problems' ids and their N, in order."""
     return tuple(f"{p['id']}:{p.get('n')}" for p in batch)
+
+
+@dataclass
+class Sampled:
+    """Rollouts sampled ahead before a checkpoint, restored from it: already done, ``lag``
+    weight syncs old when saved (their ``version`` is set from it once the resumed fit's
+    first sync is made, `Prefetch.rebase`)."""
+
+    rollouts: Rollouts
+    lag: int
+    version: int = 0
+
+    def result(self) -> Rollouts:
+        return self.rollouts
 
 
 class Prefetch:
@@ -76,6 +93,39 @@ class Prefetch:
     def clear(self) -> None:
         self.wait()
         self._out.clear()
+
+    def state_dict(self, version: int) -> list[dict[str, Any]]:
+        """What is out, sampled, for a checkpoint (``version``: the backend's sync count now).
+        A request that failed is left out: the resumed fit requests it again."""
+        self.wait()
+        state = []
+        for (epoch, index), (ids, pending) in sorted(self._out.items()):
+            future = getattr(pending, "future", None)
+            if future is not None and future.exception() is not None:
+                continue
+            rollouts = asdict(pending.result())  # tensors and lists: a safe load reads them
+            lag = version - pending.version
+            state.append(
+                {"key": [epoch, index], "ids": list(ids), "rollouts": rollouts, "lag": lag}
+            )
+        return state
+
+    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        """Puts back what a checkpoint's `state_dict` holds (replacing what is out)."""
+        self._out = {
+            (int(e["key"][0]), int(e["key"][1])): (
+                tuple(e["ids"]),
+                Sampled(Rollouts(**e["rollouts"]), int(e["lag"])),
+            )
+            for e in state
+        }
+
+    def rebase(self, version: int) -> None:
+        """Restored rollouts are ``lag`` syncs older than the backend's sync ``version`` (the
+        resumed fit's first sync: the checkpoint's weights)."""
+        for _, pending in self._out.values():
+            if isinstance(pending, Sampled):
+                pending.version = version - pending.lag
 
 
 def sample_ahead(module: Any, batch: list[dict]) -> tuple[Any, Any, int]:
