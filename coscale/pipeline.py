@@ -55,6 +55,7 @@ from coscale.stages.run_settings import (
     one_verifier,
     set_by_run_errors,
     take_renamed,
+    trainer_errors,
     typed_errors,
 )
 from coscale.stages.sft import sft_stage
@@ -114,7 +115,10 @@ class PipelineConfig:
             strategy, precision, ...). ``precision: auto`` times a training step of the model in
             32-true and bf16-mixed on the CPU and takes the faster (CUDA: bf16-mixed where
             supported), prints both times, and keeps the choice for every rank and resume in
-            ``<run_dir>/precision.json`` (:mod:`coscale.stages.precision`).
+            ``<run_dir>/precision.json`` (:mod:`coscale.stages.precision`). Keys are checked
+            against ``lightning.Trainer``'s signature before any work (a typo is refused with
+            the nearest names); those each stage sets itself (``max_epochs``, ``max_steps``,
+            ``logger``, ...) are refused naming the setting that decides them.
         peft: Train a PEFT adapter (a ``peft.PeftConfig`` such as ``peft.LoraConfig``; YAML
             ``class_path: peft.LoraConfig`` with ``init_args``) in every stage instead of every
             weight. Each SFT from the initial model trains a new adapter on the untouched base;
@@ -192,6 +196,7 @@ class PipelineConfig:
         errors += typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
         errors += typed_errors("grpo", GRPOModule, self.grpo, grpo_settings_errors)
         errors += typed_errors("schedule", NSchedule, self.schedule, schedule_errors)
+        errors += trainer_errors(self.trainer)
         if errors:
             raise ValueError("pipeline: " + "; ".join(errors))
 

@@ -343,6 +343,21 @@ def test_settings_are_checked_before_any_work():
     msg = str(err.value)
     assert "grpo: Parser key \"optimizer.lr\": Expected a <class 'float'>. Got value: fast" in msg
     assert "sft.max_length must be an int >= 2, got 1" in msg
+
+
+def test_trainer_keys_are_lightning_trainer_arguments_the_stages_leave_to_the_user():
+    from coscale.pipeline import PipelineConfig
+
+    with pytest.raises(ValueError) as err:
+        PipelineConfig(model="m", trainer={"max_epoch": 3, "acelerator": "cpu", "zzz": 1})
+    msg = str(err.value)
+    assert "trainer.max_epoch is not a lightning.Trainer argument (did you mean max_epochs" in msg
+    assert "trainer.acelerator is not a lightning.Trainer argument (did you mean accelerator" in msg
+    assert "trainer.zzz is not a lightning.Trainer argument;" in msg + ";"
+    with pytest.raises(ValueError, match=r"trainer\.max_epochs is set by each stage: use pipe"):
+        PipelineConfig(model="m", trainer={"max_epochs": 3})
+    # Trainer's own arguments, and the run's precision: auto
+    PipelineConfig(model="m", trainer={"accelerator": "cpu", "precision": "auto", "devices": 2})
     with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\]; got 2"):
         PipelineConfig(model="m", distill_weight=2)
     with pytest.raises(ValueError, match=r"sft\.distill is set by the run .* pipeline\.distill_w"):

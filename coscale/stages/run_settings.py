@@ -18,6 +18,7 @@ and which module arguments the run sets itself.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import warnings
@@ -234,6 +235,34 @@ def typed_errors(name: str, cls: type, args: dict[str, Any], ranges) -> list[str
         params = ", ".join(sorted(set(inspect.signature(cls).parameters) - {"model"}))
         return [f"{name}: {detail} ({cls.__name__} takes: {params})"]
     return [f"{name}.{e}" for e in ranges(**args)]
+
+
+SET_PER_STAGE = {
+    "max_epochs": "pipeline.sft_epochs, pipeline.rl_epochs or pipeline.final.epochs",
+    "max_steps": "pipeline.sft_max_steps",
+    "logger": "pipeline.logger",
+    "default_root_dir": "pipeline.run_dir",
+    "enable_checkpointing": "pipeline.checkpoint_every_n_steps",
+    "callbacks": "the stages (a run's fits take no callbacks of their own)",
+}
+"""``lightning.Trainer`` arguments each stage's fit sets itself -> the setting that decides them."""
+
+
+def trainer_errors(trainer: dict[str, Any]) -> list[str]:
+    """``pipeline.trainer``'s keys checked against ``lightning.Trainer``'s own signature (the
+    nearest names suggested for a typo) and against the arguments each stage sets itself."""
+    import lightning as L
+
+    known = set(inspect.signature(L.Trainer).parameters) - {"self"}
+    errors = []
+    for key in trainer:
+        if key in SET_PER_STAGE:
+            errors.append(f"trainer.{key} is set by each stage: use {SET_PER_STAGE[key]}")
+        elif key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+            errors.append(f"trainer.{key} is not a lightning.Trainer argument{hint}")
+    return errors
 
 
 RENAMED = {
