@@ -99,6 +99,45 @@ def test_a_refused_setting_exits_2(capsys):
     assert "no_such_key" in capsys.readouterr().err
 
 
+def _refusal(capsys, *argv: str) -> str:
+    assert main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "usage" not in err, err  # one line, no usage
+    return err.strip()
+
+
+def test_refusals_are_one_line_naming_the_file_line_and_the_nearest_keys(tmp_path, capsys):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("pipeline:\n  model: builtin:tiny\n  iteratons: 3\n  sft:\n    optimizr: {}\n")
+    assert _refusal(capsys, "--config", str(typo)) == (
+        f"coscale run: error: {typo}:3: pipeline.iteratons is not a setting of coscale run; "
+        "did you mean pipeline.iterations?"
+    )
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("pipeline:\n  sft:\n    optimizr:\n      lr: 1.0\n")
+    assert _refusal(capsys, "--config", str(nested)).endswith(
+        f"{nested}:4: pipeline.sft.optimizr.lr is not a setting of coscale run; "
+        "did you mean pipeline.sft.optimizer.lr?"
+    )
+    assert _refusal(capsys, "--data.batchsize", "3").endswith(  # a flag: no file
+        "error: data.batchsize is not a setting of coscale run; did you mean data.batch_size "
+        "or data.val_batch_size?"
+    )
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("pipeline:\n  model: m\n  iterations: three\n")
+    err = _refusal(capsys, "--config", str(wrong))
+    assert err.startswith(f"coscale run: error: {wrong}:3: ") and "pipeline.iterations" in err
+    assert "Got value: three" in err
+
+
+def test_a_fit_config_given_to_run_is_named(capsys):
+    fit = str(ROOT / "configs" / "grpo_tiny.yaml")
+    assert _refusal(capsys, "--config", fit) == (
+        f"coscale run: error: {fit} is a coscale fit config (top-level model/trainer sections): "
+        f"coscale run takes pipeline and data sections; run it with coscale fit --config {fit}"
+    )
+
+
 def test_lightning_cli_reads_sys_argv_itself_when_argv_is_the_command_line(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["coscale", "fit", "--help"])
     assert _lightning_args(["fit", "--help"]) is None
