@@ -223,6 +223,7 @@ class Pipeline:
         self.plan = plan(config)  # every stage's name, kind and iteration, in order
         self.state_path = os.path.join(config.run_dir, "pipeline_state.json")
         self.done: list[str] = []
+        self.running: str | None = None  # the stage at work (None: none has started)
         self.current = config.model  # folder of the latest stage's model
         self.models: dict[str, str] = {}  # stage -> its exported model
         self.results: dict[str, Any] = {}
@@ -326,7 +327,7 @@ class Pipeline:
         bank = self.curriculum.bank.total()
         print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {bank} ==", flush=True)
         before, clocked = budget.snapshot(), clock.snapshot()
-        start = time.perf_counter()
+        start, self.running = time.perf_counter(), name
         fn(name)
         self.ctx.engine.release()  # the stage's model goes with it; the engine stays up
         # wall time of this process's part (a resumed stage counts only what it redid)

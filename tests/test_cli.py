@@ -157,3 +157,23 @@ def test_a_launch_prints_no_lightning_cli_args_warning(argv, usage):
     assert done.returncode == 0, done.stderr[-2000:]
     assert WARNING not in done.stdout + done.stderr
     assert done.stdout.startswith(usage)
+
+
+def test_an_error_inside_a_stage_keeps_its_traceback_and_names_the_stage(
+    tmp_path, monkeypatch, capsys
+):
+    import coscale.pipeline
+
+    def broken(ctx, name, *args, **kwargs):
+        raise ValueError("deep inside a fit")
+
+    monkeypatch.setattr(coscale.pipeline, "sft_stage", broken)
+    run_dir = tmp_path / "run"
+    argv = ["run", "--config", str(ROOT / "configs" / "tiny.yaml")]
+    assert main([*argv, "--pipeline.run_dir", str(run_dir), "--pipeline.logger", "none"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback (most recent call last):" in err and "ValueError: deep inside a fit" in err
+    assert err[-1] == (
+        f"coscale: error: stage warmup failed (the traceback above); once its cause is fixed, "
+        f"the same command resumes the run in {run_dir} from that stage's last checkpoint"
+    )

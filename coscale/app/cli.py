@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from typing import Any
 
 from coscale.app.commands import (
@@ -54,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         dispatch(argv)
     except SystemExit as exit_:  # a parser's --help (0) or its refusal (2)
         return _exit_status(exit_)
-    except (ValueError, FileNotFoundError, TypeError) as err:
+    except StageFailed as err:  # during work: where it came from, then how to go on
+        traceback.print_exception(err.__cause__, file=sys.stderr)
+        print(f"coscale: error: {err}", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError, TypeError) as err:  # a refusal, before any work
         if os.environ.get("COSCALE_TRACEBACK"):
             raise
         # one line that says what to change; COSCALE_TRACEBACK=1 shows where it came from
@@ -120,12 +125,29 @@ def _lightning_args(argv: list[str]) -> list[str] | None:
     return None if argv == sys.argv[1:] else argv
 
 
+class StageFailed(RuntimeError):
+    """An error raised inside a stage of ``coscale run`` (its cause keeps the traceback)."""
+
+
 def run_command(argv: list[str]) -> dict[str, Any]:
-    """``coscale run``."""
+    """``coscale run``. Settings are refused before any work in one line; an error raised
+    inside a stage keeps its traceback and ends with a line naming the stage and how to go on."""
     from coscale.pipeline import Pipeline
 
     config, data = build_run(argv[1:])
-    results = Pipeline(config, data).run()
+    pipeline = Pipeline(config, data)
+    try:
+        results = pipeline.run()
+    except CheckpointWriteError:  # a full disk: said in one line, with what is left whole
+        raise
+    except Exception as err:
+        if pipeline.running is None:  # refused before the first stage
+            raise
+        raise StageFailed(
+            f"stage {pipeline.running} failed (the traceback above); once its cause is fixed, "
+            f"the same command resumes the run in {config.run_dir} from that stage's last "
+            f"checkpoint"
+        ) from err
     print_results(results)
     return results
 
