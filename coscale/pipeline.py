@@ -327,6 +327,7 @@ class Pipeline:
         bank = self.curriculum.bank.total()
         print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {bank} ==", flush=True)
         before, clocked = budget.snapshot(), clock.snapshot()
+        moved_before = dict(self.curriculum.pools.moves)
         start, self.running = time.perf_counter(), name
         fn(name)
         self.ctx.engine.release()  # the stage's model goes with it; the engine stays up
@@ -337,12 +338,23 @@ class Pipeline:
         print(f"[coscale] {name} took {took}", flush=True)
         # a resumed fit puts its checkpoint's count back (RunState): as an uninterrupted run's
         self.results.setdefault("spend", {})[name] = budget.since(before)
+        self._record_moves(name, moved_before)
         self.done.append(name)
         self.results["pools"] = self.curriculum.pools.counts()  # as of the last finished stage
         commit_point(f"{name} end, before the state file")
         self._save()
         commit_point(f"{name} state file written")
         self._drop_checkpoints(name)
+
+    def _record_moves(self, name: str, before: dict[str, int]) -> None:
+        """The problems the stage moved between pools, by rule: said, logged, in results."""
+        now = self.curriculum.pools.moves
+        moved = {k: n - before.get(k, 0) for k, n in sorted(now.items()) if n > before.get(k, 0)}
+        self.results.setdefault("moves", {})[name] = moved
+        if moved:
+            said = ", ".join(f"{k}: {n}" for k, n in moved.items())
+            print(f"[coscale] {name} moved {said}", flush=True)
+            self.ctx.log({f"moves/{name}/{k}": float(n) for k, n in moved.items()})
 
     def _drop_checkpoints(self, name: str) -> None:
         """Removes done stage ``name``'s checkpoints (unless ``keep_checkpoints``): the state

@@ -244,3 +244,24 @@ def test_load_rejects_bad_state() -> None:
         ProblemPools(
             PoolRules(low=0.1, high=0.8, max_solutions=3, max_rl_rounds=2)
         ).load_state_dict(state)
+
+
+def test_each_move_is_counted_by_the_rule_that_made_it() -> None:
+    pools = ProblemPools(PoolRules(low=0.25, high=0.75, max_solutions=2, max_rl_rounds=1))
+    pools.add("a")
+    pools.add("b")
+    assert pools.record("a", 4, 2) is Pool.SOLVABLE  # a measurement
+    assert pools.record("a", 4, 0, cause="rl_epoch") is Pool.UNSOLVABLE  # an RL epoch's tally
+    assert pools.record("a", 4, 1) is Pool.SOLVABLE
+    assert pools.note_rl_round("a") is Pool.FAILED  # the RL budget spent
+    assert pools.note_solutions("b", 2) is Pool.FAILED  # the solution budget spent
+    assert pools.record("b", 4, 0) is Pool.FAILED  # no move: not counted
+    assert pools.moves == {
+        "unsolvable->solvable by measurement": 2,
+        "solvable->unsolvable by rl_epoch": 1,
+        "solvable->failed by rl_budget": 1,
+        "unsolvable->failed by solutions_budget": 1,
+    }
+    again = ProblemPools(PoolRules(low=0.25, high=0.75, max_solutions=2, max_rl_rounds=1))
+    again.load_state_dict(json.loads(json.dumps(pools.state_dict())))
+    assert again.moves == pools.moves  # saved with the rest: a resumed stage counts them all

@@ -251,7 +251,7 @@ class Curriculum:
         metrics. Each call closes one epoch: the RL module calls it once per epoch."""
         accs = {}
         for pid, (n, c) in self.tally.items():
-            self.pools.record(pid, n, c)
+            self.pools.record(pid, n, c, cause="rl_epoch")
             self.pools.note_rl_round(pid)
             accs[pid] = c / n
         self.tally = {}

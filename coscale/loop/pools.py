@@ -10,6 +10,10 @@ Each problem sits in exactly one :class:`Pool`, decided from its latest measured
 
 The label is a pure function of (latest accuracy, solutions used, RL rounds) and the config:
 a FAILED problem later measured solvable with RL budget left moves back to SOLVABLE.
+
+Every move between pools is counted by what caused it (:data:`CAUSES`: a measurement, an RL
+epoch's own rollouts, a spent solution or RL budget) in :attr:`ProblemPools.moves`, saved with
+the rest, so a run can say which rule moved how many problems where.
 """
 
 from __future__ import annotations
@@ -23,6 +27,16 @@ from typing import Any
 from coscale.checks import at_least, within
 
 _FORMAT = 1
+
+
+CAUSES = ("measurement", "rl_epoch", "solutions_budget", "rl_budget")
+"""What relabels a problem: a measurement's accuracy, an RL epoch's accuracy (its rollouts), a
+solution count or an RL round that spends a budget."""
+
+
+def move_key(old: str, new: str, cause: str) -> str:
+    """The key a move is counted under in :attr:`ProblemPools.moves`."""
+    return f"{old}->{new} by {cause}"
 
 
 class Pool(str, Enum):
@@ -102,13 +116,17 @@ class ProblemPools:
         config = {f.name: getattr(rules, f.name) for f in fields(PoolRules)}
         self._apply_config(config, "ProblemPools")
         self._records: dict[str, _Record] = {}  # insertion order == registration order
+        self.moves: dict[str, int] = {}  # move_key(old, new, cause) -> problems moved so far
 
     def add(self, problem_id: str) -> None:
         """Register ``problem_id`` as UNSOLVABLE; a no-op when it is already known."""
         self._ensure(problem_id)
 
-    def record(self, problem_id: str, n_samples: int, n_correct: int) -> Pool:
+    def record(
+        self, problem_id: str, n_samples: int, n_correct: int, cause: str = "measurement"
+    ) -> Pool:
         """Append the accuracy ``n_correct / n_samples`` and relabel; registers unknown ids.
+        ``cause``: what sampled it (``measurement`` or ``rl_epoch``, :data:`CAUSES`).
 
         Returns:
             The problem's pool after the update.
@@ -119,7 +137,7 @@ class ProblemPools:
             raise ValueError("ProblemPools.record: " + "; ".join(errors))
         rec = self._ensure(problem_id)
         rec.history.append(n_correct / n_samples)
-        return self._relabel(rec)
+        return self._relabel(rec, cause)
 
     def note_solutions(self, problem_id: str, total: int) -> Pool:
         """Set the number of SFT solutions given to the problem so far; registers unknown ids."""
@@ -127,13 +145,13 @@ class ProblemPools:
             raise ValueError("ProblemPools.note_solutions: " + errors[0])
         rec = self._ensure(problem_id)
         rec.solutions = total
-        return self._relabel(rec)
+        return self._relabel(rec, "solutions_budget")
 
     def note_rl_round(self, problem_id: str) -> Pool:
         """Count one more RL round (epoch) spent on the problem; registers unknown ids."""
         rec = self._ensure(problem_id)
         rec.rl_rounds += 1
-        return self._relabel(rec)
+        return self._relabel(rec, "rl_budget")
 
     def pool_of(self, problem_id: str) -> Pool:
         """The problem's current pool."""
@@ -187,7 +205,8 @@ class ProblemPools:
         problems = [
             {"id": pid, **asdict(rec), "pool": rec.pool.value} for pid, rec in self._records.items()
         ]
-        return {"format": _FORMAT, "config": self._config(), "problems": problems}
+        state = {"format": _FORMAT, "config": self._config(), "problems": problems}
+        return state | {"moves": dict(self.moves)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the whole state with ``state`` (from :meth:`state_dict`, maybe via JSON).
@@ -209,6 +228,9 @@ class ProblemPools:
         self._apply_config(config, "ProblemPools.load_state_dict")
         warn_if_config_differs("ProblemPools.load_state_dict", config, before)
         self._records = records
+        self.moves = {
+            k: int(v) for k, v in state.get("moves", {}).items()
+        }  # earlier releases saved none
 
     def _apply_config(self, config: dict[str, Any], where: str) -> None:
         if errors := _config_errors(**config):
@@ -230,8 +252,11 @@ class ProblemPools:
             raise KeyError(f"unknown problem_id {problem_id!r}")
         return self._records[problem_id]
 
-    def _relabel(self, rec: _Record) -> Pool:
-        rec.pool = self._label(rec)
+    def _relabel(self, rec: _Record, cause: str) -> Pool:
+        old, rec.pool = rec.pool, self._label(rec)
+        if rec.pool is not old:
+            key = move_key(old.value, rec.pool.value, cause)
+            self.moves[key] = self.moves.get(key, 0) + 1
         return rec.pool
 
     def _label(self, rec: _Record) -> Pool:
