@@ -177,3 +177,29 @@ def test_an_error_inside_a_stage_keeps_its_traceback_and_names_the_stage(
         f"coscale: error: stage warmup failed (the traceback above); once its cause is fixed, "
         f"the same command resumes the run in {run_dir} from that stage's last checkpoint"
     )
+
+
+def test_fit_refusals_are_one_line_too(tmp_path, capsys):
+    run_config = tmp_path / "run.yaml"
+    run_config.write_text("pipeline:\n  model: builtin:tiny\n")
+    assert main(["fit", "--config", str(run_config)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"coscale fit: error: {run_config} is a coscale run config (top-level pipeline section): "
+        f"run it with coscale run --config {run_config}"
+    )
+    fit = str(ROOT / "configs" / "grpo_tiny.yaml")
+    assert main(["fit", "--config", fit, "--trainer.max_epohcs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.strip().endswith(
+        "trainer.max_epohcs is not a setting of coscale fit; did you mean trainer.max_epochs or "
+        "trainer.max_steps?"
+    )
+    assert main(["fit", "--config", fit, "--model.init_args.log_completion_every", "1"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(  # inside the module's class_path
+            "model.init_args.log_completion_every is not a setting of coscale fit; did you mean "
+            "model.init_args.log_completions_every?"
+        )
+    )

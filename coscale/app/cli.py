@@ -98,13 +98,18 @@ def _exit_status(exit_: SystemExit) -> int:
 def lightning_cli(argv: list[str], run: bool = True) -> Any:
     """``coscale fit|validate``: LightningCLI over the coscale modules and DataModule."""
     import lightning as L
-    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+    from coscale.app.refusal import OneLineRefusals
     from coscale.datamodules import ProblemDataModule
+
+    class FitParser(OneLineRefusals, LightningArgumentParser):
+        """LightningCLI's parser, its refusals in one line."""
 
     return LightningCLI(
         L.LightningModule,
         ProblemDataModule,
+        parser_class=FitParser,
         subclass_mode_model=True,
         args=_lightning_args(argv),
         parser_kwargs={

@@ -10,13 +10,18 @@ files given (``yaml.compose`` keeps each key's line) and compared with the parse
 from __future__ import annotations
 
 import difflib
+import importlib
+import inspect
 import re
+import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import yaml
 
 _KEY_PATTERNS = (
     r"Group '(?P<group>[^']+)' does not accept option '(?P<key>[^']+)'",
+    r"Subcommand '[^']+' does not accept option '(?P<key>[^']+)'",
     r'Parser key "(?P<key>[^"]+)"',
     r"unrecognized arguments: --(?P<key>[\w.]+)",
     r"Option '(?P<key>[^']+)' is not accepted",
@@ -32,7 +37,12 @@ def config_files(argv: Sequence[str]) -> list[str]:
 
 
 def refused_key(message: str) -> str | None:
-    """The dotted setting a jsonargparse refusal is about, or None."""
+    """The dotted setting a jsonargparse refusal is about, or None. An option refused inside
+    a ``class_path`` value (``Parser key "model": ... class_path 'C': Option 'x' is not
+    accepted``) is ``model.init_args.x``."""
+    inner = re.search(r"""Parser key "([^"]+)".*class_path '[^']+'.*Option '([^']+)'""", message)
+    if inner:
+        return f"{inner[1]}.init_args.{inner[2]}"
     for pattern in _KEY_PATTERNS:
         if found := re.search(pattern, message):
             group = found.groupdict().get("group")
@@ -67,17 +77,28 @@ def _line_of(path: str, parts: list[str]) -> int | None:
     return line
 
 
-def fit_config(files: Sequence[str]) -> str | None:
-    """The first config file that is a ``coscale fit`` config (top-level ``model`` or
-    ``trainer``, no ``pipeline``), or None."""
+def other_command(files: Sequence[str], prog: str) -> str | None:
+    """The refusal of a config file written for the other command: a ``coscale fit`` config
+    (top-level ``model`` / ``trainer``, no ``pipeline``) given to ``coscale run``, or a run
+    config (top-level ``pipeline``) given to ``coscale fit`` / ``validate``; None if neither."""
     for path in files:
         try:
             with open(path) as f:
                 top = yaml.safe_load(f)
         except (OSError, yaml.YAMLError):
             continue
-        if isinstance(top, dict) and "pipeline" not in top and set(top) & set(FIT_SECTIONS):
-            return path
+        if not isinstance(top, dict):
+            continue
+        if "run" in prog and "pipeline" not in top and set(top) & set(FIT_SECTIONS):
+            return (
+                f"{path} is a coscale fit config (top-level model/trainer sections): {prog} "
+                f"takes pipeline and data sections; run it with coscale fit --config {path}"
+            )
+        if "run" not in prog and "pipeline" in top:
+            return (
+                f"{path} is a coscale run config (top-level pipeline section): run it with "
+                f"coscale run --config {path}"
+            )
     return None
 
 
@@ -99,24 +120,62 @@ def _has(paths: list[list[str]], prefix: list[str]) -> bool:
     return any(p[: len(prefix)] == prefix for p in paths)
 
 
+def class_arguments(message: str, key: str) -> list[str]:
+    """For an option refused inside a ``class_path`` value: that class's arguments, as keys
+    beside ``key`` (``model.init_args.<name>``)."""
+    found = re.search(r"class_path '([\w.]+)'", message)
+    if not found or ".init_args." not in key:
+        return []
+    module, _, name = found[1].rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        params = inspect.signature(cls).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return []
+    group = key.rpartition(".")[0]
+    return [f"{group}.{p}" for p in params if p not in ("self", "args", "kwargs")]
+
+
 def one_line(
     message: str, known: Sequence[str], argv: Sequence[str], prog: str, hints: Sequence[str] = ()
 ) -> str:
     """The refusal ``message`` as one line for ``prog`` (``coscale run``), ``hints`` after it."""
     text = " ".join(line.strip() for line in message.splitlines() if line.strip())
     files = config_files(argv)
-    if any(u in text for u in UNKNOWN) and (fit := fit_config(files)):
-        return (
-            f"{prog}: error: {fit} is a coscale fit config (top-level model/trainer sections): "
-            f"{prog} takes pipeline and data sections; run it with coscale fit --config {fit}"
-        )
+    if any(u in text for u in UNKNOWN) and (other := other_command(files, prog)):
+        return f"{prog}: error: {other}"
     key, after = refused_key(text), "".join(f"; {h}" for h in hints)
     if key is None:
         return f"{prog}: error: {text}{after}"
     where = where_set(key, files)
     prefix = f"{prog}: error: {where}: " if where else f"{prog}: error: "
     if any(u in text for u in UNKNOWN):
+        known = [*known, *class_arguments(text, key)]
         near = nearest(key, known) if not hints else []
         after += f"; did you mean {' or '.join(near)}?" if near else ""
         return f"{prefix}{key} is not a setting of {prog}{after}"
     return prefix + text + after
+
+
+class OneLineRefusals:
+    """A jsonargparse parser's refusals in one line (:func:`one_line`) and exit status 2,
+    where jsonargparse prints its usage; mixed in before the parser class."""
+
+    def parse_args(self, args: Sequence[str] | None = None, *more: Any, **kwargs: Any) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)  # its --config files
+        return super().parse_args(args, *more, **kwargs)  # type: ignore[misc]
+
+    def refuse(self, message: str, ex: Exception | None = None, hints: Sequence[str] = ()):
+        """Prints the refusal as one line and exits 2 (inside jsonargparse, where it handles
+        the error itself, the parser's own ``error``)."""
+        if not self.exit_on_error:  # type: ignore[attr-defined]
+            return super().error("; ".join([message, *hints]), ex)  # type: ignore[misc]
+        parser = getattr(ex, "subcommand_parser", None) or self
+        known = [a.dest for a in parser._actions if a.dest not in ("help", "config")]
+        prog = parser.prog.replace(" [options]", "")
+        print(one_line(message, known, getattr(self, "_argv", []), prog, hints), file=sys.stderr)
+        sys.exit(2)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        self.refuse(message, ex)
+        raise AssertionError("unreachable")  # refuse exits or raises

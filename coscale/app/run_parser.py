@@ -6,11 +6,11 @@ receives each group as one mapping of those arguments."""
 from __future__ import annotations
 
 import re
-import sys
-from collections.abc import Sequence
 from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
+
+from coscale.app.refusal import OneLineRefusals
 
 
 def _set_by() -> dict[tuple[str, str], str]:
@@ -21,7 +21,7 @@ def _set_by() -> dict[tuple[str, str], str]:
     return {(g, key): where for (g, key), where in SET_BY_RUN.items() if "." not in key}
 
 
-class RunParser(ArgumentParser):
+class RunParser(OneLineRefusals, ArgumentParser):
     """jsonargparse's parser, building ``PipelineConfig`` through :func:`regrouped`."""
 
     def instantiate(self, namespace: Namespace, instantiate_groups: bool = True, **kwargs: Any):
@@ -30,28 +30,16 @@ class RunParser(ArgumentParser):
         kwargs.setdefault("instantiators", [(regrouped, PipelineConfig, False)])
         return super().instantiate(namespace, instantiate_groups, **kwargs)
 
-    def parse_args(self, args: Sequence[str] | None = None, *more: Any, **kwargs: Any):
-        self._argv = list(sys.argv[1:] if args is None else args)  # its --config files
-        return super().parse_args(args, *more, **kwargs)
-
     def error(self, message: str, ex: Exception | None = None):
-        """jsonargparse's refusal in one line (:mod:`coscale.app.refusal`: the setting, the
-        file and line that set it, the nearest known keys), with the setting to use instead
-        for each argument of a group that the pipeline sets itself (``pipeline.sft.peft``:
-        ``pipeline.peft``); exit status 2."""
+        """jsonargparse's refusal in one line (:class:`~coscale.app.refusal.OneLineRefusals`),
+        with the setting to use instead for each argument of a group that the pipeline sets
+        itself (``pipeline.sft.peft``: ``pipeline.peft``)."""
         hints = [
             f"pipeline.{group}.{key} is set by {where}, for every stage"
             for (group, key), where in _set_by().items()
             if re.search(rf"\b{group}\.{key}\b", message)  # a flag, or a YAML key
         ]
-        if not self.exit_on_error:  # inside jsonargparse: it handles the error itself
-            return super().error("; ".join([message, *hints]), ex)
-        from coscale.app.refusal import one_line
-
-        known = [a.dest for a in self._actions if a.dest not in ("help", "config")]
-        argv = getattr(self, "_argv", [])
-        print(one_line(message, known, argv, self.prog, hints), file=sys.stderr)
-        sys.exit(2)
+        return self.refuse(message, ex, hints)
 
 
 def regrouped(cls: type, *args: Any, **values: Any) -> Any:
