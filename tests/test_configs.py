@@ -382,8 +382,9 @@ def test_pipeline_config_trains_its_first_stage_to_its_second_checkpoint(
     assert first["stage"] == second["stage"] in ("warmup", "it1/sft")
     assert first["step"] >= 1 and second["checkpoint"] != first["checkpoint"]
     assert second["world_size"] == processes
-    last = Path(second["checkpoint"])
-    assert sorted(p.name for p in last.parent.iterdir()) == ["latest", last.name]
+    last, before = Path(second["checkpoint"]), Path(first["checkpoint"]).name
+    kept = [name + suffix for name in (before, last.name) for suffix in ("", ".manifest.json")]
+    assert sorted(p.name for p in last.parent.iterdir()) == sorted(["latest", *kept])
     if processes == 1:
         assert second["strategy"] == "SingleDeviceStrategy"
         assert torch.load(last, weights_only=False)["global_step"] == second["step"]
