@@ -452,7 +452,8 @@ def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
     switch_to(str(folder / "v000001.ckpt"))
     pipe.ctx.fit("it1/sft", module=None, data=None, callbacks=[], epochs=1)
     assert seen[-1] == str(folder / "v000001.ckpt")  # the stage resumes from its whole version
-    assert sorted(os.listdir(folder)) == ["latest", "v000001.ckpt"]  # the switch removed it
+    # the switch removed it; the whole version has its manifest
+    assert sorted(os.listdir(folder)) == ["latest", "v000001.ckpt", "v000001.ckpt.manifest.json"]
 
 
 def test_final_keep_best_keeps_an_earlier_iteration_that_scores_higher(tmp_path, monkeypatch):
