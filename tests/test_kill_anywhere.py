@@ -332,7 +332,7 @@ def _two_rank_points(labels: list[str]) -> list[tuple[str, str | None]]:
     points = [
         ("it1/sft select step 2 scored", None),  # inside a selection scoring
         (_assert_inside(labels, sft_steps[-1]), None),  # right after the last-step checkpoint
-        (_assert_inside(labels, "it1/rl ckpt step 1"), "1"),  # inside RL, rank 1 alone
+        (_mid_stage(labels, "it1/rl"), "1"),  # inside RL, rank 1 alone
         ("it1/rl end, before the state file", None),
     ]
     names = [p for p, _ in points]

@@ -99,8 +99,11 @@ def test_every_sample_of_the_run_goes_to_one_vllm_engine_started_once(uninterrup
 
 
 def _inside_rl(labels: list[str]) -> str:
-    inside = [x for x in labels if x.startswith("it1/rl ckpt")]
-    return inside[len(inside) // 2]  # its 2 epochs are 1 step each: after the first
+    """A checkpoint of it1/rl after a step of it, with another after it (inside the stage)."""
+    inside = [x for x in labels if x.startswith("it1/rl ckpt")][:-1]
+    inside = [x for x in inside if int(x.rsplit("step ", 1)[1]) > 0]
+    assert inside, f"it1/rl has no checkpoint inside it: {labels}"
+    return inside[len(inside) // 2]
 
 
 @pytest.mark.parametrize(
