@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from coscale.scoring.metrics import pass_at_k
+
+_CELLS = 1 << 22  # indices drawn at once: 32 MiB of int64
 
 
 @dataclass(frozen=True)
@@ -46,12 +49,16 @@ def mean_of_sets(
         raise ValueError("every set must hold at least one value")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    rng = random.Random(seed)
-
-    def resampled() -> float:
-        return sum(sum(v[rng.randrange(len(v))] for _ in v) / len(v) for v in sets) / len(sets)
-
-    means = sorted(resampled() for _ in range(resamples))
+    rng = np.random.default_rng(seed)
+    means = np.zeros(resamples)  # [resamples] the average of the sets' resampled means
+    for values in sets:
+        array = np.asarray(values, dtype=float)  # [n]
+        rows = max(1, _CELLS // len(array))  # resamples per chunk: bounded memory
+        for start in range(0, resamples, rows):
+            count = min(rows, resamples - start)
+            picks = rng.integers(0, len(array), size=(count, len(array)))  # [count, n]
+            means[start : start + count] += array[picks].mean(axis=1)
+    means = np.sort(means / len(sets)).tolist()
     tail = (1 - level) / 2
     low = means[int(tail * resamples)]
     high = means[min(resamples - 1, int((1 - tail) * resamples))]
