@@ -40,7 +40,7 @@ from coscale.measure.selection import Selection
 from coscale.models.adapters import as_peft_config
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
-from coscale.modules.loggers import LoggerKind, make_logger
+from coscale.modules.loggers import LoggerKind, finish, make_logger
 from coscale.modules.sft import settings_errors as sft_settings_errors
 from coscale.rollout.factory import RolloutSettings
 from coscale.stages.context import StageContext
@@ -110,6 +110,8 @@ class PipelineConfig:
             finished stage can be read back later (``benchmarks/rollback_run.py``).
         logger: ``wandb`` (offline without an API key), ``csv`` or ``none``.
         project: W&B project name.
+        wandb: ``WandbLogger``'s arguments (name, entity, group, tags, notes, mode, log_model);
+            the W&B run id is kept in ``<run_dir>/logs``: a resumed run goes on in that run.
         seed: Global seed.
         trainer: Extra ``lightning.Trainer`` arguments for every stage (accelerator, devices,
             strategy, precision, ...). ``precision: auto`` times a training step of the model in
@@ -158,6 +160,7 @@ class PipelineConfig:
     keep_checkpoints: bool = False
     logger: LoggerKind = "wandb"
     project: str = "coscale"
+    wandb: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     trainer: dict[str, Any] = field(default_factory=dict)
     peft: PeftConfig | None = None
@@ -229,7 +232,8 @@ class Pipeline:
         self.results: dict[str, Any] = {}
         self.seconds: dict[str, float] = {}  # wall time per stage, not part of the results
         self.timing: dict[str, dict[str, float]] = {}  # its parts (coscale.clock.since)
-        logger = make_logger(config.logger, os.path.join(config.run_dir, "logs"), config.project)
+        logs = os.path.join(config.run_dir, "logs")
+        logger = make_logger(config.logger, logs, config.project, **config.wandb)
         sft = config.sampling.sft_args(instantiate(config.sft))
         grpo = config.sampling.grpo_args(instantiate(config.grpo))
         one_verifier(sft, grpo, data)
@@ -327,7 +331,7 @@ class Pipeline:
         bank = self.curriculum.bank.total()
         print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {bank} ==", flush=True)
         before, clocked = budget.snapshot(), clock.snapshot()
-        moved_before = dict(self.curriculum.pools.moves)
+        moved = dict(self.curriculum.pools.moves)
         start, self.running = time.perf_counter(), name
         fn(name)
         self.ctx.engine.release()  # the stage's model goes with it; the engine stays up
@@ -338,7 +342,7 @@ class Pipeline:
         print(f"[coscale] {name} took {took}", flush=True)
         # a resumed fit puts its checkpoint's count back (RunState): as an uninterrupted run's
         self.results.setdefault("spend", {})[name] = budget.since(before)
-        self._record_moves(name, moved_before)
+        self._record_moves(name, moved)
         self.done.append(name)
         self.results["pools"] = self.curriculum.pools.counts()  # as of the last finished stage
         commit_point(f"{name} end, before the state file")
@@ -348,12 +352,10 @@ class Pipeline:
 
     def _record_moves(self, name: str, before: dict[str, int]) -> None:
         """The problems the stage moved between pools, by rule: said, logged, in results."""
-        now = self.curriculum.pools.moves
-        moved = {k: n - before.get(k, 0) for k, n in sorted(now.items()) if n > before.get(k, 0)}
+        moved = self.curriculum.pools.moves_since(before)
         self.results.setdefault("moves", {})[name] = moved
         if moved:
-            said = ", ".join(f"{k}: {n}" for k, n in moved.items())
-            print(f"[coscale] {name} moved {said}", flush=True)
+            print(f"[coscale] {name} moved " + ", ".join(f"{k}: {n}" for k, n in moved.items()))
             self.ctx.log({f"moves/{name}/{k}": float(n) for k, n in moved.items()})
 
     def _drop_checkpoints(self, name: str) -> None:
@@ -368,9 +370,7 @@ class Pipeline:
 
     def close_logger(self) -> None:
         """Flushes and closes the W&B run so that its files are complete when ``run`` returns."""
-        experiment = getattr(self.ctx.logger, "experiment", None) if self.ctx.logger else None
-        if experiment is not None and hasattr(experiment, "finish"):
-            experiment.finish()
+        finish(self.ctx.logger)
 
     def _save(self) -> None:
         state = {

@@ -24,7 +24,7 @@ from coscale.app.commands import (
     top_help,
     unknown_command,
 )
-from coscale.app.run_config import build_run, pipeline_parser
+from coscale.app.run_config import keep_config, pipeline_parser, resolved_run
 from coscale.loop.checkpoint_store import CheckpointWriteError
 
 __all__ = ["main", "pipeline_parser"]
@@ -139,8 +139,11 @@ def run_command(argv: list[str]) -> dict[str, Any]:
     inside a stage keeps its traceback and ends with a line naming the stage and how to go on."""
     from coscale.pipeline import Pipeline
 
-    config, data = build_run(argv[1:])
+    config, data, text = resolved_run(argv[1:])
+    resolved = keep_config(text, config.run_dir)  # <run_dir>/config.yaml: every setting
     pipeline = Pipeline(config, data)
+    if pipeline.logger:  # the run's whole config, beside each fit's module settings
+        pipeline.logger.log_hyperparams({"run": resolved})
     try:
         results = pipeline.run()
     except CheckpointWriteError:  # a full disk: said in one line, with what is left whole

@@ -66,7 +66,46 @@ def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTIO
 def build_run(argv: list[str]) -> tuple[Any, Any]:
     """Parses ``argv`` and builds (PipelineConfig, ProblemDataModule), loading the data, so
     that a bad setting or an unreadable source is refused before the first stage."""
+    config, data, _ = resolved_run(argv)
+    return config, data
+
+
+def resolved_run(argv: list[str]) -> tuple[Any, Any, str]:
+    """:func:`build_run`, and the whole resolved config (every setting, defaults included) as
+    YAML: what ``<run_dir>/config.yaml`` and the W&B run's config hold."""
     parser = pipeline_parser()
-    init = parser.instantiate(parser.parse_args(argv))
+    namespace = parser.parse_args(argv)
+    init = parser.instantiate(namespace)
     init.data.load()
-    return init.pipeline, init.data
+    return init.pipeline, init.data, parser.dump(namespace)
+
+
+def keep_config(text: str, run_dir: str) -> dict[str, Any]:
+    """Writes the resolved config ``text`` to ``<run_dir>/config.yaml`` (a resumed run whose
+    settings differ from the saved ones says which, then keeps its own); returns it as a dict."""
+    import os
+
+    import yaml
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from coscale.loop.commit import write_text
+
+    path, now = os.path.join(run_dir, "config.yaml"), yaml.safe_load(text)
+    if rank_zero_only.rank != 0:  # every rank parses the same command; rank 0 keeps it
+        return now
+    if os.path.exists(path):
+        with open(path) as f:
+            before = yaml.safe_load(f)
+        if changed := sorted(_differences(before, now)):
+            print(f"[coscale] {path}: this run's settings differ from the saved run's: "
+                  f"{', '.join(changed)} (the new ones are saved)", flush=True)  # fmt: skip
+    write_text(path, text)
+    return now
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """The dotted keys where two nested mappings differ."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [prefix] if a != b else []
+    keys = set(a) | set(b)
+    return [d for k in keys for d in _differences(a.get(k), b.get(k), f"{prefix}.{k}".lstrip("."))]

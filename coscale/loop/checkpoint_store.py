@@ -28,6 +28,8 @@ import os
 import shutil
 import sys
 
+from coscale.loop.commit import write_text
+
 POINTER = "latest"
 LEGACY = "last.ckpt"  # runs saved before versions: one file, replaced atomically
 MANIFEST = ".manifest.json"  # beside each version: <version>.manifest.json
@@ -121,9 +123,9 @@ def switch_to(path: str, what: str = "") -> None:
     """
     dirpath, name = os.path.split(path)
     before = last_checkpoint(dirpath)  # the whole one resumed from or saved last
-    _write(path + MANIFEST, json.dumps({"what": what, "files": _sizes(path)}))
+    write_text(path + MANIFEST, json.dumps({"what": what, "files": _sizes(path)}))
     kept = [name] + ([os.path.basename(before)] if before and before != path else [])
-    _write(os.path.join(dirpath, POINTER), "".join(f"{n}\n" for n in kept))
+    write_text(os.path.join(dirpath, POINTER), "".join(f"{n}\n" for n in kept))
     _fsync_dir(dirpath)
     remove_leftovers(dirpath)
 
@@ -137,16 +139,6 @@ def _sizes(path: str) -> dict[str, int]:
         for root, _, files in os.walk(path)
         for f in files
     }
-
-
-def _write(path: str, text: str) -> None:
-    """``text`` into ``path`` atomically (a temporary file, fsynced, renamed over it)."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def remove_leftovers(dirpath: str) -> list[str]:

@@ -52,10 +52,15 @@ def _rank() -> int:
 
 def write_json(path: str, state: Any) -> None:
     """Writes ``state`` as JSON to ``path`` atomically (temporary file, fsync, rename)."""
+    write_text(path, json.dumps(state, indent=1, default=str))
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` atomically (temporary file, fsync, rename)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(state, f, indent=1, default=str)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -153,6 +153,11 @@ class ProblemPools:
         rec.rl_rounds += 1
         return self._relabel(rec, "rl_budget")
 
+    def moves_since(self, before: dict[str, int]) -> dict[str, int]:
+        """The moves counted since ``before`` (an earlier copy of :attr:`moves`)."""
+        now = sorted(self.moves.items())
+        return {k: n - before.get(k, 0) for k, n in now if n > before.get(k, 0)}
+
     def pool_of(self, problem_id: str) -> Pool:
         """The problem's current pool."""
         return self._get(problem_id).pool

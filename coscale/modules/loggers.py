@@ -4,6 +4,8 @@ the one way to log outside ``self.log``."""
 from __future__ import annotations
 
 import os
+import secrets
+import string
 from typing import Any, Literal
 
 LoggerKind = Literal["wandb", "csv", "none"]
@@ -18,10 +20,22 @@ def wandb_mode() -> str:
     return "online" if has_key else "offline"
 
 
+WANDB_ARGS = ("name", "entity", "group", "tags", "notes", "mode", "log_model", "job_type")
+"""``WandbLogger`` arguments ``pipeline.wandb`` passes through."""
+RUN_ID = "wandb_run_id"  # in the logs folder: the W&B run a resumed run goes on in
+
+
 def make_logger(
-    kind: LoggerKind, save_dir: str, project: str = "coscale", name: str | None = None
+    kind: LoggerKind, save_dir: str, project: str = "coscale", name: str | None = None, **wandb
 ) -> Any:
-    """A Lightning logger writing under ``save_dir``; ``none`` returns False (no logger)."""
+    """A Lightning logger writing under ``save_dir``; ``none`` returns False (no logger).
+
+    W&B: one run per ``save_dir``, its id kept in ``<save_dir>/wandb_run_id``, so a restarted
+    run resumes the same W&B run; ``wandb`` holds ``WandbLogger``'s own arguments
+    (:data:`WANDB_ARGS`; ``mode`` defaults to :func:`wandb_mode`).
+    """
+    if unknown := sorted(set(wandb) - set(WANDB_ARGS)):
+        raise ValueError(f"pipeline.wandb: unknown keys {unknown}; it takes {list(WANDB_ARGS)}")
     if kind == "none":
         return False
     os.makedirs(save_dir, exist_ok=True)
@@ -32,9 +46,29 @@ def make_logger(
     if kind == "wandb":
         from lightning.pytorch.loggers import WandbLogger
 
-        os.environ["WANDB_MODE"] = wandb_mode()
-        return WandbLogger(project=project, name=name, save_dir=save_dir)
+        os.environ["WANDB_MODE"] = wandb.pop("mode", None) or wandb_mode()
+        name = wandb.pop("name", name)
+        run_id = _run_id(save_dir)
+        return WandbLogger(
+            project=project, name=name, save_dir=save_dir, id=run_id, resume="allow", **wandb
+        )
     raise ValueError(f"logger must be one of wandb, csv, none; got {kind!r}")
+
+
+def _run_id(save_dir: str) -> str:
+    """The W&B run id of the run logging under ``save_dir`` (made and kept on first use)."""
+    path = os.path.join(save_dir, RUN_ID)
+    if os.path.exists(path):
+        with open(path) as f:
+            return f.read().strip()
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from coscale.loop.commit import write_text
+
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    if rank_zero_only.rank == 0:  # the rank whose W&B run it is (the others log nothing)
+        write_text(path, run_id + "\n")
+    return run_id
 
 
 def log_to_loggers(trainer: Any, metrics: dict[str, float], step: int | None = None) -> None:
@@ -45,3 +79,10 @@ def log_to_loggers(trainer: Any, metrics: dict[str, float], step: int | None = N
         at = trainer.global_step if step is None else step
         for logger in getattr(trainer, "loggers", []):
             logger.log_metrics(dict(metrics), step=at)
+
+
+def finish(logger: Any) -> None:
+    """Flushes and closes a W&B run (any other logger, or False: nothing to do)."""
+    experiment = getattr(logger, "experiment", None) if logger else None
+    if experiment is not None and hasattr(experiment, "finish"):
+        experiment.finish()

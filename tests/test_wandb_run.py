@@ -1,0 +1,47 @@
+"""One W&B run per `coscale run` (offline here): WandbLogger's own arguments passed through
+`pipeline.wandb`, the run id kept in the logs folder so a restarted run goes on in the same W&B
+run, and the whole resolved config in `<run_dir>/config.yaml` and in the run's config. Read back
+through wandb's own run object and the offline folders it writes, not mocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from coscale.app.run_config import keep_config
+from coscale.modules.loggers import finish, make_logger
+
+
+def test_one_run_id_across_restarts_with_the_users_wandb_arguments(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logs = tmp_path / "logs"
+    ids = []
+    for _ in range(2):  # the run, then the same command restarted
+        logger = make_logger("wandb", str(logs), "coscale-test", name="n", tags=["a"], group="g")
+        run = logger.experiment
+        logger.log_hyperparams({"run": {"pipeline": {"iterations": 3}}})
+        assert (run.name, tuple(run.tags), run.group) == ("n", ("a",), "g")
+        assert run.config["run"]["pipeline"]["iterations"] == 3
+        ids.append(run.id)
+        finish(logger)
+    assert ids[0] == ids[1] == (logs / "wandb_run_id").read_text().strip()
+    folders = sorted(p.name for p in (logs / "wandb").glob("offline-run-*"))
+    assert len(folders) == 2 and all(f.endswith(ids[0]) for f in folders)
+
+
+def test_unknown_wandb_arguments_are_refused_naming_the_setting(tmp_path):
+    with pytest.raises(ValueError, match=r"pipeline\.wandb: unknown keys \['nme'\]"):
+        make_logger("wandb", str(tmp_path), nme="x")
+
+
+def test_the_resolved_config_is_kept_and_a_resumed_run_says_what_changed(tmp_path, capsys):
+    first = "pipeline:\n  iterations: 2\n  sft: {optimizer: {lr: 0.1}}\ndata: {batch_size: 8}\n"
+    assert keep_config(first, str(tmp_path)) == {
+        "pipeline": {"iterations": 2, "sft": {"optimizer": {"lr": 0.1}}},
+        "data": {"batch_size": 8},
+    }
+    assert capsys.readouterr().out == ""
+    second = first.replace("lr: 0.1", "lr: 0.2").replace("batch_size: 8", "batch_size: 4")
+    keep_config(second, str(tmp_path))
+    out = capsys.readouterr().out
+    assert "differ from the saved run's: data.batch_size, pipeline.sft.optimizer.lr" in out
+    assert (tmp_path / "config.yaml").read_text() == second
