@@ -105,9 +105,9 @@ class PipelineConfig:
             crash then redoes at most this many steps, to the same result.
         keep_checkpoints: Keep each finished stage's last checkpoint (model, optimiser state,
             curriculum: about 12 bytes per parameter, 1.6 GB for a 135M model). Off, a stage's
-            ``<stage>/ckpt`` is removed once the state file records the stage as done, so the
-            run's disk peaks at one stage's checkpoint plus the exported models; on, a
-            finished stage can be read back later (``benchmarks/rollback_run.py``).
+            ``<stage>/ckpt`` is removed once the state file records the stage as done: the
+            run's disk peaks at a stage's last two checkpoints (a damaged latest resumes from
+            the one before) and the exported models; on, a finished stage can be read back.
         logger: ``wandb`` (offline without an API key), ``csv`` or ``none``.
         project: W&B project name.
         wandb: ``WandbLogger``'s arguments (name, entity, group, tags, notes, mode, log_model);
