@@ -119,6 +119,16 @@ def _mid_stage(labels: list[str], stage: str, kind: str = "") -> str:
     return _assert_inside(labels, inside[len(inside) // 2])
 
 
+def _after_a_step(labels: list[str], stage: str) -> str:
+    """The first checkpoint of ``stage`` after one of its optimizer steps in the reference run,
+    asserted to be there: inside the stage, before its end and its state file, though maybe
+    its last checkpoint (two_ranks.yaml's RL stage is one epoch of one step here)."""
+    ckpts = [x for x in labels if x.startswith(f"{stage} ckpt ") and _step_of(x) > 0]
+    assert ckpts, f"{stage} took no optimizer step in the reference run on this CPU: {labels}"
+    assert labels.index(ckpts[0]) < labels.index(f"{stage} end, before the state file")
+    return ckpts[0]
+
+
 def _last_step_of_first_epoch(labels: list[str], stage: str) -> str:
     """The last step checkpoint before the stage's first epoch-end checkpoint (the epoch's last
     step has none: its epoch-end checkpoint follows the end work, coscale.stages.checkpoint).
@@ -332,7 +342,7 @@ def _two_rank_points(labels: list[str]) -> list[tuple[str, str | None]]:
     points = [
         ("it1/sft select step 2 scored", None),  # inside a selection scoring
         (_assert_inside(labels, sft_steps[-1]), None),  # right after the last-step checkpoint
-        (_mid_stage(labels, "it1/rl"), "1"),  # inside RL, rank 1 alone
+        (_after_a_step(labels, "it1/rl"), "1"),  # inside RL, rank 1 alone
         ("it1/rl end, before the state file", None),
     ]
     names = [p for p, _ in points]

@@ -30,7 +30,13 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500)]
-CONFIGS = (ROOT / "configs" / "tiny.yaml", ROOT / "tests" / "configs" / "vllm_tiny.yaml")
+# rl_every_batch.yaml: a reward with spread in every group, so that RL takes steps on any CPU
+# (with the verifier's reward alone, it1/rl took none on a 2-core EPYC: no RL kill to test)
+CONFIGS = (
+    ROOT / "configs" / "tiny.yaml",
+    ROOT / "tests" / "configs" / "vllm_tiny.yaml",
+    ROOT / "tests" / "configs" / "rl_every_batch.yaml",
+)
 STARTED = "[coscale] vLLM engine started"
 
 
@@ -56,6 +62,7 @@ def _run(run_dir: Path, log: Path, **extra: str) -> int:
     # vLLM's own INFO lines show the engine ran; importing TRL (the parity tests do, in this
     # process) sets VLLM_LOGGING_LEVEL=ERROR, which the run would inherit: ask for them here
     env |= {"VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+    env["PYTHONPATH"] = f"{ROOT}:{ROOT / 'tests'}"  # reward_examples, for rl_every_batch.yaml
     with open(log, "a") as out:
         cmd = _cmd(run_dir)
         return subprocess.run(cmd, env={**env, **extra}, stdout=out, stderr=out).returncode
