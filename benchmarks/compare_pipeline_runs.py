@@ -1,7 +1,7 @@
 """Two runs of ``real_model_pipeline.py`` compared model by model, paired on the same problems.
 
 Both runs measure the same held-out problems in the same order (``tiers.problems(..., seed=1,
-held_out=True)``), so the difference of two models is bootstrapped with the problems drawn once
+side="test")``), so the difference of two models is bootstrapped with the problems drawn once
 for both (:func:`coscale.scoring.stats.paired_difference`): an interval that excludes 0 is a
 difference beyond the measurement's sampling noise. It says nothing about the spread between
 training seeds (each run is one seed).

@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=128, help="held-out problems per set")
     ap.add_argument("--k", type=int, default=8, help="samples per problem")
     args = ap.parse_args()
-    sets = {name: tiers.problems(name, args.n, seed=1, held_out=True) for name in SETS}
+    sets = {name: tiers.problems(name, args.n, seed=1, side="test") for name in SETS}
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"{when}; {cpu_line()}; in %, {args.n} problems x {args.k} samples per set\n")
     models = {

@@ -185,7 +185,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     grid = [(float(lr), int(n)) for n in args.ns.split(",") for lr in args.lrs.split(",")]
-    pool = [p for t in tiers.BENCHMARKS for p in tiers.problems(t, 64, seed=0, held_out=False)]
+    pool = [p for t in tiers.BENCHMARKS for p in tiers.problems(t, 64, seed=0, side="train")]
     grpo = {"prompt": tiers.PROMPT, "max_new_tokens": 96, "temperature": 1.0}
     work = os.path.join("runs", "lr_n_sweep")
     result = sweep(args.start, pool, grpo, work, args.rollouts, grid=grid)

@@ -54,8 +54,8 @@ def run_pipeline(configs: list[str], overrides: list[str], reuse: bool):
 def measure_models(cfg, results, n_test: int, k: int) -> dict:
     """pass@1 / pass@k of every stage's model on every set, prompted as the run was."""
     fmt, tokens = cfg.sampling.prompt, cfg.sampling.max_new_tokens  # the run's, as it sampled
-    sets = {name: tiers.problems(name, n_test, seed=1, held_out=True) for name in HELD_OUT}
-    sets[EASY] = tiers.problems(EASY, n_test, seed=1, held_out=True)
+    sets = {name: tiers.problems(name, n_test, seed=1, side="test") for name in HELD_OUT}
+    sets[EASY] = tiers.problems(EASY, n_test, seed=1, side="test")
     report: dict = {}
     for label, path in stage_models(cfg, results).items():
         start = time.perf_counter()

@@ -90,7 +90,7 @@ def fresh_problems(count: int, exclude: set[str]) -> list:
     sets = [
         [
             p
-            for p in tiers.problems(t, per + len(exclude), seed=3, held_out=False)
+            for p in tiers.problems(t, per + len(exclude), seed=3, side="train")
             if p.question not in exclude
         ][:per]
         for t in tiers.BENCHMARKS
@@ -261,7 +261,7 @@ def run_sweep(args, start: str, pool: list, cfg, work: str) -> None:
 
 def evaluate(models: dict, n_test: int) -> dict:
     sets = {
-        name: tiers.problems(name, n_test, seed=1, held_out=True)
+        name: tiers.problems(name, n_test, seed=1, side="test")
         for name in (*tiers.BENCHMARKS, tiers.EASY)
     }
     report = {"k": 8, "n_test": n_test, "models": {}}

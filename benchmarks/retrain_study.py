@@ -105,7 +105,7 @@ def main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     cfg, data, state = load_run(args.run)
     train = list(data.curriculum.problems.values())
-    easy = tiers.problems(tiers.EASY, 128, seed=1, held_out=True)
+    easy = tiers.problems(tiers.EASY, 128, seed=1, side="test")
     rows = []
     for label in ("it1/rl", "it2/rl"):
         if label in state["models"]:

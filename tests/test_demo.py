@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -20,6 +21,10 @@ def test_quick_demo_writes_table_plots_and_wandb_run(tmp_path, capsys, wandb_log
     table = (run_dir / "results.md").read_text()
     for label in ("| base |", "| final |"):
         assert label in table
+    # choices read the validation side, the report scores the test side
+    assert "Validation (checkpoint selection, final keep rule): `builtin:tiers?" in table
+    assert "&side=val`. Test (scored once, here): 16 test-side problems" in table
+    assert re.search(r"selection: step \d+ of \d+ kept, .* on 16 problems \(first: T3\w*-val-", out)
     for name in SETS:
         assert f"{name} pass@1" in table
     report = json.loads((run_dir / "results.json").read_text())["report"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from counting import each_chunk
@@ -104,8 +106,9 @@ def test_pipeline_refuses_bad_selection_settings():
 
 @pytest.mark.slow
 def test_pipeline_stages_export_their_selected_weights(tmp_path, capsys):
-    """The small pipeline of the 2-process tests, one process, selection on: each SFT stage
-    from the initial model exports the weights of its best-scoring step."""
+    """The small pipeline of the 2-process tests, one process, selection on validation problems
+    (``data.val``): each SFT stage from the initial model exports the weights of its
+    best-scoring step on them."""
     from pathlib import Path
 
     from coscale.app.run_config import pipeline_parser
@@ -115,6 +118,7 @@ def test_pipeline_stages_export_their_selected_weights(tmp_path, capsys):
     args = ["--config", str(config), "--pipeline.run_dir", str(tmp_path / "run")]
     args += ["--pipeline.iterations", "1", "--pipeline.selection.problems", "6"]
     args += ["--pipeline.selection.every", "2"]
+    args += ["--data.val", "builtin:tiers?T2=4&T3=4&side=val&seed=0"]
     parser = pipeline_parser()
     init = parser.instantiate(parser.parse_args(args))
     Pipeline(init.pipeline, init.data).run()
@@ -123,6 +127,7 @@ def test_pipeline_stages_export_their_selected_weights(tmp_path, capsys):
         folder = tmp_path / "run" / stage / "select"
         (kept,) = list(folder.iterdir())  # pruned to the best step
         assert f"selection: {kept.name.replace('step', 'step ')} of 3 kept" in printed
+        assert re.search(r"kept, pass@1 [\d.]+ on 6 problems \(first: T[23]-val-\d\)", printed)
         model = tmp_path / "run" / stage / "model" / "model.safetensors"
         ours, best = load_file(model), load_file(kept / "model.safetensors")
         assert all(torch.equal(ours[k], best[k]) for k in best), stage

@@ -1,4 +1,4 @@
-"""The built-in demo task: tiers, held-out split, teacher solutions, builtin sources."""
+"""The built-in demo task: tiers, the train / validation / test sides, teacher solutions, builtin sources."""
 
 from __future__ import annotations
 
@@ -20,20 +20,29 @@ def _check_steps(question: str, solution: str) -> int:
     return int(re.fullmatch(r"\\boxed\{(-?\d+)\}", boxed).group(1))
 
 
-def test_train_and_held_out_problems_are_disjoint():
+def test_train_validation_and_test_problems_are_disjoint_whatever_the_seed():
     for tier in tiers.BENCHMARKS:
-        train = {p.question for p in tiers.problems(tier, 300, seed=0, held_out=False)}
-        test = {p.question for p in tiers.problems(tier, 128, seed=1, held_out=True)}
-        assert len(train) == 300 and len(test) == 128
-        assert not train & test
+        sides = {
+            side: {p.question for seed in (0, 1) for p in tiers.problems(tier, 200, seed, side)}
+            for side in tiers.SIDES
+        }
+        assert all(len(questions) > 200 for questions in sides.values())
+        assert not sides["train"] & sides["val"]
+        assert not sides["train"] & sides["test"]
+        assert not sides["val"] & sides["test"]
+        assert all(tiers.side_of(q) == side for side, qs in sides.items() for q in qs)
+    (p,) = tiers.problems("T3", 1, seed=0, side="val")
+    assert p.id == "T3-val-0"
+    with pytest.raises(ValueError, match="side must be one of train, val, test; got 'dev'"):
+        tiers.problems("T3", 1, seed=0, side="dev")
 
 
 def test_problem_answers_and_tier_shapes():
-    (p,) = tiers.problems("T3", 1, seed=0, held_out=False)
+    (p,) = tiers.problems("T3", 1, seed=0, side="train")
     a, b, c, d = map(int, re.fullmatch(r"(\d+)\+(\d+)-(\d+)\+(\d+)", p.question).groups())
     assert p.answer == str(a + b - c + d)
     assert all(10 <= v <= 99 for v in (a, b, c, d))
-    (q,) = tiers.problems("T3w", 1, seed=0, held_out=False)
+    (q,) = tiers.problems("T3w", 1, seed=0, side="train")
     assert re.fullmatch(r"\d+-\d+\+\d+\+\d+", q.question)
 
 
@@ -60,7 +69,7 @@ def test_teacher_solutions_are_distinct_correct_and_canonical_first():
 
 
 def test_tier_teacher_skips_known_and_caps_k():
-    (p,) = tiers.problems("T3x", 1, seed=3, held_out=False)
+    (p,) = tiers.problems("T3x", 1, seed=3, side="train")
     first = tiers.canonical_solution(p.question)
     out = tiers.TierTeacher().propose([(p, 5)], lambda pid: [first])
     assert len(out[p.id]) == 5 and first not in out[p.id]
@@ -70,7 +79,11 @@ def test_builtin_tier_rows_and_errors():
     rows = builtin_rows("builtin:tiers?T1=3&T3=2&solutions=2&seed=4")
     assert [r["tier"] for r in rows] == ["T1"] * 3 + ["T3"] * 2
     assert all(len(r["solutions"]) in (1, 2) for r in rows)
-    held = builtin_rows("builtin:tiers?T3=5&held_out=1")
-    assert all(tiers.is_held_out(r["question"]) for r in held)
+    held = builtin_rows("builtin:tiers?T3=5&side=val")
+    assert [tiers.side_of(r["question"]) for r in held] == ["val"] * 5
+    with pytest.raises(ValueError, match="side must be one of train, val, test"):
+        builtin_rows("builtin:tiers?T3=5&side=heldout")
+    with pytest.raises(ValueError, match=r"allowed: tier names .* side, seed, solutions"):
+        builtin_rows("builtin:tiers?T3=5&held_out=1")
     with pytest.raises(ValueError, match="allowed: tier names"):
         builtin_rows("builtin:tiers?T9=3")

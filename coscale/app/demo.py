@@ -32,8 +32,26 @@ QUICK = [
     "8",
     "--data.train",
     "builtin:tiers?T3=4&T3v=4&T3w=4&T3x=4",
+    "--data.val",
+    "builtin:tiers?T3=4&T3v=4&T3w=4&T3x=4&side=val",
 ]
 SETS = (*tiers.BENCHMARKS, tiers.EASY)
+TEST_SEED = 1
+"""Seed of the test sets (test side): no setting of the run draws from it."""
+
+
+def test_sets(n_test: int) -> dict[str, list]:
+    """The report's test sets: ``n_test`` test-side problems of each of :data:`SETS`."""
+    return {name: tiers.problems(name, n_test, TEST_SEED, "test") for name in SETS}
+
+
+def sets_line(val_source: object, n_test: int) -> str:
+    """Which problems chose and which scored: the validation source, the test sets."""
+    val = f"`{val_source}`" if isinstance(val_source, str) else "none (the training problems)"
+    return (
+        f"Validation (checkpoint selection, final keep rule): {val}. Test (scored once, here): "
+        f"{n_test} test-side problems of each of {', '.join(SETS)}, seed {TEST_SEED}."
+    )
 
 
 def demo_config() -> str:
@@ -71,6 +89,7 @@ def run_demo(rest: list[str]) -> dict[str, Any]:
     try:
         results = pipeline.run(close_logger=False)
         report = evaluate_stages(init.pipeline, results, n_test, k=8)
+        report["sets"] = sets_line(init.data.val_source, n_test)
         write_report(init.pipeline.run_dir, results, report)
         log_to_wandb(pipeline.logger, init.pipeline.run_dir, report)
     finally:
@@ -99,7 +118,7 @@ def stage_models(cfg: Any, results: dict[str, Any]) -> dict[str, str]:
 def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, k: int) -> dict[str, Any]:
     """The table: base and final model, pass@1 and pass@k with intervals on every set. The
     curve: pass@1 of every stage's model (intermediate ones on half the problems, k/2 samples)."""
-    sets = {name: tiers.problems(name, n_test, seed=1, held_out=True) for name in SETS}
+    sets = test_sets(n_test)
     halves = {name: probs[: n_test // 2] for name, probs in sets.items()}
     engine = ReportEngine(cfg)  # the run's engine kind and sampling definition
     report: dict[str, Any] = {"k": k, "n_test": n_test, "models": {}, "curve": {}}
@@ -199,21 +218,19 @@ def lead_cell(report: dict[str, Any], label: str, other: str, metric: str = "pas
 
 def table(report: dict[str, Any], base: str = "base") -> str:
     """Markdown table: per set pass@1 and pass@k [95% CI] of every model, plus averages and
-    the ratio of each average over that of the model labelled ``base``."""
+    each average's lead over that of the model labelled ``base``, in points."""
     k = report["k"]
     head = (
         "| model | "
         + " | ".join(f"{s} pass@1 | {s} pass@{k}" for s in SETS)
-        + " | avg pass@1 (4 sets) | x base |"
+        + f" | avg pass@1 (4 sets) | vs {base} (points) |"
     )
     lines = [head, "|" + "---|" * (2 * len(SETS) + 3)]
-    reference = average(report, base) or float("nan")
+    reference = average(report, base)
     for label, row in report["models"].items():
         cells = " | ".join(f"{row[s]['pass@1'].fmt()} | {row[s][f'pass@{k}'].fmt()}" for s in SETS)
-        avg = average(report, label)
-        lines.append(
-            f"| {label} | {cells} | {average_cell(report, label)} | {avg / reference:.2f}x |"
-        )
+        lead = (average(report, label) - reference) * 100
+        lines.append(f"| {label} | {cells} | {average_cell(report, label)} | {lead:+.1f} |")
     return "\n".join(lines)
 
 
@@ -224,9 +241,9 @@ def write_report(run_dir: str, results: dict[str, Any], report: dict[str, Any]) 
     text = table(report)
     with open(os.path.join(run_dir, "results.md"), "w") as f:
         f.write(
-            f"pass@1 / pass@{report['k']} in %, {report['n_test']} held-out problems per set, "
+            f"pass@1 / pass@{report['k']} in %, {report['n_test']} test problems per set, "
             f"{report['k']} samples each at temperature {report.get('temperature', 1.0)}, 95% "
-            f"bootstrap intervals.\n\n{text}\n"
+            f"bootstrap intervals.\n{report.get('sets', '')}\n\n{text}\n"
         )
     plain = {
         label: {s: {m: e.plain() for m, e in row.items()} for s, row in rows.items()}

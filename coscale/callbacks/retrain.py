@@ -13,6 +13,7 @@ from typing_extensions import override
 from coscale.callbacks.sft_in_fit import copy_weights, fabric_for, loop_from, sft_in_fit
 from coscale.checks import as_group
 from coscale.loop.curriculum import Curriculum
+from coscale.measure.pass_rates import judged_problems
 from coscale.measure.selection import Selection
 from coscale.modules.sft import SFTModule, check_guard_strategy
 from coscale.seeds import seeded
@@ -118,7 +119,9 @@ def _selection(owner: Any, trainer: Any, curriculum: Curriculum):
     root = getattr(trainer, "default_root_dir", None) or "."
     folder = os.path.join(owner.export_dir or root, "select")
     label = type(owner).__name__
-    return selection.build(curriculum.problems.values(), folder, curriculum.settings.seed, label)
+    held_out = getattr(trainer.datamodule, "val_problems", None) or []
+    problems = judged_problems(held_out, curriculum)  # validation, else the training problems
+    return selection.build(problems, folder, curriculum.settings.seed, label)
 
 
 def datamodule_or_warn(trainer: Any, owner: Any, datamodule: Any = None) -> Any | None:

@@ -1,11 +1,10 @@
-"""Which weights an SFT stage from the initial model ends with: the best on its own problems.
+"""Which weights an SFT stage from the initial model ends with: the best on validation.
 
-A retrain from the initial model is meant to carry forward what the model it replaces solves.
-Whether it does is pass@1 on the training problems, the measure ``final.keep`` judges by. So
 :class:`SelectOnProblems` scores the policy during the fit, every ``every_n_steps`` optimiser
-steps and at the fit's end, by pass@1 on a seeded slice of the stage's own training problems
-(never a test set), with the same seeded samples at every scoring, and the stage exports the
-best-scoring weights instead of the last ones. Each improvement is written to
+steps and at the fit's end, by pass@1 on a seeded slice of the validation problems (``data.val``;
+the stage's own training problems when there are none, never a test set), the problems
+``final.keep`` judges on too, with the same seeded samples at every scoring, and the stage
+exports the best-scoring weights instead of the last ones. Each improvement is written to
 ``<stage>/select/step<k>``; the score history and the best step live in the stage checkpoint, so
 a resumed fit selects as an uninterrupted one.
 """
@@ -35,8 +34,8 @@ class Selection:
     """Checkpoint selection of an SFT from the initial model (:class:`SelectOnProblems`).
 
     Attributes:
-        problems: Score pass@1 on this many of the training problems (a seeded slice); 0: off,
-            the SFT keeps its last weights.
+        problems: Score pass@1 on this many of the validation problems (``data.val``, else the
+            training problems; a seeded slice); 0: off, the SFT keeps its last weights.
         every: Optimiser steps between two scorings (and one at the end).
         k: Samples per problem of each scoring.
     """
@@ -71,7 +70,7 @@ class SelectOnProblems(Callback):
     """Keeps the weights with the highest pass@1 on ``problems`` during an SFT fit.
 
     Args:
-        problems: Dicts with ``question`` and ``answer``: a slice of the stage's own problems.
+        problems: Dicts with ``question`` and ``answer``: a slice of the validation problems.
         k: Samples per problem per scoring (temperature of the module's ``val_sampling``).
         every_n_steps: Score every this many optimiser steps (and always at the fit's end).
         folder: Where each new best is exported (``<folder>/step<k>``).
@@ -131,9 +130,10 @@ class SelectOnProblems(Callback):
             return
         self._finished = True
         self.prune()
+        first = self.problems[0].get("id", "") if self.problems else ""
         print(
             f"[coscale] selection: step {self.best_step} of {max(self.scores, default=0)} kept, "
-            f"pass@1 {self.best:.4f} on {len(self.problems)} of the stage's problems "
+            f"pass@1 {self.best:.4f} on {len(self.problems)} problems (first: {first}) "
             f"(scores: {', '.join(f'{s}:{v:.3f}' for s, v in sorted(self.scores.items()))})",
             flush=True,
         )

@@ -1,7 +1,7 @@
 """``builtin:`` problem sets: problems that coscale makes itself, offline.
 
 ``builtin:arithmetic?n=64&terms=2,3&seed=0&solutions=8`` is a generated arithmetic set (see
-:mod:`coscale.tasks.arithmetic`); ``builtin:tiers?T3=128&held_out=0`` is the demo task (see
+:mod:`coscale.tasks.arithmetic`); ``builtin:tiers?T3=128&side=val`` is the demo task (see
 :mod:`coscale.tasks.tiers`). Built-in *models* (``builtin:demo``, ``builtin:tiny?...``) are
 resolved by `coscale.models.policy.resolve_model_path`: tasks do not depend on model loading.
 """
@@ -45,19 +45,22 @@ def builtin_rows(spec: str) -> list[dict[str, Any]]:
 
 
 def _tier_rows(spec: str, args: dict[str, str]) -> list[dict[str, Any]]:
-    """``builtin:tiers?T3=128&T3v=128&held_out=0&seed=0&solutions=0``: demo-task rows; with
+    """``builtin:tiers?T3=128&T3v=128&side=train&seed=0&solutions=0``: demo-task rows from one
+    side (``train``, ``val`` or ``test``: :data:`coscale.tasks.tiers.SIDES`); with
     ``solutions=k`` each row carries its first k teacher solutions (canonical first)."""
     from coscale.tasks import tiers
 
-    held_out, seed = args.pop("held_out", "0") == "1", int(args.pop("seed", 0))
+    side, seed = args.pop("side", "train"), int(args.pop("seed", 0))
     k = int(args.pop("solutions", 0))
     unknown = sorted(set(args) - set(tiers.TIERS))
     if unknown:
         raise ValueError(
             f"unknown settings {unknown} in {spec!r}; allowed: tier names "
-            f"{sorted(tiers.TIERS)}, held_out, seed, solutions"
+            f"{sorted(tiers.TIERS)}, side, seed, solutions"
         )
-    rows = tiers.rows({t: int(n) for t, n in args.items()}, seed, held_out)
+    if side not in tiers.SIDES:
+        raise ValueError(f"side must be one of {', '.join(tiers.SIDES)} in {spec!r}; got {side!r}")
+    rows = tiers.rows({t: int(n) for t, n in args.items()}, seed, side)
     if k:
         for row in rows:
             row["solutions"] = list(itertools.islice(tiers.solutions(row["question"]), k))

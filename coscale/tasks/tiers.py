@@ -3,8 +3,10 @@
 A problem is a chain of signed terms (``38+71-12+45``); a solution combines two numbers per
 step (``38+71=109;109-12=97;97+45=142;\\boxed{142}``). The programmatic teacher writes many
 distinct correct solutions by combining the terms in different orders, so "more solutions per
-problem" is real. Train and held-out problems are disjoint by construction: a problem is
-held out when a hash of its question falls in the held-out bucket, whatever seed made it.
+problem" is real. A hash of a problem's question puts it on one of three sides, whatever seed
+made it (:func:`side_of`): ``train`` (the problems to train on), ``val`` (validation: checkpoint
+selection, the final keep rule, every config choice) and ``test`` (the held-out sets a report
+scores once). The three are disjoint by construction.
 
 Tiers (``TIERS``): the base model is pre-trained on the easy tiers (two and three terms) and
 single-step drills; the four held-out "benchmarks" are four-term sign patterns, which need
@@ -67,9 +69,21 @@ def terms_of(question: str) -> list[tuple[int, int]]:
     return terms
 
 
-def is_held_out(question: str, buckets: int = 5) -> bool:
-    """One problem in ``buckets`` (by a hash of its text) is reserved for held-out sets."""
-    return int(hashlib.sha1(question.encode()).hexdigest(), 16) % buckets == 0
+SIDES = ("train", "val", "test")
+"""The three disjoint sides of the task (:func:`side_of`)."""
+
+
+def side_of(question: str) -> str:
+    """The side ``question`` is on, by a hash of its text: one problem in ten is ``test``, one in
+    ten ``val``, the rest ``train``."""
+    bucket = int(hashlib.sha1(question.encode()).hexdigest(), 16) % 10
+    return "test" if bucket == 0 else "val" if bucket == 5 else "train"
+
+
+def is_held_out(question: str) -> bool:
+    """Whether ``question`` is kept out of training (a ``val`` or ``test`` problem): the
+    shipped base model was pre-trained on ``train`` problems only."""
+    return side_of(question) != "train"
 
 
 def _question(rng: random.Random, tier: Tier) -> str:
@@ -78,16 +92,18 @@ def _question(rng: random.Random, tier: Tier) -> str:
     return f"{values[0]}{ops}"
 
 
-def problems(tier: str, n: int, seed: int, held_out: bool) -> list[Problem]:
-    """``n`` distinct problems of ``tier`` from the held-out or the training side."""
+def problems(tier: str, n: int, seed: int, side: str = "train") -> list[Problem]:
+    """``n`` distinct problems of ``tier`` from one of :data:`SIDES`; ids are
+    ``<tier>-<side>-<i>``."""
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {', '.join(SIDES)}; got {side!r}")
     spec, rng, seen, out = TIERS[tier], random.Random(f"{tier}-{seed}"), set(), []
     while len(out) < n:
         q = _question(rng, spec)
-        if q in seen or is_held_out(q) != held_out:
+        if q in seen or side_of(q) != side:
             continue
         seen.add(q)
         answer = sum(s * v for s, v in terms_of(q))
-        side = "test" if held_out else "train"
         out.append(Problem(f"{tier}-{side}-{len(out)}", q, str(answer), meta={"tier": tier}))
     return out
 
@@ -159,10 +175,10 @@ class TierTeacher(SolutionSource):
         return out
 
 
-def rows(tier_counts: dict[str, int], seed: int, held_out: bool) -> list[dict]:
-    """JSON-ready rows (id, question, answer, tier) of several tiers."""
+def rows(tier_counts: dict[str, int], seed: int, side: str = "train") -> list[dict]:
+    """JSON-ready rows (id, question, answer, tier) of several tiers, from one side."""
     return [
         {"id": p.id, "question": p.question, "answer": p.answer, "tier": tier}
         for tier, n in tier_counts.items()
-        for p in problems(tier, n, seed, held_out)
+        for p in problems(tier, n, seed, side)
     ]
