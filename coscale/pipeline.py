@@ -84,8 +84,8 @@ class PipelineConfig:
             iteration; a cap keeps each stage's cost fixed.
         selection: Which weights every SFT stage from the initial model ends with (each
             iteration's SFT, re-distillation, the final retrain): with ``problems`` > 0 the
-            best-scoring by pass@1 on a seeded slice of the training problems, else its last
-            (:mod:`coscale.measure.selection`).
+            best-scoring by pass@1 on a seeded slice of ``data.val`` (else the training problems),
+            else its last (:mod:`coscale.measure.selection`).
         distill_weight: SFT stages from the initial model that follow an RL stage (the
             re-distillation, the next iteration's SFT, the final retrain) also match the latest
             RL model's next-token distributions on their solution tokens, with this weight on

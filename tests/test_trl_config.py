@@ -71,7 +71,11 @@ def test_a_trl_set_up_lands_where_the_docs_say():
         "betas": [0.5, 0.999],
         "weight_decay": 0.01,
         "warmup_steps": 5,
+        "decay": "constant",
     }
+    for kind, decay in [("linear", "linear"), ("cosine", "cosine"), ("constant", "constant")]:
+        optimizer = from_grpo_config(SET_UP | {"lr_scheduler_type": kind})["grpo"]["optimizer"]
+        assert optimizer["decay"] == decay
     assert grpo["sampling"] == {
         "max_new_tokens": 64,
         "temperature": 0.9,

@@ -18,6 +18,7 @@ coordinates back -> the learning-rate scheduler.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -163,6 +164,8 @@ def sft_in_fit(
     """Trains ``module`` on ``items`` for ``loop`` on ``fabric``; returns it (with the selected
     weights when ``select`` is given). Every rank calls it with the same ``items``."""
     wrapped = fabric.setup_module(module)  # sharded under FSDP2, wrapped under DDP
+    per_epoch = len(shard_batches(list(items), loop.batch_size, seed, 0))
+    module.planned_steps = min(loop.max_steps or math.inf, per_epoch * loop.max_epochs)
     conf = module.configure_optimizers()  # after sharding: the optimiser holds the shards
     opt = fabric.setup_optimizers(conf["optimizer"])
     sched = conf.get("lr_scheduler", {}).get("scheduler")

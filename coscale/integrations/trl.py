@@ -36,6 +36,14 @@ from coscale.integrations.trl_fields import grpo_config_defaults, refusals
 from coscale.integrations.trl_loss import loss_settings
 from coscale.modules.settings import DTYPES
 
+DECAY_OF = {
+    "linear": "linear",
+    "cosine": "cosine",
+    "constant": "constant",
+    "constant_with_warmup": "constant",
+}
+"""TRL's ``lr_scheduler_type`` -> ``optimizer.decay`` (the warm-up is ``warmup_steps``)."""
+
 
 def config_values(config: Any) -> tuple[dict[str, Any], list[str]]:
     """``config`` (a ``GRPOConfig``, a mapping of its fields, or a YAML file's path) as every
@@ -106,6 +114,7 @@ def _grpo(v: Mapping[str, Any], loss: dict[str, Any], errors: list[str]) -> dict
             "betas": [v["adam_beta1"], v["adam_beta2"]],
             "weight_decay": v["weight_decay"],
             "warmup_steps": _warmup(v, errors),
+            "decay": DECAY_OF[v["lr_scheduler_type"]],
         },
         "sampling": {
             "max_new_tokens": v["max_completion_length"],

@@ -31,8 +31,8 @@ TRANSLATED: dict[str, str] = {
     "adam_beta2": "`grpo.optimizer.betas[1]`",
     "weight_decay": "`grpo.optimizer.weight_decay`",
     "warmup_steps": "`grpo.optimizer.warmup_steps` (a ratio < 1 times `max_steps`)",
-    "lr_scheduler_type": "`constant` / `constant_with_warmup`: coscale's schedule; `linear` (the "
-    "default): taken, but coscale keeps the rate constant after the warm-up (no decay)",
+    "lr_scheduler_type": "`grpo.optimizer.decay`: `linear` and `cosine` as named (down to 0 at "
+    "the fit's last step), `constant` / `constant_with_warmup` as `constant`",
     "optim": "`adamw_torch_fused` / `adamw_torch`: coscale's AdamW (fused where torch can)",
     "max_grad_norm": "`grpo.update.max_grad_norm`",
     # sampling
@@ -95,7 +95,7 @@ TRANSLATED: dict[str, str] = {
 returns them)."""
 
 CHOICES: dict[str, tuple] = {
-    "lr_scheduler_type": ("linear", "constant", "constant_with_warmup"),
+    "lr_scheduler_type": ("linear", "cosine", "constant", "constant_with_warmup"),
     "optim": ("adamw_torch_fused", "adamw_torch"),
     "loss_type": LOSS_TYPES,
     "multi_objective_aggregation": ("sum_then_normalize",),
@@ -184,7 +184,7 @@ HINTS: dict[str, str] = {
     "ddp_backend": "`L.Trainer(strategy=DDPStrategy(...))`",
     "ddp_timeout": "`L.Trainer(strategy=DDPStrategy(timeout=...))`",
     "ddp_find_unused_parameters": "`L.Trainer(strategy=DDPStrategy(...))`",
-    "lr_scheduler_kwargs": "coscale's schedule has only `warmup_steps`",
+    "lr_scheduler_kwargs": "coscale's schedule takes `warmup_steps` and `decay` only",
     "sapo_temperature_neg": "`sapo` is not built",
     "sapo_temperature_pos": "`sapo` is not built",
     "vespo_k_pos": "`vespo` is not built",

@@ -153,6 +153,11 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.base_is_reference = kl and peft is not None
         self.prefetched = Prefetch()  # rollouts sampled ahead (update.max_staleness)
 
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimiser steps per batch: ``update.num_iterations`` (the LR decay's length)."""
+        return self.update_settings.num_iterations
+
     @override
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
         start = time.perf_counter()

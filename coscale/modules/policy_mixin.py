@@ -9,6 +9,7 @@ backend ``pipeline.rollout`` chose, on the prompt and token limit of ``pipeline.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -179,9 +180,25 @@ class PolicyMixin:
         """The optimiser's learning rate (what the Rollout N theory reads)."""
         return self.optimizer_settings.lr
 
+    updates_per_batch = 1
+    """Optimiser steps per training batch (GRPO's ``update.num_iterations``)."""
+    planned_steps: int | None = None
+    """The fit's optimiser steps, set by a loop that runs the module outside a Trainer."""
+
     def configure_optimizers(self) -> Any:
-        """AdamW with its learning-rate warm-up (``optimizer_settings``)."""
-        return adamw_with_warmup(self.policy, self.optimizer_settings)
+        """AdamW with its learning-rate warm-up and decay (``optimizer_settings``)."""
+        settings = self.optimizer_settings
+        total = None if settings.decay == "constant" else self.optimizer_steps()
+        return adamw_with_warmup(self.policy, settings, total)
+
+    def optimizer_steps(self) -> int | None:
+        """The fit's optimiser steps: the trainer's ``estimated_stepping_batches`` times
+        :attr:`updates_per_batch`, or :attr:`planned_steps` outside a Trainer (None: unbounded)."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is None:
+            return self.planned_steps
+        batches = trainer.estimated_stepping_batches
+        return int(batches) * self.updates_per_batch if math.isfinite(batches) else None
 
     # ----------------------------------------------------------- validation
     def validation_step(self, batch: list[dict], batch_idx: int) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coscale.checks import at_least
+from coscale.checks import at_least, one_of
 
 DTYPES = ("float32", "bfloat16", "float16")
+DECAYS = ("constant", "linear", "cosine")
+"""The learning rate after the warm-up (``AdamW.decay``)."""
 
 
 @dataclass(frozen=True)
@@ -37,24 +39,29 @@ class PolicyLoad:
 
 @dataclass(frozen=True)
 class AdamW:
-    """AdamW with a linear learning-rate warm-up (:func:`coscale.modules.optim.adamw_with_warmup`).
+    """AdamW with a linear learning-rate warm-up, then a decay (:mod:`coscale.modules.optim`).
 
     Attributes:
-        lr: Learning rate.
+        lr: Peak learning rate.
         betas: AdamW betas (the CoScale-RL authors' verl runs used beta1 = 0.5 in RL).
         weight_decay: Decoupled weight decay.
         warmup_steps: Optimiser steps over which the learning rate ramps up linearly.
+        decay: The learning rate after the warm-up: ``constant``, or ``linear`` / ``cosine``
+            down to 0 at the fit's last optimiser step (the trainer's
+            ``estimated_stepping_batches``: the fit needs ``max_epochs`` or ``max_steps``).
     """
 
     lr: float = 1e-5
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     warmup_steps: int = 0
+    decay: str = "constant"
 
     def errors(self) -> list[str]:
         errors = at_least(0, float, strict=True, lr=self.lr)
         errors += at_least(0, float, weight_decay=self.weight_decay)
         errors += at_least(0, warmup_steps=self.warmup_steps)
+        errors += one_of(DECAYS, decay=self.decay)
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             errors.append(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         return errors

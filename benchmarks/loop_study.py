@@ -1,0 +1,165 @@
+"""Does each iteration add, on validation? Arms x seeds of the demo's pipeline, scored on validation.
+
+Each arm is the demo's config (``coscale/configs/demo.yaml``) with a few overrides (:data:`ARMS`);
+each seed sets the run's seed and the curriculum's (the same problems for every seed). Every run
+is a ``coscale run`` in its own folder under ``--out``: a run that stopped resumes from its
+checkpoints, a scored run is skipped, so the study can be stopped and started again. Each
+stage's model (the base, every iteration's, the final one when there is one) is scored on the
+validation problems (``data.val`` of ``demo.yaml``), ``--k`` samples each, with the same seeded
+samples for every model; nothing here reads the test side.
+
+Writes ``<out>/study.json`` (every run's per-problem scores and pool moves) and ``<out>/study.md``:
+per arm and stage, validation pass@1 over the seeds (mean, sd, each seed), and each stage's lead
+over the stage before it, seed by seed.
+
+Run: .venv/bin/python benchmarks/loop_study.py --arms shipped,measure_each_epoch --seeds 0,1,2
+     [--variant iterations] [--out runs/loop_study]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from paired import cpu_line
+
+from coscale.app.demo import QUICK, count_correct, demo_config, stage_models
+from coscale.app.report_engine import ReportEngine
+from coscale.app.run_config import pipeline_parser
+
+ARMS: dict[str, list[str]] = {
+    "shipped": [],
+    "measure_each_epoch": ["--pipeline.rl_measure_every", "1"],
+    "paper_loop": [
+        "--pipeline.rl_measure_every", "1",
+        "--pipeline.redistill_each_iteration", "true",
+        "--pipeline.final.source", "all",
+        "--pipeline.final.rl", "false",
+        "--pipeline.final.keep", "retrained",
+    ],
+}  # fmt: skip
+"""Each arm's overrides of ``demo.yaml``."""
+
+VARIANTS: dict[str, list[str]] = {
+    "full": [],
+    "iterations": ["--pipeline.final.retrain", "false", "--pipeline.final.rl", "false"],
+    "quick": QUICK,
+}
+"""``iterations``: the iterations only (no final retrain), to see what each iteration adds;
+``quick``: ``coscale demo --quick``'s profile (a check that the study runs)."""
+
+
+def run_dir(out: str, variant: str, arm: str, seed: int) -> str:
+    return os.path.join(out, f"{variant}-{arm}-s{seed}")
+
+
+def train(folder: str, variant: str, arm: str, seed: int) -> float:
+    """``coscale run`` of one arm and seed (resumes a stopped one); returns its wall seconds."""
+    args = ["--config", demo_config(), "--pipeline.run_dir", folder, "--pipeline.logger", "csv"]
+    args += ["--pipeline.seed", str(seed), "--data.curriculum.seed", str(seed)]
+    args += [*VARIANTS[variant], *ARMS[arm]]
+    coscale = os.path.join(os.path.dirname(sys.executable), "coscale")
+    start = time.perf_counter()
+    with open(folder + ".log", "a") as log:
+        subprocess.run([coscale, "run", *args], stdout=log, stderr=subprocess.STDOUT, check=True)
+    return time.perf_counter() - start
+
+
+def record(folder: str) -> dict:
+    """The run's pool moves and seconds per stage (from its ``pipeline_state.json``)."""
+    with open(os.path.join(folder, "pipeline_state.json")) as f:
+        state = json.load(f)
+    return {"moves": state["results"].get("moves", {}), "stage_seconds": state["seconds"]}
+
+
+def score(folder: str, variant: str, arm: str, k: int) -> dict[str, list[float]]:
+    """Per-problem validation pass@1 of every stage's model of one run."""
+    parser = pipeline_parser()
+    argv = ["--config", demo_config(), "--pipeline.run_dir", folder, *VARIANTS[variant]]
+    init = parser.instantiate(parser.parse_args([*argv, *ARMS[arm]]))
+    init.data.load()
+    problems = init.data.val_problems
+    engine = ReportEngine(init.pipeline)
+    try:
+        models = stage_models(init.pipeline, {})
+        if not init.pipeline.final.retrain:  # "final" is then the last iteration's model
+            models.pop("final", None)
+        return {
+            label: [c / k for c in count_correct(path, problems, k, seed=0, engine=engine)]
+            for label, path in models.items()
+        }
+    finally:
+        engine.close()
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def summary(study: dict) -> str:
+    """The markdown tables: validation pass@1 per arm and stage, then the leads stage by stage."""
+    lines = ["| arm | stage | val pass@1 % (mean, sd) | each seed |", "|---|---|---|---|"]
+    leads = ["| arm | stage vs the one before | lead, points (mean, sd) | each seed |"]
+    leads.append("|---|---|---|---|")
+    for arm, runs in study["runs"].items():
+        seeds = sorted(runs, key=int)
+        stages = list(runs[seeds[0]]["scores"])
+        per = {st: [mean(runs[s]["scores"][st]) * 100 for s in seeds] for st in stages}
+        for st in stages:
+            lines.append(f"| {arm} | {st} | {_mean_sd(per[st])} | {_each(per[st])} |")
+        for before, after in itertools.pairwise(stages):
+            diff = [a - b for a, b in zip(per[after], per[before])]
+            leads.append(f"| {arm} | {after} vs {before} | {_mean_sd(diff)} | {_each(diff)} |")
+    return "\n".join(lines) + "\n\n" + "\n".join(leads) + "\n"
+
+
+def _mean_sd(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return f"{mean(values):.1f} (sd {sd:.1f})"
+
+
+def _each(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arms", default="shipped,measure_each_epoch")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--variant", default="iterations", choices=sorted(VARIANTS))
+    parser.add_argument("--k", type=int, default=8, help="samples per validation problem")
+    parser.add_argument("--out", default="runs/loop_study")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"study-{args.variant}.json")
+    study = {"runs": {}}
+    if os.path.exists(path):
+        with open(path) as f:
+            study = json.load(f)
+    study |= {"cpu": cpu_line(), "variant": args.variant, "k": args.k}
+    for arm in args.arms.split(","):
+        for seed in args.seeds.split(","):
+            runs = study["runs"].setdefault(arm, {})
+            if seed in runs:
+                continue
+            folder = run_dir(args.out, args.variant, arm, int(seed))
+            seconds = train(folder, args.variant, arm, int(seed))
+            runs[seed] = {"seconds": seconds, **record(folder)}
+            runs[seed]["scores"] = score(folder, args.variant, arm, args.k)
+            with open(path, "w") as f:
+                json.dump(study, f, indent=1)
+            print(f"[loop_study] {arm} seed {seed}: {seconds:.0f} s", flush=True)
+    text = summary(study)
+    with open(path.replace(".json", ".md"), "w") as f:
+        f.write(f"{study['cpu']}\n\nvariant {args.variant}, k {args.k}\n\n{text}")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
