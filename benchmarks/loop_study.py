@@ -55,6 +55,10 @@ VARIANTS: dict[str, list[str]] = {
 ``quick``: ``coscale demo --quick``'s profile (a check that the study runs)."""
 
 
+PRECISION = "32-true"
+"""Every run's precision (recorded in the study's header)."""
+
+
 def run_dir(out: str, variant: str, arm: str, seed: int) -> str:
     return os.path.join(out, f"{variant}-{arm}-s{seed}")
 
@@ -63,6 +67,9 @@ def train(folder: str, variant: str, arm: str, seed: int) -> float:
     """``coscale run`` of one arm and seed (resumes a stopped one); returns its wall seconds."""
     args = ["--config", demo_config(), "--pipeline.run_dir", folder, "--pipeline.logger", "csv"]
     args += ["--pipeline.seed", str(seed), "--data.curriculum.seed", str(seed)]
+    # one precision for every run: `auto` times the machine at each start, and a noisy timing
+    # would make arms differ in precision as well as in what they compare
+    args += ["--pipeline.trainer.precision", PRECISION]
     args += [*VARIANTS[variant], *ARMS[arm]]
     coscale = os.path.join(os.path.dirname(sys.executable), "coscale")
     start = time.perf_counter()
@@ -142,7 +149,7 @@ def main() -> None:
     if os.path.exists(path):
         with open(path) as f:
             study = json.load(f)
-    study |= {"cpu": cpu_line(), "variant": args.variant, "k": args.k}
+    study |= {"cpu": cpu_line(), "variant": args.variant, "k": args.k, "precision": PRECISION}
     for arm in args.arms.split(","):
         for seed in args.seeds.split(","):
             runs = study["runs"].setdefault(arm, {})
@@ -157,7 +164,7 @@ def main() -> None:
             print(f"[loop_study] {arm} seed {seed}: {seconds:.0f} s", flush=True)
     text = summary(study)
     with open(path.replace(".json", ".md"), "w") as f:
-        f.write(f"{study['cpu']}\n\nvariant {args.variant}, k {args.k}\n\n{text}")
+        f.write(f"{study['cpu']}\n\nvariant {args.variant}, k {args.k}, {PRECISION}\n\n{text}")
     print(text)
 
 
