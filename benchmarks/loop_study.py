@@ -12,7 +12,7 @@ Writes ``<out>/study.json`` (every run's per-problem scores and pool moves) and 
 per arm and stage, validation pass@1 over the seeds (mean, sd, each seed), and each stage's lead
 over the stage before it, seed by seed.
 
-Run: .venv/bin/python benchmarks/loop_study.py --arms shipped,measure_each_epoch --seeds 0,1,2
+Run: .venv/bin/python benchmarks/loop_study.py --arms measure_each_epoch,rollouts_relabel --seeds 0,1,2
      [--variant iterations] [--out runs/loop_study]
 """
 
@@ -22,6 +22,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from coscale.app.run_config import pipeline_parser
 ARMS: dict[str, list[str]] = {
     "shipped": [],
     "measure_each_epoch": ["--pipeline.rl_measure_every", "1"],
+    "rollouts_relabel": ["--pipeline.rl_measure_every", "0"],
     "paper_loop": [
         "--pipeline.rl_measure_every", "1",
         "--pipeline.redistill_each_iteration", "true",
@@ -85,21 +87,51 @@ def record(folder: str) -> dict:
     return {"moves": state["results"].get("moves", {}), "stage_seconds": state["seconds"]}
 
 
-def score(folder: str, variant: str, arm: str, k: int) -> dict[str, list[float]]:
-    """Per-problem validation pass@1 of every stage's model of one run."""
+def _init(folder: str, variant: str, arm: str):
+    """The run's parsed settings (its data loaded)."""
     parser = pipeline_parser()
     argv = ["--config", demo_config(), "--pipeline.run_dir", folder, *VARIANTS[variant]]
     init = parser.instantiate(parser.parse_args([*argv, *ARMS[arm]]))
     init.data.load()
-    problems = init.data.val_problems
+    return init
+
+
+def _rates(path: str, problems: list, k: int, engine: ReportEngine) -> list[float]:
+    return [c / k for c in count_correct(path, problems, k, seed=0, engine=engine)]
+
+
+def score(folder: str, variant: str, arm: str, k: int) -> dict[str, list[float]]:
+    """Per-problem validation pass@1 of every iteration's model of one run."""
+    init = _init(folder, variant, arm)
     engine = ReportEngine(init.pipeline)
     try:
         models = stage_models(init.pipeline, {})
         if not init.pipeline.final.retrain:  # "final" is then the last iteration's model
             models.pop("final", None)
+        return {label: _rates(p, init.data.val_problems, k, engine) for label, p in models.items()}
+    finally:
+        engine.close()
+
+
+def stage_detail(folder: str, variant: str, arm: str, k: int) -> dict[str, dict[str, float]]:
+    """Mean pass@1 of every stage's exported model, in run order, on validation and on a seeded
+    128 of the training problems (where an iteration's gain goes)."""
+    init = _init(folder, variant, arm)
+    with open(os.path.join(folder, "pipeline_state.json")) as f:
+        done = json.load(f)["done"]
+    stages = [st for st in done if os.path.isdir(os.path.join(folder, st, "model"))]
+    train = list(init.data.problems.values())
+    train = random.Random(0).sample(train, min(128, len(train)))
+    engine = ReportEngine(init.pipeline)
+    try:
         return {
-            label: [c / k for c in count_correct(path, problems, k, seed=0, engine=engine)]
-            for label, path in models.items()
+            st: {
+                "val": mean(
+                    _rates(os.path.join(folder, st, "model"), init.data.val_problems, k, engine)
+                ),
+                "train": mean(_rates(os.path.join(folder, st, "model"), train, k, engine)),
+            }
+            for st in stages
         }
     finally:
         engine.close()
@@ -123,7 +155,19 @@ def summary(study: dict) -> str:
         for before, after in itertools.pairwise(stages):
             diff = [a - b for a, b in zip(per[after], per[before])]
             leads.append(f"| {arm} | {after} vs {before} | {_mean_sd(diff)} | {_each(diff)} |")
-    return "\n".join(lines) + "\n\n" + "\n".join(leads) + "\n"
+    return "\n".join(lines) + "\n\n" + "\n".join(leads) + "\n\n" + stages_table(study)
+
+
+def stages_table(study: dict) -> str:
+    """Every stage's model: pass@1 on validation and on training problems, mean over seeds."""
+    lines = ["| arm | stage | val pass@1 % | train pass@1 % (up to 128 problems) | seeds |"]
+    lines.append("|---|---|---|---|---|")
+    for arm, runs in study["runs"].items():
+        detail = [run["stages"] for run in runs.values() if "stages" in run]
+        for st in detail[0] if detail else []:
+            val, train = ([d[st][key] * 100 for d in detail if st in d] for key in ("val", "train"))
+            lines.append(f"| {arm} | {st} | {mean(val):.1f} | {mean(train):.1f} | {len(val)} |")
+    return "\n".join(lines) + "\n"
 
 
 def _mean_sd(values: list[float]) -> str:
@@ -137,7 +181,7 @@ def _each(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--arms", default="shipped,measure_each_epoch")
+    parser.add_argument("--arms", default="measure_each_epoch,rollouts_relabel")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variant", default="iterations", choices=sorted(VARIANTS))
     parser.add_argument("--k", type=int, default=8, help="samples per validation problem")
@@ -162,6 +206,13 @@ def main() -> None:
             with open(path, "w") as f:
                 json.dump(study, f, indent=1)
             print(f"[loop_study] {arm} seed {seed}: {seconds:.0f} s", flush=True)
+    for arm in args.arms.split(","):  # where each iteration's gain goes, stage by stage
+        for seed, run in study["runs"].get(arm, {}).items():
+            if "stages" not in run:
+                folder = run_dir(args.out, args.variant, arm, int(seed))
+                run["stages"] = stage_detail(folder, args.variant, arm, args.k)
+                with open(path, "w") as f:
+                    json.dump(study, f, indent=1)
     text = summary(study)
     with open(path.replace(".json", ".md"), "w") as f:
         f.write(f"{study['cpu']}\n\nvariant {args.variant}, k {args.k}, {PRECISION}\n\n{text}")
