@@ -87,7 +87,7 @@ def record(folder: str) -> dict:
     return {"moves": state["results"].get("moves", {}), "stage_seconds": state["seconds"]}
 
 
-def _init(folder: str, variant: str, arm: str):
+def run_settings(folder: str, variant: str, arm: str):
     """The run's parsed settings (its data loaded)."""
     parser = pipeline_parser()
     argv = ["--config", demo_config(), "--pipeline.run_dir", folder, *VARIANTS[variant]]
@@ -96,19 +96,22 @@ def _init(folder: str, variant: str, arm: str):
     return init
 
 
-def _rates(path: str, problems: list, k: int, engine: ReportEngine) -> list[float]:
+def pass_rates_of(path: str, problems: list, k: int, engine: ReportEngine) -> list[float]:
     return [c / k for c in count_correct(path, problems, k, seed=0, engine=engine)]
 
 
 def score(folder: str, variant: str, arm: str, k: int) -> dict[str, list[float]]:
     """Per-problem validation pass@1 of every iteration's model of one run."""
-    init = _init(folder, variant, arm)
+    init = run_settings(folder, variant, arm)
     engine = ReportEngine(init.pipeline)
     try:
         models = stage_models(init.pipeline, {})
         if not init.pipeline.final.retrain:  # "final" is then the last iteration's model
             models.pop("final", None)
-        return {label: _rates(p, init.data.val_problems, k, engine) for label, p in models.items()}
+        return {
+            label: pass_rates_of(p, init.data.val_problems, k, engine)
+            for label, p in models.items()
+        }
     finally:
         engine.close()
 
@@ -116,7 +119,7 @@ def score(folder: str, variant: str, arm: str, k: int) -> dict[str, list[float]]
 def stage_detail(folder: str, variant: str, arm: str, k: int) -> dict[str, dict[str, float]]:
     """Mean pass@1 of every stage's exported model, in run order, on validation and on a seeded
     128 of the training problems (where an iteration's gain goes)."""
-    init = _init(folder, variant, arm)
+    init = run_settings(folder, variant, arm)
     with open(os.path.join(folder, "pipeline_state.json")) as f:
         done = json.load(f)["done"]
     stages = [st for st in done if os.path.isdir(os.path.join(folder, st, "model"))]
@@ -127,9 +130,11 @@ def stage_detail(folder: str, variant: str, arm: str, k: int) -> dict[str, dict[
         return {
             st: {
                 "val": mean(
-                    _rates(os.path.join(folder, st, "model"), init.data.val_problems, k, engine)
+                    pass_rates_of(
+                        os.path.join(folder, st, "model"), init.data.val_problems, k, engine
+                    )
                 ),
-                "train": mean(_rates(os.path.join(folder, st, "model"), train, k, engine)),
+                "train": mean(pass_rates_of(os.path.join(folder, st, "model"), train, k, engine)),
             }
             for st in stages
         }
@@ -151,10 +156,10 @@ def summary(study: dict) -> str:
         stages = list(runs[seeds[0]]["scores"])
         per = {st: [mean(runs[s]["scores"][st]) * 100 for s in seeds] for st in stages}
         for st in stages:
-            lines.append(f"| {arm} | {st} | {_mean_sd(per[st])} | {_each(per[st])} |")
+            lines.append(f"| {arm} | {st} | {mean_sd(per[st])} | {_each(per[st])} |")
         for before, after in itertools.pairwise(stages):
             diff = [a - b for a, b in zip(per[after], per[before])]
-            leads.append(f"| {arm} | {after} vs {before} | {_mean_sd(diff)} | {_each(diff)} |")
+            leads.append(f"| {arm} | {after} vs {before} | {mean_sd(diff)} | {_each(diff)} |")
     return "\n".join(lines) + "\n\n" + "\n".join(leads) + "\n\n" + stages_table(study)
 
 
@@ -170,7 +175,7 @@ def stages_table(study: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _mean_sd(values: list[float]) -> str:
+def mean_sd(values: list[float]) -> str:
     sd = statistics.stdev(values) if len(values) > 1 else float("nan")
     return f"{mean(values):.1f} (sd {sd:.1f})"
 

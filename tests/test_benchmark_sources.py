@@ -146,3 +146,28 @@ def test_source_rows_feed_the_datamodule_with_their_solutions(omr):
     loaded = ProblemDataModule(train=rows)  # bank_solutions=None: all of them at load
     loaded.load()
     assert sorted(loaded.curriculum.bank.count(pid) for pid in loaded.problems) == [1, 2]
+
+
+def test_one_source_split_into_training_and_validation_sides(tmp_path):
+    """``side=train`` and ``side=val`` of one file: disjoint problems, every problem on one
+    side, about one in ten on validation, each row's solutions kept with its problem."""
+    from coscale.tasks.sides import side_of
+
+    rows = [
+        {"problem": f"What is {a} times {a + 3}?", "answer": str(a * (a + 3)), "solution": f"s{a}"}
+        for a in range(300)
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = f"source:mine?path={path}&solution=solution"
+    train, val = (ProblemDataModule(train=f"{spec}&side={side}") for side in ("train", "val"))
+    for dm in (train, val):
+        dm.load()
+    train_q = {p.question for p in train.problems.values()}
+    val_q = {p.question for p in val.problems.values()}
+    assert not train_q & val_q and len(train_q) + len(val_q) == 300
+    assert 15 <= len(val_q) <= 45
+    assert all(side_of(q, with_test=False) == "val" for q in val_q)
+    assert all(len(p.solutions) == 1 for p in val.problems.values())
+    with pytest.raises(ValueError, match=r"side must be train or val in .*got 'test'"):
+        parse_source(f"{spec}&side=test")

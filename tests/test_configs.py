@@ -43,6 +43,7 @@ QUESTION = "What is 2+3?"
 # ------------------------------------------------------------------ hub data stand-ins
 OMR_ANSWERS = {"Find 2+3.": "5", "How many primes are below 10?": "4", "Solve x+1=3.": "2"}
 OMR_SOLUTIONS = 3  # distinct generated solutions per answerable problem
+OMR_VAL = {"Find 13+13.": "26"}  # on the validation side of the hash split (coscale.tasks.sides)
 
 
 def _omr_row(
@@ -67,7 +68,7 @@ def _omr_rows() -> list[dict[str, Any]]:
     rows = [
         _omr_row(q, a, f"Attempt {i}: the answer is \\boxed{{{a}}}.")
         for i in range(OMR_SOLUTIONS)
-        for q, a in OMR_ANSWERS.items()
+        for q, a in (OMR_ANSWERS | OMR_VAL).items()
     ]
     rows.insert(2, dict(rows[0]))  # the same solution twice: merged once
     rows.append(_omr_row("Prove that 7 is prime.", "n/a", "Proof.", kind="converted_proof"))
@@ -304,7 +305,8 @@ def test_qwen_pipelines_train_on_openmathreasoning_with_solutions_merged(name, o
     assert ("nvidia/OpenMathReasoning", None, "cot") in offline_hub.datasets
     assert {p.question: p.answer for p in problems} == OMR_ANSWERS
     assert data.curriculum.bank.total() == 0  # handed out per round by the pipeline
-    assert [p.answer for p in data.val_problems] == [str(2 * i) for i in range(1, 5)]
+    # validation: the same source's problems on the other side of the hash split
+    assert {p.question: p.answer for p in data.val_problems} == OMR_VAL
 
 
 def _yaml(name: str) -> dict[str, Any]:

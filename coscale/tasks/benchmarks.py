@@ -10,7 +10,8 @@ generated solution, and many solutions per problem are what CoScale-RL's data sc
 written (override any field if a data set changes). Specs are strings, as in YAML:
 ``math500``, ``amc?limit=40``, ``openmathreasoning?max_rows=200000&limit=2000``, or a custom
 ``mine?path=data/test.jsonl&question=q&answer=a&where=level:4|5`` (any `BenchmarkSource`
-field). In a DataModule, ``train: source:openmathreasoning?limit=2000`` reads one (`source_rows`).
+field). In a DataModule, ``train: source:openmathreasoning?limit=2000`` reads one (`source_rows`);
+``&side=train`` / ``&side=val`` split one source into disjoint training and validation problems.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from urllib.parse import parse_qsl
 from coscale.loop.problem import Problem
 from coscale.tasks import files
 from coscale.tasks.loaders import FieldMap, load_problems
+from coscale.tasks.sides import side_of
 
 SOURCE_PREFIX = "source:"
 
@@ -58,6 +60,10 @@ class BenchmarkSource:
     """Read at most this many rows (bounds a huge hub set; use with ``streaming``)."""
     streaming: bool = False
     """Stream a hub data set instead of downloading all of it first."""
+    side: str | None = None
+    """``train`` or ``val``: only the problems on that side of the set's hash split (one in ten
+    is ``val``, :mod:`coscale.tasks.sides`), so a validation set read from the training source
+    shares no problem with the training set; None: every problem."""
 
 
 SOURCES: dict[str, BenchmarkSource] = {
@@ -117,6 +123,10 @@ def _setting(key: str, value: str, spec: str) -> Any:
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"{key} must be an int >= 1 in {spec!r}, got {value!r}")
         return int(value)
+    if key == "side":
+        if value not in ("train", "val"):
+            raise ValueError(f"side must be train or val in {spec!r}, got {value!r}")
+        return value
     if key == "streaming":
         return value.lower() in ("1", "true", "yes")
     if key == "where":
@@ -146,6 +156,8 @@ def group_rows(
         key = " ".join(question.split()) if isinstance(question, str) else f"#row{read}"
         group = groups.get(key)
         if group is None:
+            if source.side is not None and side_of(key, with_test=False) != source.side:
+                continue
             if source.limit is not None and len(groups) >= source.limit:
                 continue
             group = groups[key] = _new_group(row, key, source)

@@ -15,7 +15,6 @@ composition the base has only seen rarely: they sit at its ability boundary.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import random
 from collections.abc import Iterator, Sequence
@@ -23,6 +22,8 @@ from dataclasses import dataclass
 
 from coscale.loop.problem import Problem
 from coscale.loop.solution_sources import Request, SolutionSource
+from coscale.tasks import sides
+from coscale.tasks.sides import SIDES
 
 CHARS = "0123456789+-=;\\boxed{}Q:A\n"
 """Every character the task's prompts and solutions use (the demo model's vocabulary)."""
@@ -69,15 +70,10 @@ def terms_of(question: str) -> list[tuple[int, int]]:
     return terms
 
 
-SIDES = ("train", "val", "test")
-"""The three disjoint sides of the task (:func:`side_of`)."""
-
-
 def side_of(question: str) -> str:
-    """The side ``question`` is on, by a hash of its text: one problem in ten is ``test``, one in
-    ten ``val``, the rest ``train``."""
-    bucket = int(hashlib.sha1(question.encode()).hexdigest(), 16) % 10
-    return "test" if bucket == 0 else "val" if bucket == 5 else "train"
+    """The side ``question`` is on (:mod:`coscale.tasks.sides`): one problem in ten is
+    ``test``, one in ten ``val``, the rest ``train``."""
+    return sides.side_of(question)
 
 
 def is_held_out(question: str) -> bool:
