@@ -75,8 +75,8 @@ class PipelineConfig:
         warmup_problems: Problems whose first solution forms the warm-up (format) SFT set.
         measure_k: Samples per problem when measuring accuracy for the pools.
         measure_max_problems: Measure at most this many problems per measurement (None: all).
-        rl_measure_every: Also re-measure the pools with K fresh samples every this many RL
-            epochs; 0 relies on the RL rollouts themselves (each epoch's tally relabels them).
+        rl_measure_every: Re-measure every problem (K samples) every this many RL epochs (1: the
+            paper); 0: each epoch's rollouts relabel only what they drew (the pool drains).
         eval_k, eval_max_problems, rl_eval_every: Deprecated names of the three above.
         sft_epochs: Epochs of every SFT stage.
         sft_max_steps: Cap on the optimiser steps of every SFT stage, the re-distillation and
