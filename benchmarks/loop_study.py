@@ -142,6 +142,19 @@ def stage_detail(folder: str, variant: str, arm: str, k: int) -> dict[str, dict[
         engine.close()
 
 
+def save(path: str, data: dict) -> None:
+    """``data`` as JSON at ``path`` (after every run: the study resumes from it)."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def report(path: str, header: str, text: str) -> None:
+    """The tables ``text`` under ``header``, in the ``.md`` beside ``path``, and printed."""
+    with open(path.replace(".json", ".md"), "w") as f:
+        f.write(f"{header}\n\n{text}")
+    print(text)
+
+
 def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -208,20 +221,16 @@ def main() -> None:
             seconds = train(folder, args.variant, arm, int(seed))
             runs[seed] = {"seconds": seconds, **record(folder)}
             runs[seed]["scores"] = score(folder, args.variant, arm, args.k)
-            with open(path, "w") as f:
-                json.dump(study, f, indent=1)
+            save(path, study)
             print(f"[loop_study] {arm} seed {seed}: {seconds:.0f} s", flush=True)
     for arm in args.arms.split(","):  # where each iteration's gain goes, stage by stage
         for seed, run in study["runs"].get(arm, {}).items():
             if "stages" not in run:
                 folder = run_dir(args.out, args.variant, arm, int(seed))
                 run["stages"] = stage_detail(folder, args.variant, arm, args.k)
-                with open(path, "w") as f:
-                    json.dump(study, f, indent=1)
-    text = summary(study)
-    with open(path.replace(".json", ".md"), "w") as f:
-        f.write(f"{study['cpu']}\n\nvariant {args.variant}, k {args.k}, {PRECISION}\n\n{text}")
-    print(text)
+                save(path, study)
+    header = f"{study['cpu']}\n\nvariant {args.variant}, k {args.k}, {PRECISION}"
+    report(path, header, summary(study))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,18 @@ import subprocess
 import sys
 import time
 
-from loop_study import ARMS, PRECISION, mean, mean_sd, pass_rates_of, run_dir, run_settings
+from loop_study import (
+    ARMS,
+    PRECISION,
+    mean,
+    mean_sd,
+    pass_rates_of,
+    report,
+    run_dir,
+    run_settings,
+    save,
+)
+from paired import cpu_line
 from rollback_run import rolled_back
 
 from coscale.app.demo import demo_config
@@ -113,13 +124,9 @@ def main() -> None:
             copy_run(src, dst)
             seconds = retrain(dst, args.arm, variant, int(seed))
             runs[seed] = {"seconds": seconds, "scores": score(dst, args.arm, args.k)}
-            with open(path, "w") as f:
-                json.dump(results, f, indent=1)
+            save(path, results)
             print(f"[retrain_variants] {variant} seed {seed}: {seconds:.0f} s", flush=True)
-    text = table(results)
-    with open(path.replace(".json", ".md"), "w") as f:
-        f.write(f"arm {args.arm}, k {args.k}, {PRECISION}\n\n{text}")
-    print(text)
+    report(path, f"{cpu_line()}\n\narm {args.arm}, k {args.k}, {PRECISION}", table(results))
 
 
 if __name__ == "__main__":
