@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
-from coscale.measure.selection import SelectOnProblems, selection_slice
+from coscale.loop.problem import Problem
+from coscale.measure.selection import Selection, SelectOnProblems, selection_slice
 from coscale.modules import SFTModule
 from coscale.tasks import arithmetic
 
@@ -95,6 +96,18 @@ def test_selection_slice_is_seeded_and_bounded():
     assert a == b and len(a) == 5 and {"question", "answer"} <= set(a[0])
     assert selection_slice(problems, 5, seed=4) != a
     assert len(selection_slice(problems, 50, seed=0)) == 20
+
+
+def test_selection_reads_validation_unless_told_to_read_the_training_problems():
+    dm = _data()
+    val = [Problem("v1", "1+1", "2")]
+    assert Selection(problems=4).candidates(val, dm.curriculum) == [val[0].to_dict()]
+    train = Selection(problems=4, source="train").candidates(val, dm.curriculum)
+    assert [p["id"] for p in train] == list(dm.problems)
+    assert [p["id"] for p in Selection(problems=4).candidates([], dm.curriculum)] == list(
+        dm.problems
+    )
+    assert Selection(source="test").errors() == ["source must be one of val, train; got 'test'"]
 
 
 def test_pipeline_refuses_bad_selection_settings():

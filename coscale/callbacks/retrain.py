@@ -13,7 +13,6 @@ from typing_extensions import override
 from coscale.callbacks.sft_in_fit import copy_weights, fabric_for, loop_from, sft_in_fit
 from coscale.checks import as_group
 from coscale.loop.curriculum import Curriculum
-from coscale.measure.pass_rates import judged_problems
 from coscale.measure.selection import Selection
 from coscale.modules.sft import SFTModule, check_guard_strategy
 from coscale.seeds import seeded
@@ -120,7 +119,7 @@ def _selection(owner: Any, trainer: Any, curriculum: Curriculum):
     folder = os.path.join(owner.export_dir or root, "select")
     label = type(owner).__name__
     held_out = getattr(trainer.datamodule, "val_problems", None) or []
-    problems = judged_problems(held_out, curriculum)  # validation, else the training problems
+    problems = selection.candidates(held_out, curriculum)
     return selection.build(problems, folder, curriculum.settings.seed, label)
 
 

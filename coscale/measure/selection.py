@@ -21,10 +21,10 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from coscale.checks import at_least
+from coscale.checks import at_least, one_of
 from coscale.distributed import barrier, is_writer
 from coscale.loop.commit import commit_point
-from coscale.measure.pass_rates import sample_counts
+from coscale.measure.pass_rates import judged_problems, sample_counts
 from coscale.modules.loggers import log_to_loggers
 from coscale.rollout.base import SamplingParams
 
@@ -36,6 +36,8 @@ class Selection:
     Attributes:
         problems: Score pass@1 on this many of the validation problems (``data.val``, else the
             training problems; a seeded slice); 0: off, the SFT keeps its last weights.
+        source: ``val`` (the validation problems when ``data.val`` has any) or ``train`` (the
+            training problems even then).
         every: Optimiser steps between two scorings (and one at the end).
         k: Samples per problem of each scoring.
     """
@@ -43,10 +45,17 @@ class Selection:
     problems: int = 0
     every: int = 100
     k: int = 4
+    source: str = "val"
 
     def errors(self) -> list[str]:
         """Every out-of-range setting, named."""
-        return at_least(0, problems=self.problems) + at_least(1, every=self.every, k=self.k)
+        errors = at_least(0, problems=self.problems) + at_least(1, every=self.every, k=self.k)
+        return errors + one_of(("val", "train"), source=self.source)
+
+    def candidates(self, val_problems: list, curriculum: Any) -> list[dict]:
+        """The problems a slice is drawn from: ``val_problems`` (``data.val``) with ``source:
+        val`` when there are any, else the training problems."""
+        return judged_problems(val_problems if self.source == "val" else [], curriculum)
 
     def build(
         self, problems: Iterable[Any], folder: str, seed: int, label: str = ""

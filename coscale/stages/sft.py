@@ -12,7 +12,6 @@ import os
 import shutil
 
 from coscale.distributed import barrier, is_writer
-from coscale.measure.pass_rates import judged_problems
 from coscale.measure.selection import SelectOnProblems
 from coscale.modules import SFTModule
 from coscale.sft.distill import Distillation
@@ -58,8 +57,9 @@ def sft_stage(
 def selection(ctx: StageContext, name: str) -> SelectOnProblems | None:
     """The stage's checkpoint selection on the validation problems (``data.val``; the training
     problems when there are none), None when it is off."""
-    problems = judged_problems(ctx.data.val_problems, ctx.curriculum)
-    return ctx.cfg.selection.build(problems, ctx.path(name, "select"), ctx.cfg.seed, name)
+    select = ctx.cfg.selection
+    problems = select.candidates(ctx.data.val_problems, ctx.curriculum)
+    return select.build(problems, ctx.path(name, "select"), ctx.cfg.seed, name)
 
 
 def copy_model(src: str, dst: str) -> str:
