@@ -9,6 +9,7 @@ any layer of the package may use this module.
 
 from __future__ import annotations
 
+import os
 from typing import Any, TypeVar
 
 import torch
@@ -37,6 +38,23 @@ def world_size() -> int:
 def is_writer() -> bool:
     """Rank 0 (or the only process): the one that writes shared files."""
     return rank_world()[0] == 0
+
+
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+"""Launchers' rank variables (torchrun, Lightning, SLURM): any above 0 marks a rank other than 0."""
+
+
+def launched_as_rank_zero() -> bool:
+    """Whether the launcher started this process as rank 0 (or as the only one): what a process
+    knows of its rank before its process group exists."""
+    return all(int(os.environ.get(name) or 0) == 0 for name in RANK_VARIABLES)
+
+
+def is_rank_zero() -> bool:
+    """Rank 0 of the process group when one runs, else the launcher's rank 0."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return launched_as_rank_zero()
 
 
 def barrier() -> None:

@@ -32,6 +32,7 @@ from coscale import clock
 from coscale.checks import as_group, at_least, group_errors
 from coscale.datamodules import ProblemDataModule
 from coscale.distributed import barrier, is_writer
+from coscale.log import logger as coscale_log
 from coscale.loop import budget
 from coscale.loop.checkpoint_store import remove_all
 from coscale.loop.commit import commit_point, write_json
@@ -329,7 +330,7 @@ class Pipeline:
             return
         counts = " ".join(f"{k}={v}" for k, v in self.curriculum.pools.counts().items())
         bank = self.curriculum.bank.total()
-        print(f"\n[coscale] == stage {name} | pools: {counts} | bank: {bank} ==", flush=True)
+        coscale_log.info(f"== stage {name} | pools: {counts} | bank: {bank} ==")
         before, clocked = budget.snapshot(), clock.snapshot()
         moved = dict(self.curriculum.pools.moves)
         start, self.running = time.perf_counter(), name
@@ -339,7 +340,7 @@ class Pipeline:
         self.seconds[name] = round(time.perf_counter() - start, 1)
         self.timing[name] = clock.since(clocked, self.seconds[name])
         took = f"{self.seconds[name]:.1f} s: {clock.describe(self.timing[name])}"
-        print(f"[coscale] {name} took {took}", flush=True)
+        coscale_log.info(f"{name} took {took}")
         # a resumed fit puts its checkpoint's count back (RunState): as an uninterrupted run's
         self.results.setdefault("spend", {})[name] = budget.since(before)
         self._record_moves(name, moved)
@@ -355,16 +356,14 @@ class Pipeline:
         moved = self.curriculum.pools.moves_since(before)
         self.results.setdefault("moves", {})[name] = moved
         if moved:
-            print(f"[coscale] {name} moved " + ", ".join(f"{k}: {n}" for k, n in moved.items()))
+            coscale_log.info(f"{name} moved " + ", ".join(f"{k}: {n}" for k, n in moved.items()))
             self.ctx.log({f"moves/{name}/{k}": float(n) for k, n in moved.items()})
 
     def _drop_checkpoints(self, name: str) -> None:
         """Removes done stage ``name``'s checkpoints (unless ``keep_checkpoints``): the state
         file holds everything a later stage needs. Also run for every done stage on resume, for
         a run killed between the state file and the removal."""
-        if self.cfg.keep_checkpoints:
-            return
-        if is_writer():
+        if not self.cfg.keep_checkpoints and is_writer():
             remove_all(self.ctx.path(name, "ckpt"))
         barrier()
 
@@ -395,6 +394,6 @@ class Pipeline:
         self.done, self.current, self.results = state["done"], state["current"], state["results"]
         self.models, self.seconds, self.timing = state["models"], state["seconds"], state["timing"]
         self.curriculum.load_state_dict(state["curriculum"])
-        print(f"[coscale] resuming after stages: {', '.join(self.done) or 'none'}")
+        coscale_log.info(f"resuming after stages: {', '.join(self.done) or 'none'}")
         for name in self.done:
             self._drop_checkpoints(name)

@@ -7,7 +7,8 @@ for another) fail too: then neither room can be read, tested or moved without th
 inside functions count (a deferred import only hides the dependency). The direction is the
 house design's: app -> pipeline -> stages / callbacks -> measure -> modules / datamodules -> the
 Lightning-free core (loop, sft, rl, scoring, rollout, models, tasks above loop), with
-`coscale.distributed` and `coscale.seeds` importable from every room.
+`coscale.distributed`, `coscale.seeds` and `coscale.log` (which uses only the first) importable
+from every room.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def test_room_does_not_import(low, high):
 @pytest.mark.parametrize("low", ["distributed", "seeds"])
 def test_rooms_every_room_may_use_import_no_other_room(low):
     assert room_graph(PACKAGE_DIR).get(low, {}) == {}
+
+
+def test_the_logger_every_room_uses_imports_only_the_collectives():
+    assert set(room_graph(PACKAGE_DIR).get("log", {})) == {"distributed"}
 
 
 def test_room_graph_on_a_toy_package(tmp_path):

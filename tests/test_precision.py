@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from coscale import distributed
 from coscale.rollout.factory import RolloutSettings
 from coscale.stages import precision, precision_record, precision_timing
 from coscale.stages.context import StageContext
@@ -43,7 +44,7 @@ def never(model: str) -> Timings:
 @pytest.fixture(autouse=True)
 def rank_zero_with_native_bf16(monkeypatch):
     """Rank 0 of a one-process run on a CPU that lists avx512_bf16 (so timing decides)."""
-    for name in precision_record.RANK_VARIABLES:
+    for name in distributed.RANK_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
 
@@ -131,7 +132,7 @@ def test_a_record_for_another_device_or_model_is_refused(tmp_path, device, model
 
 def test_a_rank_other_than_zero_waits_for_rank_zeros_record(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")  # Lightning's subprocess launcher's rank 1
-    assert not precision_record.is_rank_zero()
+    assert not distributed.launched_as_rank_zero()
     record = {"precision": "bf16-mixed", "device": "cpu", "model": TINY, "why": "timed by 0"}
     writer = threading.Timer(
         0.3, precision_record.write_record, (str(tmp_path / "precision.json"), record)
@@ -160,7 +161,7 @@ def test_waiting_for_a_record_that_never_comes_names_the_setting(tmp_path):
 )
 def test_rank_zero_is_read_from_the_launchers_variables(monkeypatch, variable, value, zero):
     monkeypatch.setenv(variable, value)
-    assert precision_record.is_rank_zero() is zero
+    assert distributed.launched_as_rank_zero() is zero
 
 
 def test_stage_context_prints_the_one_line_and_records_it(tmp_path, monkeypatch, capsys):

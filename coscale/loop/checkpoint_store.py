@@ -26,8 +26,8 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 
+from coscale.log import EVERY_RANK, logger
 from coscale.loop.commit import write_text
 
 POINTER = "latest"
@@ -97,7 +97,7 @@ def _report(damaged: list[tuple[str, str]], resumed: str | None) -> None:
         else:
             then = f"resuming from {os.path.basename(resumed)} ({_what(resumed)}), the commit "
             then += "point before it; the work after that point is redone"
-        print(f"[coscale] checkpoint {path} is damaged ({why}): {then}", file=sys.stderr)
+        logger.warning(f"checkpoint {path} is damaged ({why}): {then}", extra=EVERY_RANK)
 
 
 def _what(path: str) -> str:

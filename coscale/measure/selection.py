@@ -23,6 +23,7 @@ from typing_extensions import override
 
 from coscale.checks import at_least, one_of
 from coscale.distributed import barrier, is_writer
+from coscale.log import logger
 from coscale.loop.commit import commit_point
 from coscale.measure.pass_rates import judged_problems, sample_counts
 from coscale.modules.loggers import log_to_loggers
@@ -140,11 +141,10 @@ class SelectOnProblems(Callback):
         self._finished = True
         self.prune()
         first = self.problems[0].get("id", "") if self.problems else ""
-        print(
-            f"[coscale] selection: step {self.best_step} of {max(self.scores, default=0)} kept, "
+        logger.info(
+            f"selection: step {self.best_step} of {max(self.scores, default=0)} kept, "
             f"pass@1 {self.best:.4f} on {len(self.problems)} problems (first: {first}) "
-            f"(scores: {', '.join(f'{s}:{v:.3f}' for s, v in sorted(self.scores.items()))})",
-            flush=True,
+            f"(scores: {', '.join(f'{s}:{v:.3f}' for s, v in sorted(self.scores.items()))})"
         )
 
     def score(self, trainer: Any, pl_module: Any, step: int) -> None:

@@ -16,6 +16,7 @@ import lightning as L
 import torch
 
 from coscale.datamodules.serving import CurriculumDataModule
+from coscale.log import logger as coscale_log
 from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.loop.curriculum import Curriculum
 from coscale.modules.loggers import log_to_loggers
@@ -47,10 +48,10 @@ class StageContext:
         # copy of it taken before any fit used it
         self._strategy = copy.deepcopy(self.trainer_args.pop("strategy", "auto"))
         if why:
-            print(f"[coscale] {why}", flush=True)
+            coscale_log.info(why)
         dtype = precision_dtype(self.trainer_args.get("precision", "32-true"))
         self.engine = RunEngine(cfg.rollout, dtype, cuda=self.device().type == "cuda")
-        print(f"[coscale] {self.engine.why}", flush=True)
+        coscale_log.info(self.engine.why)
         self.console = RunConsole()
 
     def attach(self, module: L.LightningModule, model: str) -> None:

@@ -12,6 +12,7 @@ problems when there are none), never on the sets you report:
 
 from __future__ import annotations
 
+from coscale.log import logger
 from coscale.loop.commit import commit_point
 from coscale.measure.pass_rates import judged_problems, keep_retrained
 from coscale.stages.context import StageContext
@@ -53,5 +54,5 @@ def final_stage(
     ctx.log(results)
     commit_point(f"{name} judged, before the copy")  # a kill here judges again on restart
     out = copy_model(kept, ctx.path(name, "model"))  # no rank reads it before rank 0 copied it
-    print("[coscale] final: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()), flush=True)
+    logger.info("final: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
     return results, out

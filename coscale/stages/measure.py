@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from coscale.distributed import is_writer
+from coscale.log import logger
 from coscale.loop.commit import write_json
 from coscale.measure import pass_rates
 from coscale.stages.context import StageContext
@@ -34,10 +35,9 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
         write_json(ctx.path(name, "pass_rates.json"), results)
     samples = sum(r["n"] for r in results.values())
     ctx.log(metrics | {"perf/measure_seconds": seconds, "perf/measure_samples": float(samples)})
-    print(
-        f"[coscale] {name}: {samples} samples on {ctx.engine.kind} in {seconds:.1f} s "
-        f"({samples / max(seconds, 1e-9):.1f}/s; engine starts so far: {ctx.engine.starts})",
-        flush=True,
+    logger.info(
+        f"{name}: {samples} samples on {ctx.engine.kind} in {seconds:.1f} s "
+        f"({samples / max(seconds, 1e-9):.1f}/s; engine starts so far: {ctx.engine.starts})"
     )
     return ctx.curriculum.pools.counts()
 
@@ -46,9 +46,8 @@ def judge_model(ctx: StageContext, model: str, problems: list[dict], tag: str, k
     """``val/final_<tag>_pass@1`` and ``@k`` of the model in folder ``model``."""
     start = time.perf_counter()
     results = pass_rates.judge(load_for_sampling(ctx, model), problems, tag, k, ctx.cfg.seed)
-    print(
-        f"[coscale] judged {tag}: {k * len(problems)} samples on {ctx.engine.kind} in "
-        f"{time.perf_counter() - start:.1f} s (engine starts so far: {ctx.engine.starts})",
-        flush=True,
+    logger.info(
+        f"judged {tag}: {k * len(problems)} samples on {ctx.engine.kind} in "
+        f"{time.perf_counter() - start:.1f} s (engine starts so far: {ctx.engine.starts})"
     )
     return results

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from coscale.distributed import launched_as_rank_zero
 from coscale.stages import precision_record as records
 from coscale.stages.precision_timing import Timings, time_fwd_bwd
 
@@ -101,7 +102,7 @@ def _run_choice(
     if run_dir is None:
         return decide(device, model, timer)
     path = records.record_path(run_dir)
-    record = records.read_record(path) if records.is_rank_zero() else records.wait_for_record(path)
+    record = records.read_record(path) if launched_as_rank_zero() else records.wait_for_record(path)
     if record is None:
         chosen, why = decide(device, model, timer)
         record = {"precision": chosen, "device": device, "model": model, "why": why}

@@ -24,8 +24,6 @@ from coscale.loop.commit import write_json
 
 RECORD = "precision.json"
 """File name of the record in the run folder."""
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
-"""Launchers' rank variables (torchrun, Lightning, SLURM): any above 0 marks a rank other than 0."""
 WAIT_S = 600.0
 """How long a rank other than 0 waits for rank 0's record (it may build or convert the model)."""
 
@@ -33,11 +31,6 @@ WAIT_S = 600.0
 def record_path(run_dir: str) -> str:
     """Where the record of the run in ``run_dir`` lives."""
     return os.path.join(run_dir, RECORD)
-
-
-def is_rank_zero() -> bool:
-    """Whether the launcher started this process as rank 0 (or as the only one)."""
-    return all(int(os.environ.get(name) or 0) == 0 for name in RANK_VARIABLES)
 
 
 def read_record(path: str) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ it as the reference; its ``adapter/`` then applies to that model, not to the ini
 
 from __future__ import annotations
 
+from coscale.log import logger
 from coscale.loop.pools import Pool
 from coscale.measure.pass_rate_measurement import PassRateMeasurement
 from coscale.modules import GRPOModule
@@ -22,7 +23,7 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
     cur, cfg = ctx.curriculum, ctx.cfg
     resuming = ctx.resumable(name)
     if not resuming and not cur.pools.members(Pool.SOLVABLE):
-        print(f"[coscale] {name}: no solvable problems, RL skipped", flush=True)
+        logger.info(f"{name}: no solvable problems, RL skipped")
         return None
     module = GRPOModule(model=model, peft=ctx.cfg.peft, **ctx.grpo_args)
     ctx.attach(module, model)  # the run's engine: synced from the policy at the fit's start

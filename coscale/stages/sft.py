@@ -12,6 +12,7 @@ import os
 import shutil
 
 from coscale.distributed import barrier, is_writer
+from coscale.log import logger
 from coscale.measure.selection import SelectOnProblems
 from coscale.modules import SFTModule
 from coscale.sft.distill import Distillation
@@ -34,12 +35,12 @@ def sft_stage(
     """
     view = ctx.datamodule(sft_source=source)
     if not view.items("sft"):
-        print(f"[coscale] {name}: no SFT pairs, stage skipped", flush=True)
+        logger.info(f"{name}: no SFT pairs, stage skipped")
         return None
     distill = {}
     if teacher is not None and ctx.cfg.distill_weight > 0:
         distill = {"distill": Distillation(teacher, weight=ctx.cfg.distill_weight)}
-        print(f"[coscale] {name}: distilling from {teacher} (weight {ctx.cfg.distill_weight})")
+        logger.info(f"{name}: distilling from {teacher} (weight {ctx.cfg.distill_weight})")
     module = SFTModule(model=ctx.cfg.model, peft=ctx.cfg.peft, **ctx.sft_args, **distill)
     select = selection(ctx, name)
     callbacks = [select] if select is not None else []

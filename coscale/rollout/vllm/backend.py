@@ -33,6 +33,7 @@ from torch import nn
 
 from coscale.clock import timed
 from coscale.distributed import world_size
+from coscale.log import EVERY_RANK, logger
 from coscale.models.adapters import has_adapter
 from coscale.rollout.base import (
     RolloutBackend,
@@ -174,10 +175,10 @@ class VLLMBackend(RolloutBackend):
             self.vllm_version = getattr(self._engine, "version", None)
             self.starts += 1
             self.start_seconds += time.perf_counter() - started
-            print(
-                f"[coscale] vLLM engine started ({self.model_path}, start {self.starts} of this "
+            logger.info(
+                f"vLLM engine started ({self.model_path}, start {self.starts} of this "
                 f"backend, {time.perf_counter() - started:.1f} s)",
-                flush=True,
+                extra=EVERY_RANK,  # each rank's own engine
             )
         return self._engine
 

@@ -24,7 +24,6 @@ Choices (vLLM's API as of 0.10.2-0.33; every default can be overridden through `
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import SimpleNamespace
@@ -32,6 +31,7 @@ from typing import Any
 
 from torch import Tensor
 
+from coscale.log import get_logger
 from coscale.rollout.base import SamplingParams
 from coscale.rollout.text import eos_token_ids
 from coscale.rollout.vllm.cpu import cpu_environment, on_cpu
@@ -61,7 +61,7 @@ from coscale.rollout.vllm.versions import (
     stop_llm,
 )
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def start_engine(factory: Callable[..., Any], args: Mapping[str, Any], logprobs: str) -> Any:
@@ -73,7 +73,7 @@ def start_engine(factory: Callable[..., Any], args: Mapping[str, Any], logprobs:
     """
     engine = factory(**args)
     version = getattr(engine, "version", None)
-    log.info(describe(version))
+    log.debug(describe(version))
     try:
         check_logprobs_source(logprobs, version)
     except ValueError:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from coscale.distributed import all_gather_objects, barrier, is_writer
+from coscale.log import EVERY_RANK, logger
 from coscale.rollout.base import Rollouts, SampleCall, SamplingParams
 from coscale.rollout.vllm.backend import VLLMBackend
 from coscale.rollout.vllm.server.client import ServerClient
@@ -129,10 +130,10 @@ class VLLMServerBackend(VLLMBackend):
             transport = NcclTransport(client.url, settings, workers, process is not None)
         engine = ServerEngine(client, client.served_model(), process, settings.sync_dir, transport)
         how = "started" if process is not None else "attached"
-        print(
-            f"[coscale] vLLM server {how} at {client.url} (model {engine.model}, vLLM "
+        logger.info(
+            f"vLLM server {how} at {client.url} (model {engine.model}, vLLM "
             f"{engine.version}, weight version {engine.weight_version})",
-            flush=True,
+            extra=EVERY_RANK,  # each rank's own client
         )
         return engine
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from coscale.log import EVERY_RANK, logger
 from coscale.rollout.vllm.server.settings import Server
 
 LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
@@ -212,7 +213,7 @@ def start_server(
     port = settings.port or free_port(settings.host)
     log = settings.log or os.path.join(tempfile.gettempdir(), f"vllm-server-{port}.log")
     argv = serve_argv(args, settings.host, port)
-    print(f"[coscale] starting the vLLM server on port {port} (log: {log})", flush=True)
+    logger.info(f"starting the vLLM server on port {port} (log: {log})", extra=EVERY_RANK)
     process = ServerProcess(
         argv, server_environment(settings.cores, settings.devices), log, settings.cores
     )
