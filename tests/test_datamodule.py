@@ -69,7 +69,7 @@ def _write_jsonl(tmp_path):
     path = tmp_path / "train.jsonl"
     lines = [
         json.dumps({"id": "p1", "question": "1+1", "answer": "2", "solutions": ["1+1=2"]}),
-        '{"id": "p2", "question": ',  # line 2: not JSON
+        json.dumps({"id": "p2", "question": " ", "answer": "1"}),  # line 2: empty question
         json.dumps({"id": "p3", "question": "2+2"}),  # line 3: no answer
         json.dumps({"id": "p4", "question": "3+3", "answer": 6}),
     ]
@@ -84,7 +84,7 @@ def test_jsonl_with_bad_rows_skip_keeps_the_good_ones_and_warns_where(tmp_path):
         dm.setup("fit")
     message = "\n".join(str(w.message) for w in record)
     assert "skipped 2 bad rows" in message
-    assert f"{path}:2: invalid JSON" in message
+    assert f"{path}:2: empty question" in message
     assert f"{path}:3: missing answer" in message
     assert list(dm.problems) == ["p1", "p4"]
     assert dm.problems is dm.curriculum.problems

@@ -16,7 +16,7 @@ from coscale.tasks.benchmarks import load_benchmark
 JSONL_LINES = [
     {"id": "a", "question": "1+1?", "answer": "2", "solutions": ["1+1=2, so \\boxed{2}"]},  # 1
     "",  # 2: blank, ignored (not a bad row)
-    '{"id": "x", "question": "broken',  # 3: not JSON
+    {"id": "x", "question": ["a", "list"], "answer": "1"},  # 3: question of the wrong type
     {"id": "b", "question": "   ", "answer": "1"},  # 4: empty question
     {"id": "c", "question": "q", "answer": ""},  # 5: empty answer
     {"id": "d", "question": "q"},  # 6: missing answer
@@ -75,7 +75,7 @@ def test_jsonl_good_rows_and_every_bad_row_with_its_line(jsonl):
     assert wheres == [f"{jsonl}:{n}" for n in (3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 15, 16)]
     reasons = {int(bad.where.rsplit(":", 1)[1]): bad.reason for bad in result.bad_rows}
     assert {n: reasons[n] for n in BAD_REASONS} == BAD_REASONS
-    assert reasons[3].startswith("invalid JSON")
+    assert reasons[3].startswith("question (field 'question') must be str or a list of")
     assert reasons[11] == f"duplicate id 'a' (first at {jsonl}:1)"
     # One warning, quoting the first 5 bad rows with file:line and counting the rest.
     assert len(record) == 1
@@ -306,14 +306,38 @@ def test_an_unknown_hub_name_says_it_is_no_local_path_either(monkeypatch):
         load_problems("data/train")  # a folder that is missing looks like org/name
 
 
-def test_malformed_jsonl_line_names_file_and_line(tmp_path):
+@pytest.mark.parametrize("on_bad_row", ["skip", "raise"])
+def test_a_malformed_line_is_an_error_naming_the_files_line(tmp_path, on_bad_row):
     path = tmp_path / "t.jsonl"
-    path.write_text('{"question": "q", "answer": "1"}\n{"question": "q2", "answ\n', "utf-8")
+    path.write_text('{"question": "q", "answer": "1"}\n\n{"question": "q2", "answ\n', "utf-8")
     with pytest.raises(ValueError) as info:
-        load_problems(path, on_bad_row="raise")
-    assert f"{path}:2: invalid JSON: " in str(info.value)
-    with pytest.warns(UserWarning, match=rf"{path.name}:2: invalid JSON"):
-        assert [p.id for p in load_problems(path).problems] == ["t-0"]
+        load_problems(path, on_bad_row=on_bad_row)
+    assert str(info.value) == (
+        f"{path}:3: invalid JSON: Unterminated string starting at (column 20)"
+    )
+    latin = tmp_path / "l.jsonl"
+    latin.write_bytes(b'{"question": "q", "answer": "1"}\n{"question": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(ValueError, match="^" + re.escape(f"{latin}:2: invalid JSON")):
+        load_problems(latin, on_bad_row=on_bad_row)
+
+
+def test_a_json_array_loads_as_training_data_with_each_items_line(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(
+        '[\n  {"id": "a", "question": "1+1?", "answer": "2"},\n'
+        '  {"id": "b", "question": "q"},\n\n  {"id": "c", "question": "2+2?",\n   "answer": 4}\n]\n',
+        "utf-8",
+    )
+    result = load_quietly(path)
+    assert [(p.id, p.answer) for p in result.problems] == [("a", "2"), ("c", "4")]
+    assert result.bad_rows == [BadRow(f"{path}:3", "missing answer (field 'answer')")]
+    path.write_text('[{"question": "q", "answer": "1"},\n {"question": "q2" "answer": "2"}]')
+    with pytest.raises(ValueError) as info:
+        load_problems(path)
+    assert str(info.value) == f"{path}:2: invalid JSON: Expecting ',' delimiter (column 20)"
+    path.write_text('[{"question": "q", "answer": "1"}]\n{"question": "q2", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=re.escape(f"{path}:1: invalid JSON: text after")):
+        load_problems(path)
 
 
 def test_fields_as_a_plain_dict(tmp_path):

@@ -107,24 +107,76 @@ def parquet_rows(table: Any) -> Iterator[dict[str, Any]]:
 
 
 def json_rows(path: Path) -> Iterator[Any]:
-    """The values of a JSON array file or of a JSON Lines file (blank lines skipped).
+    """The values of a JSON array file or of a JSON Lines file (see :func:`json_records`)."""
+    return (row for _, _, row in json_records(path))
+
+
+def json_records(path: Path, label: str | None = None) -> Iterator[tuple[int, str, Any]]:
+    """``(index, where, value)`` of each value of a JSON array file or a JSON Lines file.
+
+    The one reader of JSON data: a file whose first non-blank character is ``[`` is a JSON array,
+    any other is JSON Lines (blank lines skipped). ``where`` is ``<label>:<line>``, the line of
+    the file where the value starts (1-based, as editors count); ``label`` is the path by default.
 
     Raises:
-        ValueError: Naming the file, and the line for JSON Lines, of the first invalid JSON.
+        ValueError: At the first text that is not JSON (a bad encoding included), naming the file
+            and its line: ``data/train.jsonl:3: invalid JSON: Unterminated string (column 12)``.
     """
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except ValueError as err:
-            raise ValueError(f"{path}: invalid JSON array: {err}") from None
-        yield from rows
+    label = str(path) if label is None else label
+    data = path.read_bytes()
+    if data.lstrip()[:1] == b"[":
+        yield from _array_records(_text(data, label), label)
         return
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as err:
-            raise ValueError(f"{path}:{line_no}: invalid JSON: {err}") from None
-        yield row
+    for line_no, line in enumerate(data.split(b"\n"), start=1):
+        if line.strip():
+            yield line_no - 1, f"{label}:{line_no}", _value(line, label, line_no)
+
+
+def _text(data: bytes, label: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ValueError(f"{label}:{line}: invalid JSON: not UTF-8 ({err.reason})") from None
+
+
+def _value(line: bytes, label: str, line_no: int) -> Any:
+    """One JSON Lines value; an error names the file's line (and the column in it)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{label}:{line_no}: invalid JSON: {err.msg} (column {err.colno})"
+        ) from None
+    except ValueError as err:  # an encoding json cannot read
+        raise ValueError(f"{label}:{line_no}: invalid JSON: {err}") from None
+
+
+def _array_records(text: str, label: str) -> Iterator[tuple[int, str, Any]]:
+    """The items of a JSON array, each with the line it starts on."""
+    decoder, pos, index = json.JSONDecoder(), text.index("[") + 1, 0
+    try:
+        while True:
+            pos = _skip_space(text, pos)
+            if text.startswith("]", pos) and index == 0:
+                break
+            value, end = decoder.raw_decode(text, pos)
+            yield index, f"{label}:{text.count(chr(10), 0, pos) + 1}", value
+            index, pos = index + 1, _skip_space(text, end)
+            if text.startswith("]", pos):
+                break
+            if not text.startswith(",", pos):
+                raise json.JSONDecodeError("expected ',' or ']' after an item", text, pos)
+            pos += 1
+    except json.JSONDecodeError as err:
+        where = f"{label}:{err.lineno}"
+        raise ValueError(f"{where}: invalid JSON: {err.msg} (column {err.colno})") from None
+    if text[pos + 1 :].strip():
+        line = text.count("\n", 0, pos) + 1
+        raise ValueError(f"{label}:{line}: invalid JSON: text after the array's closing ']'")
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos

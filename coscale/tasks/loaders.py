@@ -1,15 +1,17 @@
-"""Load problems from JSON Lines, Parquet, a saved ``datasets`` directory, the HF Hub or rows.
+"""Load problems from JSON Lines or JSON arrays, Parquet, a saved ``datasets`` directory, the HF
+Hub or rows.
 
 Rows are mapped through a :class:`FieldMap` (or a dict of its fields) and checked; a bad row
 becomes a :class:`BadRow` saying where it is, ``data/train.jsonl:17`` (1-based line, as editors
 count) or ``x.parquet row 16`` (0-based, as ``dataset[16]``), and ``on_bad_row`` skips or rejects
-it. A question or answer field that no row has is a wrong ``FieldMap``: that raises, it is not a
-bad row; so does a source left with no usable problem, and a local path that does not exist.
+it. A file that is not JSON (a malformed line) is an error naming the file and line, whatever
+``on_bad_row`` says: the file is broken, not one row. A question or answer field that no row has
+is a wrong ``FieldMap``: that raises too; so does a source left with no usable problem, and a
+local path that does not exist.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -20,7 +22,14 @@ from typing import Any
 
 from coscale.loop.problem import Problem
 from coscale.tasks.fields import BadValue, FieldMap, as_field_map, field_map_problems, to_problem
-from coscale.tasks.files import load_saved, local_path, not_local_note, open_parquet, parquet_rows
+from coscale.tasks.files import (
+    json_records,
+    load_saved,
+    local_path,
+    not_local_note,
+    open_parquet,
+    parquet_rows,
+)
 
 BAD_ROW_CHOICES = ("skip", "raise")
 _DEFAULT_FIELDS = FieldMap()  # frozen, so one shared default is safe
@@ -68,8 +77,9 @@ def load_problems(
     """Load and check the problems of ``source``.
 
     Args:
-        source: A ``.jsonl``/``.json`` (JSON Lines) or ``.parquet`` file, a ``save_to_disk``
-            directory, a HF ``datasets`` name (needs the network) or a list of dicts.
+        source: A ``.jsonl``/``.json`` (JSON Lines or a JSON array) or ``.parquet`` file, a
+            ``save_to_disk`` directory, a HF ``datasets`` name (needs the network) or a list of
+            dicts.
         fields: Field names of the rows: a `FieldMap` or a dict of some of its fields.
         split: Split of a saved ``DatasetDict`` or of a Hub data set.
         on_bad_row: ``"skip"`` (warn once) or ``"raise"`` (one error listing every bad row).
@@ -79,7 +89,8 @@ def load_problems(
 
     Raises:
         ValueError: Bad settings or ``fields`` (all listed at once), bad rows under
-            ``"raise"``, a source with no usable problem, an unreadable source.
+            ``"raise"``, a source with no usable problem, an unreadable source, a file that is
+            not JSON (naming its line).
         FileNotFoundError: A local path that does not exist.
     """
     fields = _checked_fields(fields, on_bad_row, limit)
@@ -149,20 +160,7 @@ def _open(source: Any, split: str) -> _Source:
         return _Source(
             label, path.stem, table.schema_arrow.names, _rows(label, parquet_rows(table))
         )
-    return _Source(label, path.stem, None, _json_lines(path, label))
-
-
-def _json_lines(path: Path, label: str) -> Iterator[tuple[int, str, Any]]:
-    """One record per non-blank line; a line that is not JSON is read as a ``BadValue``."""
-    with path.open("rb") as handle:  # bytes, so a bad encoding spoils one line, not the load
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as err:
-                row = BadValue(f"invalid JSON: {err}")
-            yield line_no - 1, f"{label}:{line_no}", row
+    return _Source(label, path.stem, None, json_records(path, label))
 
 
 def _hub_source(name: str, split: str) -> _Source:
