@@ -172,13 +172,28 @@ def test_batch_sizes_are_per_rank_and_one_optimiser_step_per_batch():
         from_grpo_config(given | {"generation_batch_size": 128}, num_processes=2)
 
 
+def test_trl_server_mode_attaches_to_the_server_it_names():
+    server = {"use_vllm": True, "vllm_mode": "server"}
+    rollout = from_grpo_config(server)["grpo"]["rollout"]
+    assert rollout == {
+        "backend": "vllm-server",
+        "options": {"server": {"url": "http://127.0.0.1:8000"}},
+    }
+    named = server | {"vllm_server_host": "gpu-node-3", "vllm_server_port": 8011}
+    url = from_grpo_config(named)["grpo"]["rollout"]["options"]["server"]["url"]
+    assert url == "http://gpu-node-3:8011"
+    based = named | {"vllm_server_base_url": "http://10.0.0.5:9000/"}
+    url = from_grpo_config(based)["grpo"]["rollout"]["options"]["server"]["url"]
+    assert url == "http://10.0.0.5:9000"
+
+
 def test_everything_coscale_cannot_take_is_refused_at_once_and_named():
     bad = {
         "delta": 1.5,  # refused, with a hint
         "push_to_hub": True,
         "neftune_noise_alpha": 5.0,  # refused, no hint
         "loss_type": "sapo",  # a choice coscale does not have
-        "vllm_mode": "server",
+        "vllm_tensor_parallel_size": 2,
         "beta": 0.1,  # with use_bias_correction_kl's default True
         "num_train_epochs": 1.5,
         "model_init_kwargs": {"dtype": "bfloat16", "attn_implementation": "sdpa"},
@@ -194,7 +209,7 @@ def test_everything_coscale_cannot_take_is_refused_at_once_and_named():
         "push_to_hub=True has no coscale meaning",
         "neftune_noise_alpha=5.0 has no coscale meaning (TRL's default None)",
         "loss_type='sapo': coscale takes 'grpo' or 'dr_grpo' or 'dapo' or 'bnpo' or 'cispo'",
-        "vllm_mode='server': coscale takes 'colocate'",
+        "vllm_tensor_parallel_size=2: coscale takes 1",
         "use_bias_correction_kl=True with beta > 0",
         "num_train_epochs=1.5: coscale takes a whole number here",
         "model_init_kwargs.attn_implementation has no coscale meaning",

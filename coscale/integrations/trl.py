@@ -141,6 +141,8 @@ def _grpo(v: Mapping[str, Any], loss: dict[str, Any], errors: list[str]) -> dict
             "sleep_level": 2 if v["vllm_enable_sleep_mode"] else 0,
         }
         grpo["rollout"] = {"backend": "vllm", "options": {"engine": engine}}
+        if v["vllm_mode"] == "server":  # the server holds the engine: its settings are its own
+            grpo["rollout"] = {"backend": "vllm-server", "options": {"server": {"url": _url(v)}}}
     if v["reward_weights"] is not None:
         grpo["reward_weights"] = list(v["reward_weights"])
     if v["log_completions"]:
@@ -216,3 +218,11 @@ def _trainer(v: Mapping[str, Any], errors: list[str]) -> dict[str, Any]:
     if v["use_cpu"]:
         trainer["accelerator"] = "cpu"
     return trainer
+
+
+def _url(v: Mapping[str, Any]) -> str:
+    """The server TRL's server mode connects to: its base URL, else host and port."""
+    if v["vllm_server_base_url"]:
+        return str(v["vllm_server_base_url"]).rstrip("/")
+    host = "127.0.0.1" if v["vllm_server_host"] in ("0.0.0.0", "") else v["vllm_server_host"]
+    return f"http://{host}:{v['vllm_server_port']}"

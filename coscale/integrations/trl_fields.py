@@ -76,7 +76,13 @@ TRANSLATED: dict[str, str] = {
     "reward_weights": "`grpo.reward_weights`",
     # the rollout engine
     "use_vllm": "`grpo.rollout.backend: vllm` (else coscale's `cached` backend)",
-    "vllm_mode": "`colocate` only (a vLLM server is not built yet)",
+    "vllm_mode": "`colocate`: `grpo.rollout.backend: vllm`; `server`: `backend: vllm-server`, "
+    "attached to the server at `vllm_server_base_url` (or `vllm_server_host`:`vllm_server_port`), "
+    "which must run coscale's worker extension (docs/vllm.md), not `trl vllm-serve`",
+    "vllm_server_base_url": "`grpo.rollout.options.server.url` (server mode)",
+    "vllm_server_host": "`grpo.rollout.options.server.url` (server mode, without a base URL; "
+    "`0.0.0.0` is this machine)",
+    "vllm_server_port": "`grpo.rollout.options.server.url` (server mode, without a base URL)",
     "vllm_gpu_memory_utilization": "`grpo.rollout.options.engine.gpu_memory_utilization`",
     "vllm_max_model_length": "`grpo.rollout.options.engine.max_model_len`",
     "vllm_enable_sleep_mode": "`grpo.rollout.options.engine.sleep_level: 2` (TRL's level)",
@@ -99,7 +105,7 @@ CHOICES: dict[str, tuple] = {
     "optim": ("adamw_torch_fused", "adamw_torch"),
     "loss_type": LOSS_TYPES,
     "multi_objective_aggregation": ("sum_then_normalize",),
-    "vllm_mode": ("colocate",),
+    "vllm_mode": ("colocate", "server"),
     "vllm_tensor_parallel_size": (1,),
     "vllm_importance_sampling_mode": (
         "token_truncate",
