@@ -1,22 +1,24 @@
-"""The HTTP calls coscale makes to a vLLM server (standard library only: ``urllib``).
+"""The HTTP calls coscale makes to a vLLM server, over ``httpx``.
 
 Completions go to the OpenAI route ``/v1/completions`` with the prompt as token ids and
 ``return_token_ids`` (vLLM's extension), so a completion comes back as token ids and the
 sampled tokens' log-probs; `as_engine_output` gives it the shape of vLLM's in-process
 ``RequestOutput`` that `coscale.rollout.vllm.requests.collect_completions` reads. One HTTP call
-per request, ``concurrency`` of them in flight (the server batches them continuously).
+per request, up to ``concurrency`` of them in flight on one asynchronous client (the server
+batches them continuously). Every call has a timeout, and a connection that fails to open is
+tried again (``retries`` times: a server that is restarting its listener, a refused connection);
+a call the server answered with an error is not repeated: it is raised with the server's message.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
+
+import httpx
 
 from coscale.rollout.vllm.requests import Request
 
@@ -26,6 +28,22 @@ SAMPLING_KEYS = (
 )  # fmt: skip
 """The `vllm.SamplingParams` arguments coscale sets (`requests.engine_params`), all of which
 ``/v1/completions`` takes under the same names."""
+CONNECT_TIMEOUT_S = 10.0
+"""Longest wait for a connection to open (each try)."""
+UNREACHABLE = (httpx.TransportError, OSError)
+"""What a call raises when the server could not be reached or stopped answering."""
+
+
+class HTTPError(OSError):
+    """The server answered a call with a status >= 400.
+
+    Attributes:
+        status: The HTTP status.
+    """
+
+    def __init__(self, method: str, url: str, status: int, detail: str) -> None:
+        super().__init__(f"{method} {url}: {status} {detail}")
+        self.status = status
 
 
 class ServerClient:
@@ -33,12 +51,20 @@ class ServerClient:
 
     Args:
         url: ``http://host:port``.
-        timeout_s: Longest wait for one call.
+        timeout_s: Longest wait for one call's answer.
         concurrency: Completion calls in flight at once.
+        retries: Tries again of a connection that failed to open.
     """
 
-    def __init__(self, url: str, timeout_s: float = 3600.0, concurrency: int = 64) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = 3600.0, concurrency: int = 64, retries: int = 3
+    ) -> None:
         self.url, self.timeout_s, self.concurrency = url.rstrip("/"), timeout_s, concurrency
+        self.retries = retries
+        self._client: httpx.Client | None = None  # opened at the first call, kept (thread-safe)
+
+    def _timeout(self, timeout_s: float | None) -> httpx.Timeout:
+        return httpx.Timeout(timeout_s or self.timeout_s, connect=CONNECT_TIMEOUT_S)
 
     # --------------------------------------------------------------- plumbing
     def call(
@@ -50,28 +76,27 @@ class ServerClient:
         timeout_s: float | None = None,
     ) -> Any:
         """The JSON answer of ``method path`` (None for an empty one); raises `HTTPError` with
-        the server's message for a status >= 400."""
-        url = self.url + path + ("?" + urllib.parse.urlencode(query, doseq=True) if query else "")
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, method=method)
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as answer:
-                raw = answer.read()
-        except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")[:2000]
-            raise urllib.error.HTTPError(
-                url, err.code, f"{err.reason}: {detail}", err.headers, None
-            ) from None
-        return json.loads(raw) if raw.strip() else None
+        the server's message for a status >= 400, one of `UNREACHABLE` when there is no answer."""
+        if self._client is None:
+            transport = httpx.HTTPTransport(retries=self.retries)
+            self._client = httpx.Client(transport=transport, timeout=self._timeout(None))
+        answer = self._client.request(
+            method, self.url + path, json=body, params=query, timeout=self._timeout(timeout_s)
+        )
+        return _json(answer)
+
+    def close(self) -> None:
+        """Closes the connections of the control calls (a later call opens them again)."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     def healthy(self) -> bool:
         """True when ``/health`` answers 200 (False while it starts or when it is gone)."""
         try:
-            self.call("GET", "/health", timeout_s=5.0)
-            return True
-        except (OSError, urllib.error.URLError):
+            with httpx.Client(timeout=self._timeout(5.0)) as client:
+                return client.get(self.url + "/health").status_code == 200
+        except UNREACHABLE:
             return False
 
     # --------------------------------------------------------------- server facts
@@ -117,9 +142,28 @@ class ServerClient:
     def complete(self, model: str, requests: Sequence[Request]) -> list[Any]:
         """One engine-shaped output per request (`as_engine_output`), in request order."""
         bodies = [completion_body(model, r) for r in requests]
-        with ThreadPoolExecutor(max(1, min(self.concurrency, len(bodies)))) as pool:
-            answers = list(pool.map(lambda b: self.call("POST", "/v1/completions", b), bodies))
-        return [as_engine_output(a) for a in answers]
+        return [as_engine_output(a) for a in asyncio.run(self._complete_all(bodies))]
+
+    async def _complete_all(self, bodies: list[dict[str, Any]]) -> list[Any]:
+        """Every body's answer, at most ``concurrency`` in flight (one connection each)."""
+        limits = httpx.Limits(max_connections=max(1, self.concurrency))
+        transport = httpx.AsyncHTTPTransport(retries=self.retries, limits=limits)
+        gate = asyncio.Semaphore(max(1, self.concurrency))
+        async with httpx.AsyncClient(transport=transport, timeout=self._timeout(None)) as client:
+
+            async def one(body: dict[str, Any]) -> Any:
+                async with gate:
+                    return _json(await client.post(self.url + "/v1/completions", json=body))
+
+            return await asyncio.gather(*(one(b) for b in bodies))
+
+
+def _json(answer: httpx.Response) -> Any:
+    """The answer's JSON (None when empty); `HTTPError` with the server's message for an error."""
+    if answer.status_code >= 400:
+        detail = f"{answer.reason_phrase}: {answer.text[:2000]}"
+        raise HTTPError(answer.request.method, str(answer.request.url), answer.status_code, detail)
+    return answer.json() if answer.content.strip() else None
 
 
 def completion_body(model: str, request: Request) -> dict[str, Any]:

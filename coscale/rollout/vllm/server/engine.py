@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import urllib.error
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -26,7 +25,7 @@ from torch import Tensor
 from coscale.distributed import barrier, is_writer
 from coscale.rollout.vllm.engine import VLLMEngine
 from coscale.rollout.vllm.requests import Request
-from coscale.rollout.vllm.server.client import ServerClient
+from coscale.rollout.vllm.server.client import UNREACHABLE, ServerClient
 from coscale.rollout.vllm.server.launch import ServerError, ServerProcess
 from coscale.rollout.vllm.server.worker import PING
 
@@ -147,6 +146,7 @@ class ServerEngine:
         transport, self.transport = self.transport, None
         if transport is not None:
             transport.close()
+        self.client.close()
         if process is not None:
             process.stop()
 
@@ -155,7 +155,7 @@ class ServerEngine:
         server (its exit code and log, when this process started it)."""
         try:
             return call()
-        except (OSError, urllib.error.URLError) as err:
+        except UNREACHABLE as err:
             if self.process is not None:
                 self.process.check_alive(doing, wait_s=DEATH_WAIT_S)
             raise ServerError(
@@ -169,7 +169,7 @@ def check_extension(client: ServerClient) -> int:
     extension."""
     try:
         answers = client.rpc("coscale_ping", timeout_s=60.0)
-    except (OSError, urllib.error.URLError) as err:
+    except UNREACHABLE as err:
         answers = [f"{type(err).__name__}: {err}"]
     if not answers or any(a != PING for a in answers):
         raise ServerError(
