@@ -24,6 +24,7 @@ from coscale.app.commands import (
     top_help,
     unknown_command,
 )
+from coscale.app.refusal import refusal_line
 from coscale.app.run_config import keep_config, pipeline_parser, resolved_run
 from coscale.loop.checkpoint_store import CheckpointWriteError
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("COSCALE_TRACEBACK"):
             raise
         # one line that says what to change; COSCALE_TRACEBACK=1 shows where it came from
-        print(f"coscale: error: {err}".splitlines()[0], file=sys.stderr)
+        print(f"coscale: error: {refusal_line(str(err))}", file=sys.stderr)
         return 2
     except CheckpointWriteError as err:  # a full disk: what is left whole, and how to go on
         print(f"coscale: error: {err.strerror}", file=sys.stderr)
@@ -106,7 +107,17 @@ def lightning_cli(argv: list[str], run: bool = True) -> Any:
     class FitParser(OneLineRefusals, LightningArgumentParser):
         """LightningCLI's parser, its refusals in one line."""
 
-    return LightningCLI(
+    class FitCLI(LightningCLI):
+        """LightningCLI whose top-level ``optimizer`` and ``lr_scheduler`` (its own keys, by
+        ``class_path``) become the module's ``custom_optimizer`` and ``lr_scheduler``: the module
+        builds them over its trainable parameters after sharding, and steps the scheduler after
+        every optimiser step (:mod:`coscale.modules.optimizer_choice`)."""
+
+        def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+            parser.add_optimizer_args(link_to="model.init_args.custom_optimizer")
+            parser.add_lr_scheduler_args(link_to="model.init_args.lr_scheduler")
+
+    return FitCLI(
         L.LightningModule,
         ProblemDataModule,
         parser_class=FitParser,

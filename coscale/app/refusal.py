@@ -179,3 +179,19 @@ class OneLineRefusals:
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         self.refuse(message, ex)
         raise AssertionError("unreachable")  # refuse exits or raises
+
+
+UNION_FAILED = "Does not validate against any of the Union subtypes"
+"""How jsonargparse reports a class that raised while it was built (a module refusing its
+settings), its own error among the lines of each subtype it tried."""
+
+
+def refusal_line(message: str) -> str:
+    """The one line of an error ``message`` that says what to change: its first line, or, when
+    jsonargparse wrapped a module's refusal in `UNION_FAILED`, the module's own error."""
+    lines = message.splitlines() or [message]
+    if lines[0].startswith(UNION_FAILED):
+        causes = [ln.strip()[2:] for ln in lines if ln.strip().startswith("- ")]
+        own = [c for c in causes if not c.startswith("Expected a ")]
+        return own[0] if own else lines[0]
+    return lines[0]

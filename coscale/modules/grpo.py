@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from typing_extensions import override
 
 from coscale.checks import as_group, group_errors
@@ -28,6 +29,7 @@ from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fiel
 from coscale.modules.fit_data import curriculum_of, epoch_finished
 from coscale.modules.grpo_settings import Sampling, Update
 from coscale.modules.kl_reference import frozen_copy, reference_logprobs
+from coscale.modules.optimizer_choice import choice_errors
 from coscale.modules.policy_mixin import PolicyMixin, source_fields
 from coscale.modules.prefetch import Prefetch, sample_ahead
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
@@ -44,6 +46,10 @@ from coscale.seeds import derive_seed
 
 if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves the name
     from peft import PeftConfig
+
+
+DEFAULT_OPTIMIZER = AdamW(lr=1e-6)
+"""The ``optimizer`` group's default."""
 
 
 class GRPOModule(PolicyMixin, L.LightningModule):
@@ -77,6 +83,11 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         load: How the policy loads (dtype, gradient checkpointing, remote code).
         optimizer: AdamW and its learning-rate warm-up (the CoScale-RL authors' verl runs used
             beta1 = 0.5).
+        custom_optimizer: Another optimiser class with its arguments (``class_path`` in YAML,
+            a ``functools.partial`` in Python); replaces ``optimizer``
+            (:mod:`coscale.modules.optimizer_choice`). None: coscale's AdamW.
+        lr_scheduler: A scheduler class with its arguments, stepped every optimiser step;
+            replaces ``optimizer.warmup_steps`` and ``decay``. None: theirs.
         sampling: Token limit, temperature, top-p, top-k and seed of the rollouts.
         update: Optimiser steps per batch, micro-batch size, clipping, advantage scaling.
         validation: Samples and temperature of validation on held-out problems (the token
@@ -111,7 +122,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         verifier: RewardSpec | None = None,
         loss: PolicyLoss | None = None,
         load: PolicyLoad = PolicyLoad(),
-        optimizer: AdamW = AdamW(lr=1e-6),
+        optimizer: AdamW = DEFAULT_OPTIMIZER,
+        custom_optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
         sampling: Sampling = Sampling(),
         update: Update = Update(),
         validation: Validation = Validation(),
@@ -127,13 +140,16 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         errors = settings_errors(
             reward=reward, reward_weights=reward_weights, verifier=verifier, **groups
         )
+        errors += choice_errors(optimizer, custom_optimizer, lr_scheduler, DEFAULT_OPTIMIZER)
         if errors:
             raise ValueError("GRPOModule: " + "; ".join(errors))
+        self._choose_optimizer(custom_optimizer, lr_scheduler)
         self.save_hyperparameters(
             {"prompt": prompt_fields(prompt), "tokenizer": tokenizer}
             | {k: asdict(v) for k, v in groups.items()}
             | {"log_completions_every": log_completions_every}
             | source_fields(model, peft)
+            | self.optimizer_fields()
         )
         self.automatic_optimization = False
         self.prompt = as_prompt_format(prompt)
@@ -366,7 +382,8 @@ def settings_errors(**args: Any) -> list[str]:
     the verifier), named; the pipeline checks ``pipeline.grpo`` with it before any work."""
     errors = reward_errors(args.get("reward"), args.get("reward_weights"), args.get("verifier"))
     groups = {k: as_group(GROUPS[k], v) for k, v in args.items() if k in GROUPS}
-    return errors + group_errors(**groups)
+    chosen = [args.get(k) for k in ("optimizer", "custom_optimizer", "lr_scheduler")]
+    return errors + group_errors(**groups) + choice_errors(*chosen, DEFAULT_OPTIMIZER)
 
 
 GROUPS = {

@@ -23,6 +23,7 @@ from coscale.models.adapters import config_fields, export_with_adapter, has_adap
 from coscale.models.policy import export_policy, load_policy
 from coscale.models.prompting import PromptFormat
 from coscale.modules.optim import adamw_with_warmup
+from coscale.modules.optimizer_choice import as_callable, describe, peak_lr, with_scheduler
 from coscale.modules.settings import AdamW
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SampleCall, SamplingParams
@@ -47,6 +48,20 @@ class PolicyMixin:
     val_sampling: SamplingParams
     val_samples: int
     optimizer_settings: AdamW
+    custom_optimizer: Any = None
+    lr_scheduler: Any = None
+
+    def _choose_optimizer(self, custom_optimizer: Any, lr_scheduler: Any) -> None:
+        """Keeps the user's optimiser and scheduler classes, checked by the module's
+        ``choice_errors`` first (:mod:`coscale.modules.optimizer_choice`)."""
+        self.custom_optimizer = as_callable(custom_optimizer, "custom_optimizer")
+        self.lr_scheduler = as_callable(lr_scheduler, "lr_scheduler")
+
+    def optimizer_fields(self) -> dict[str, Any]:
+        """The hyper-parameters that record the chosen optimiser and scheduler classes."""
+        return {
+            name: describe(getattr(self, name)) for name in ("custom_optimizer", "lr_scheduler")
+        }
 
     def _init_policy(
         self, model: Any, tokenizer: str | None, adapter: Any, groups: dict, val_tokens: int
@@ -177,7 +192,9 @@ class PolicyMixin:
 
     @property
     def lr(self) -> float:
-        """The optimiser's learning rate (what the Rollout N theory reads)."""
+        """The optimiser's peak learning rate (what the Rollout N theory reads)."""
+        if self.custom_optimizer is not None:
+            return peak_lr(self.custom_optimizer)
         return self.optimizer_settings.lr
 
     updates_per_batch = 1
@@ -186,10 +203,17 @@ class PolicyMixin:
     """The fit's optimiser steps, set by a loop that runs the module outside a Trainer."""
 
     def configure_optimizers(self) -> Any:
-        """AdamW with its learning-rate warm-up and decay (``optimizer_settings``)."""
+        """AdamW with its learning-rate warm-up and decay (``optimizer_settings``), or the user's
+        ``custom_optimizer`` over the trainable parameters; the user's ``lr_scheduler`` on it."""
+        if self.custom_optimizer is not None:
+            params = [p for p in self.policy.parameters() if p.requires_grad]
+            return with_scheduler(self.custom_optimizer(params), self.lr_scheduler)
         settings = self.optimizer_settings
         total = None if settings.decay == "constant" else self.optimizer_steps()
-        return adamw_with_warmup(self.policy, settings, total)
+        answer = adamw_with_warmup(self.policy, settings, total)
+        if self.lr_scheduler is not None:
+            return with_scheduler(answer["optimizer"], self.lr_scheduler)
+        return answer
 
     def optimizer_steps(self) -> int | None:
         """The fit's optimiser steps: the trainer's ``estimated_stepping_batches`` times

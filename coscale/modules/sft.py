@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
@@ -34,6 +35,7 @@ from coscale.models.adapters import as_peft_config
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.fit_data import curriculum_of
 from coscale.modules.loggers import log_to_loggers
+from coscale.modules.optimizer_choice import choice_errors
 from coscale.modules.policy_mixin import PolicyMixin, source_fields
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
 from coscale.scoring.reward_set import RewardSet, reward_errors
@@ -49,6 +51,10 @@ from coscale.sft.forgetting import (
 
 if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves the name
     from peft import PeftConfig
+
+
+DEFAULT_OPTIMIZER = AdamW()
+"""The ``optimizer`` group's default."""
 
 
 class SFTModule(PolicyMixin, L.LightningModule):
@@ -67,6 +73,11 @@ class SFTModule(PolicyMixin, L.LightningModule):
             path in YAML). Default: MathReward.
         load: How the policy loads (dtype, gradient checkpointing, remote code).
         optimizer: AdamW and its learning-rate warm-up.
+        custom_optimizer: Another optimiser class with its arguments (``class_path`` in YAML,
+            a ``functools.partial`` in Python); replaces ``optimizer``
+            (:mod:`coscale.modules.optimizer_choice`). None: coscale's AdamW.
+        lr_scheduler: A scheduler class with its arguments, stepped every optimiser step;
+            replaces ``optimizer.warmup_steps`` and ``decay``. None: theirs.
         max_length: Longest (prompt + solution) in tokens; longer pairs are cut.
         padding_free: Run each batch with its rows end to end and attention kept per row
             (:mod:`coscale.sft.packing`), so no FLOPs go to padding; same loss up to float rounding.
@@ -97,7 +108,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         prompt: PromptFormat | str = PromptFormat(),
         verifier: Callable[..., Any] | None = None,
         load: PolicyLoad = PolicyLoad(),
-        optimizer: AdamW = AdamW(),
+        optimizer: AdamW = DEFAULT_OPTIMIZER,
+        custom_optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
         max_length: int = 1024,
         padding_free: bool = True,
         validation: Validation = Validation(),
@@ -111,8 +124,11 @@ class SFTModule(PolicyMixin, L.LightningModule):
         given = dict(load=load, optimizer=optimizer, validation=validation)
         given |= dict(forgetting_guard=forgetting_guard, distill=distill)
         groups = {name: as_group(GROUPS[name], value) for name, value in given.items()}
-        if errors := settings_errors(verifier=verifier, max_length=max_length, **groups):
+        errors = settings_errors(verifier=verifier, max_length=max_length, **groups)
+        errors += choice_errors(optimizer, custom_optimizer, lr_scheduler, DEFAULT_OPTIMIZER)
+        if errors:
             raise ValueError("SFTModule: " + "; ".join(errors))
+        self._choose_optimizer(custom_optimizer, lr_scheduler)
         guard, distill = groups.pop("forgetting_guard"), groups.pop("distill")
         self.save_hyperparameters(
             {
@@ -124,6 +140,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
             | {k: asdict(v) for k, v in groups.items()}
             | {"distill": asdict(distill) if distill is not None else None}
             | source_fields(model, peft)
+            | self.optimizer_fields()
         )
         self.prompt, self.max_length = as_prompt_format(prompt), max_length
         self.rewards, self.padding_free = RewardSet(verifier=verifier), padding_free
@@ -322,7 +339,8 @@ def settings_errors(**args: Any) -> list[str]:
     errors = reward_errors(None, None, args.get("verifier"))
     errors += at_least(2, max_length=args["max_length"]) if "max_length" in args else []
     groups = {k: as_group(GROUPS[k], v) for k, v in args.items() if k in GROUPS}
-    return errors + group_errors(**groups)
+    chosen = [args.get(k) for k in ("optimizer", "custom_optimizer", "lr_scheduler")]
+    return errors + group_errors(**groups) + choice_errors(*chosen, DEFAULT_OPTIMIZER)
 
 
 def _token_share(n_tokens: int) -> float:

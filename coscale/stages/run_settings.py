@@ -30,6 +30,7 @@ from coscale.datamodules import ProblemDataModule
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.measure.pass_rates import KEEP
 from coscale.models.prompting import PromptFormat, as_prompt_format
+from coscale.modules.optimizer_choice import CALLABLE_KEYS
 from coscale.rollout.base import sampling_errors
 from coscale.scoring.reward_set import default_verifier
 
@@ -199,13 +200,14 @@ class FinalSettings:
 
 def instantiate(value: Any) -> Any:
     """``{"class_path": ..., "init_args": {...}}`` dicts (from YAML) become objects, recursively
-    (in lists too: a list of reward functions)."""
+    (in lists too: a list of reward functions); a module's ``custom_optimizer`` and
+    ``lr_scheduler`` stay classes to call later (the module binds their arguments)."""
     if isinstance(value, dict) and "class_path" in value:
         module_name, _, cls_name = value["class_path"].rpartition(".")
         cls = getattr(importlib.import_module(module_name), cls_name)
         return cls(**instantiate(value.get("init_args", {})))
     if isinstance(value, dict):
-        return {k: instantiate(v) for k, v in value.items()}
+        return {k: v if k in CALLABLE_KEYS else instantiate(v) for k, v in value.items()}
     if isinstance(value, list):
         return [instantiate(v) for v in value]
     return value
