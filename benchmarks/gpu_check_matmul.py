@@ -8,7 +8,7 @@ update's matmuls would run at ``total FLOP / total time``, a fraction of the cei
 leaves out (attention's own products, norms, the optimiser, launch gaps) only lowers the real
 figure. Models: ``speed``, the speed check's ~25M random Llama (hidden 512, 8 layers, vocab
 101) on one micro-batch of 16 problems x 8 rollouts x ~80 tokens; ``qwen2.5-0.5b``, the shapes of
-configs/qwen2.5-0.5b/ (hidden 896, 24 layers, 2 key/value heads of 64, MLP 4864, vocab 151,936)
+configs/run/qwen2.5-0.5b/ (hidden 896, 24 layers, 2 key/value heads of 64, MLP 4864, vocab 151,936)
 on 8 rows x 1,024 tokens. ``--cpu``: every size divided by 8, float32, a dry run of the code.
 
 The worker prints a table (``<work>/matmul.log``) and writes ``matmul.json``; the check returns

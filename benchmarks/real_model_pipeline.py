@@ -1,4 +1,4 @@
-"""CoScale-RL on a real pretrained chat model, measured: ``configs/smollm2-135m/pipeline_cpu.yaml``.
+"""CoScale-RL on a real pretrained chat model, measured: ``configs/run/smollm2-135m/pipeline_cpu.yaml``.
 
 Runs the pipeline (or reuses a finished run folder), then measures the base model, the model of
 every iteration and the final model on held-out problems of the training patterns (disjoint
@@ -9,7 +9,7 @@ with the config's own chat prompt: pass@1 and pass@k with 95% bootstrap interval
 
 Run: .venv/bin/python benchmarks/real_model_pipeline.py [--n_test 32] [--k 4] [--reuse]
 A second ``--config`` is laid over the first as ``coscale run`` does, e.g. the LoRA overlay:
-``--config configs/smollm2-135m/pipeline_cpu.yaml --config configs/overlays/lora.yaml``.
+``--config configs/run/smollm2-135m/pipeline_cpu.yaml --config configs/overlays/lora.yaml``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from coscale.pipeline import Pipeline
 from coscale.stages.precision import resolve_precision
 from coscale.tasks import tiers
 
-CONFIG = "configs/smollm2-135m/pipeline_cpu.yaml"
+CONFIG = "configs/run/smollm2-135m/pipeline_cpu.yaml"
 HELD_OUT = ("T2", "T3", "T3x")  # patterns the run trains on; disjoint problems
 EASY = tiers.EASY  # a+b: never trained on
 

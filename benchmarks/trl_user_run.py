@@ -3,7 +3,7 @@ few-shot turns, TRL's prompt-completion column as the SFT solution), TRL's own r
 with weights, and a ``GRPOConfig`` translated by ``coscale.integrations``.
 
     python benchmarks/trl_user_run.py <folder>   # writes train/val JSONL and overlay.yaml there
-    coscale run --config configs/smollm2-135m/smoke.yaml --config <folder>/overlay.yaml
+    coscale run --config configs/run/smollm2-135m/smoke.yaml --config <folder>/overlay.yaml
 
 Results: benchmarks/results/trl_user_run_2026-12-03.md.
 """

@@ -14,7 +14,7 @@ import torch
 from coscale.loop import checkpoint_store as store
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
+TINY = ROOT / "configs" / "run" / "tiny.yaml"
 
 
 def test_a_save_is_a_new_version_and_the_pointer_switches_to_it(tmp_path):

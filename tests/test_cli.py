@@ -131,7 +131,7 @@ def test_refusals_are_one_line_naming_the_file_line_and_the_nearest_keys(tmp_pat
 
 
 def test_a_fit_config_given_to_run_is_named(capsys):
-    fit = str(ROOT / "configs" / "grpo_tiny.yaml")
+    fit = str(ROOT / "configs" / "fit" / "grpo_tiny.yaml")
     assert _refusal(capsys, "--config", fit) == (
         f"coscale run: error: {fit} is a coscale fit config (top-level model/trainer sections): "
         f"coscale run takes pipeline and data sections; run it with coscale fit --config {fit}"
@@ -169,7 +169,7 @@ def test_an_error_inside_a_stage_keeps_its_traceback_and_names_the_stage(
 
     monkeypatch.setattr(coscale.pipeline, "sft_stage", broken)
     run_dir = tmp_path / "run"
-    argv = ["run", "--config", str(ROOT / "configs" / "tiny.yaml")]
+    argv = ["run", "--config", str(ROOT / "configs" / "run" / "tiny.yaml")]
     assert main([*argv, "--pipeline.run_dir", str(run_dir), "--pipeline.logger", "none"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert "Traceback (most recent call last):" in err and "ValueError: deep inside a fit" in err
@@ -187,7 +187,7 @@ def test_fit_refusals_are_one_line_too(tmp_path, capsys):
         f"coscale fit: error: {run_config} is a coscale run config (top-level pipeline section): "
         f"run it with coscale run --config {run_config}"
     )
-    fit = str(ROOT / "configs" / "grpo_tiny.yaml")
+    fit = str(ROOT / "configs" / "fit" / "grpo_tiny.yaml")
     assert main(["fit", "--config", fit, "--trainer.max_epohcs", "1"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.strip().endswith(

@@ -15,9 +15,9 @@ def test_a_second_file_adds_to_the_first_files_mappings(tmp_path):
     fast.write_text(
         "pipeline:\n  grpo:\n    optimizer: {warmup_steps: 3}\n  trainer:\n    max_time: null\n"
     )
-    cfg = pipeline_parser().parse_args(["--config", str(ROOT / "configs/tiny.yaml")])
+    cfg = pipeline_parser().parse_args(["--config", str(ROOT / "configs/run/tiny.yaml")])
     both = pipeline_parser().parse_args(
-        ["--config", str(ROOT / "configs/tiny.yaml"), "--config", str(fast)]
+        ["--config", str(ROOT / "configs/run/tiny.yaml"), "--config", str(fast)]
     )
     assert both.pipeline.grpo.optimizer.warmup_steps == 3
     assert cfg.pipeline.grpo.optimizer.warmup_steps == 0  # tiny.yaml leaves the default

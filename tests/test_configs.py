@@ -32,7 +32,8 @@ CONFIGS = sorted(
     {*ROOT.glob("configs/**/*.yaml"), *ROOT.glob("coscale/configs/*.yaml")} - set(OVERLAYS)
 )
 IDS = [str(p.relative_to(ROOT)) for p in CONFIGS]
-QWEN = ROOT / "configs" / "qwen2.5-0.5b"
+QWEN = ROOT / "configs" / "run" / "qwen2.5-0.5b"
+EIGHT_GPUS = ROOT / "configs" / "overlays" / "8gpu_fsdp.yaml"
 CHEAP_BUILTIN_MODELS = ("builtin:demo", "builtin:tiny")  # shipped, or built in a second
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -292,11 +293,11 @@ def test_offline_hub_refuses_names_it_does_not_hold(offline_hub):
         policy.resolve_model_path("builtin:nope")
 
 
-@pytest.mark.parametrize("name", ["pipeline_1gpu.yaml", "pipeline_8gpu_fsdp.yaml"])
-def test_qwen_pipelines_train_on_openmathreasoning_with_solutions_merged(name, offline_hub):
+@pytest.mark.parametrize("overlays", [(), (EIGHT_GPUS,)], ids=["1gpu", "8gpu_fsdp"])
+def test_qwen_pipelines_train_on_openmathreasoning_with_solutions_merged(overlays, offline_hub):
     """Data scaling needs many solutions per problem: the OpenMathReasoning rows of one
     problem become one training problem with all its distinct solutions."""
-    data = _pipeline(QWEN / name).data
+    data = _pipeline(QWEN / "pipeline_1gpu.yaml", *overlays).data
     data.load()
     problems = list(data.problems.values())
     solutions = {p.question: len(p.solutions) for p in problems}
@@ -309,31 +310,22 @@ def test_qwen_pipelines_train_on_openmathreasoning_with_solutions_merged(name, o
     assert {p.question: p.answer for p in data.val_problems} == OMR_VAL
 
 
-def _yaml(name: str) -> dict[str, Any]:
-    """The raw YAML of a Qwen2.5-0.5B config."""
-    return yaml.safe_load((QWEN / name).read_text())
-
-
-def test_8gpu_config_is_the_1gpu_config_split_over_8_ranks():
-    """Same stages, hyper-parameters and data family; batches per rank; more problems."""
-    one, eight = _yaml("pipeline_1gpu.yaml"), _yaml("pipeline_8gpu_fsdp.yaml")
-    ranks = eight["pipeline"]["trainer"]["strategy"]["init_args"]["data_parallel_size"]
-    assert ranks == eight["pipeline"]["trainer"]["devices"] == 8
-    per_run, placement = ("run_dir", "trainer"), ("devices", "num_nodes", "strategy")
-    trainers = [{k: v for k, v in c["pipeline"]["trainer"].items() if k not in placement}
-                for c in (one, eight)]  # fmt: skip
-    assert trainers[0] == trainers[1]  # accelerator, precision
-    assert {k: v for k, v in one["pipeline"].items() if k not in per_run} == {
-        k: v for k, v in eight["pipeline"].items() if k not in per_run
+def test_the_8gpu_overlay_splits_the_1gpu_run_over_8_ranks():
+    """Same stages, hyper-parameters, validation and data family; batches per rank; more
+    problems: the overlay changes placement, batch sizes and the training slice only."""
+    base, overlay = QWEN / "pipeline_1gpu.yaml", yaml.safe_load(EIGHT_GPUS.read_text())
+    assert set(overlay) == {"pipeline", "data"} and set(overlay["pipeline"]) == {
+        "run_dir",
+        "trainer",
     }
+    assert set(overlay["pipeline"]["trainer"]) == {"devices", "num_nodes", "strategy"}
+    one, eight = _pipeline(base), _pipeline(base, EIGHT_GPUS)
+    ranks = eight.pipeline.trainer["strategy"]._data_parallel_size
+    assert ranks == eight.pipeline.trainer["devices"] == 8
     for key in ("batch_size", "sft_batch_size"):
-        assert one["data"][key] == ranks * eight["data"][key], key
-    rest = ("train", "val", "batch_size", "sft_batch_size", "val_batch_size")
-    assert {k: v for k, v in one["data"].items() if k not in rest} == {
-        k: v for k, v in eight["data"].items() if k not in rest
-    }
-    assert parse_source(one["data"]["val"]) == parse_source(eight["data"]["val"])
-    small, large = parse_source(one["data"]["train"]), parse_source(eight["data"]["train"])
+        assert getattr(one.data, key) == ranks * getattr(eight.data, key), key
+    assert one.data.val_source == eight.data.val_source
+    small, large = parse_source(one.data.train_source), parse_source(eight.data.train_source)
     assert replace(small, limit=None, max_rows=None) == replace(large, limit=None, max_rows=None)
     assert small.limit * ranks == large.limit and small.max_rows * ranks == large.max_rows
 

@@ -151,7 +151,7 @@ def test_wandb_offline_gets_metrics_and_the_table(tmp_path, monkeypatch, wandb_l
 def test_eval_config_runs_with_model_and_data_mocked(tmp_path, monkeypatch):
     parser = ev.eval_parser()
     config = parser.instantiate(
-        parser.parse_args(["--config", str(ROOT / "configs/qwen2.5-0.5b/eval.yaml")])
+        parser.parse_args(["--config", str(ROOT / "configs/eval/qwen2.5-0.5b.yaml")])
     ).eval
     assert config.backend == "vllm" and config.k == [1, 4, 16]
     names = [parse_source(s).name for s in config.benchmarks]
@@ -224,10 +224,10 @@ def test_eval_closes_the_backend_it_built(monkeypatch, fail):
 
 
 def test_8gpu_fsdp_pipeline_config_instantiates_with_a_tiny_model():
-    path = ROOT / "configs/qwen2.5-0.5b/pipeline_8gpu_fsdp.yaml"
-    assert path.read_text().startswith("#")
+    base = ROOT / "configs/run/qwen2.5-0.5b/pipeline_1gpu.yaml"
+    overlay = ROOT / "configs/overlays/8gpu_fsdp.yaml"
     parser = pipeline_parser()
-    init = parser.instantiate(parser.parse_args(["--config", str(path)]))
+    init = parser.instantiate(parser.parse_args(["--config", str(base), "--config", str(overlay)]))
     pipe, data = init.pipeline, init.data
     strategy = pipe.trainer["strategy"]  # class_path: built by the parser, as Trainer wants it
     assert isinstance(strategy, ModelParallelStrategy) and pipe.trainer["devices"] == 8

@@ -1,4 +1,4 @@
-"""`coscale fit --config configs/sft_tiny.yaml` and `grpo_tiny.yaml` train the steps the README
+"""`coscale fit --config configs/fit/sft_tiny.yaml` and `grpo_tiny.yaml` train the steps the README
 states (they used to end with "No training batches" and exit 0)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _fit(name: str, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cli = lightning_cli(["--config", str(ROOT / "configs" / name)], run=False)
+    cli = lightning_cli(["--config", str(ROOT / "configs" / "fit" / name)], run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli
 

@@ -398,7 +398,7 @@ def test_the_option_is_set_from_yaml_through_the_cli(tmp_path, monkeypatch):
     from coscale.app.cli import lightning_cli
 
     monkeypatch.chdir(tmp_path)
-    config = Path(__file__).resolve().parents[1] / "configs" / "sft_tiny.yaml"
+    config = Path(__file__).resolve().parents[1] / "configs" / "fit" / "sft_tiny.yaml"
     flags = [
         "--model.init_args.forgetting_guard.mode=neuron",
         "--model.init_args.forgetting_guard.refresh_every=5",

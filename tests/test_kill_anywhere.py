@@ -6,10 +6,10 @@ at the next chosen point and restarted until one finishes; the final ``pipeline_
 (pools, histories, N, groups, bank, replay buffer, spend, results) and the final weights must
 equal those of the uninterrupted run of the same strategy, bit for bit. What is covered:
 
-* configs/tiny.yaml, one process: inside each stage that trains, right after each stage's
+* configs/run/tiny.yaml, one process: inside each stage that trains, right after each stage's
   last-step checkpoint (before its end-of-epoch work), between each stage's end and its state
   file; and once by a timer, at no commit point.
-* configs/tiny.yaml with tests/configs/tiny_lora.yaml over it, one process: every stage trains a
+* configs/run/tiny.yaml with tests/configs/tiny_lora.yaml over it, one process: every stage trains a
   LoRA adapter (its checkpoints hold the adapter, not the base), killed inside the warm-up SFT,
   between a stage's end and its state file, inside RL and after its last step, inside the final
   retrain; the final weights and every stage's saved adapter must be equal.
@@ -48,7 +48,7 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
+TINY = ROOT / "configs" / "run" / "tiny.yaml"
 EVERY_SWITCH = ROOT / "tests" / "configs" / "every_switch.yaml"
 TINY_LORA = ROOT / "tests" / "configs" / "tiny_lora.yaml"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -210,7 +210,7 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_one_before(uninterrupted
 
 # -------------------------------------------------------------- LoRA, one process
 def _lora_run(run_dir: Path, **extra: str) -> int:
-    """configs/tiny.yaml with tests/configs/tiny_lora.yaml over it (every stage a LoRA)."""
+    """configs/run/tiny.yaml with tests/configs/tiny_lora.yaml over it (every stage a LoRA)."""
     cmd = runs.command(TINY, run_dir, "--config", str(TINY_LORA))
     cmd += ["--pipeline.checkpoint_every_n_steps", "1"]
     return runs.run(cmd, run_dir.parent / f"{run_dir.name}.log", **extra)

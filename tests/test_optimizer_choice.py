@@ -28,7 +28,9 @@ CHOSEN = ["--optimizer", str(SGD), "--lr_scheduler", str(HALVING), "--trainer.lo
 
 def _fit(name: str, extra: list[str], tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cli = lightning_cli(["--config", str(ROOT / "configs" / name), *CHOSEN, *extra], run=False)
+    cli = lightning_cli(
+        ["--config", str(ROOT / "configs" / "fit" / name), *CHOSEN, *extra], run=False
+    )
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli
 

@@ -17,7 +17,7 @@ from coscale.pipeline import PipelineConfig  # noqa: E402
 from coscale.stages.plan import state_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
+TINY = ROOT / "configs" / "run" / "tiny.yaml"
 STAGES = ["warmup", "it1/scale", "it1/sft", "it1/measure", "it1/rl", "final/retrain", "final"]
 LORA = {"class_path": "peft.LoraConfig", "init_args": {"r": 4, "lora_alpha": 8}}
 LORA_FLAG = json.dumps({**LORA, "init_args": {**LORA["init_args"], "target_modules": "all-linear"}})

@@ -1,4 +1,4 @@
-"""`coscale run --config configs/tiny.yaml` end to end, its W&B offline run, export and resume."""
+"""`coscale run --config configs/run/tiny.yaml` end to end, its W&B offline run, export and resume."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from coscale.stages.plan import plan, upgrade_state
 from coscale.stages.run_settings import FinalSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
+TINY = ROOT / "configs" / "run" / "tiny.yaml"
 STAGES = ["warmup", "it1/scale", "it1/sft", "it1/measure", "it1/rl", "final/retrain", "final"]
 
 

@@ -19,7 +19,7 @@ from coscale.scoring.reward_functions import RewardInputs
 from coscale.scoring.reward_model import RewardModel
 from coscale.scoring.reward_set import RewardSet
 
-TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+TINY = Path(__file__).resolve().parents[1] / "configs" / "run" / "tiny.yaml"
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -18,7 +18,7 @@ from coscale.pipeline import Pipeline, PipelineConfig
 from coscale.scoring.rewards import MathReward
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
+TINY = ROOT / "configs" / "run" / "tiny.yaml"
 REWARDS = """
 pipeline:
   logger: none

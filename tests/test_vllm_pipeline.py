@@ -1,7 +1,7 @@
 """The tiny pipeline on one vLLM engine (``pipeline.rollout.backend: vllm``), end to end and
 killed anywhere it samples.
 
-`coscale run --config configs/tiny.yaml --config tests/configs/vllm_tiny.yaml` with the run's
+`coscale run --config configs/run/tiny.yaml --config tests/configs/vllm_tiny.yaml` with the run's
 engine on vLLM (its CPU build here), on the same random tiny Llama with 2 heads of size 32
 (vLLM's CPU attention refuses size 16), shorter SFT stages, checkpoint selection in every SFT
 from the initial model, and a checkpoint every step. Every sample the run takes (the pool
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500)]
 # rl_every_batch.yaml: a reward with spread in every group, so that RL takes steps on any CPU
 # (with the verifier's reward alone, it1/rl took none on a 2-core EPYC: no RL kill to test)
 CONFIGS = (
-    ROOT / "configs" / "tiny.yaml",
+    ROOT / "configs" / "run" / "tiny.yaml",
     ROOT / "tests" / "configs" / "vllm_tiny.yaml",
     ROOT / "tests" / "configs" / "rl_every_batch.yaml",
 )

@@ -1,14 +1,14 @@
 """Whole runs with their one engine a vLLM server (``pipeline.rollout.backend: vllm-server``)
 and asynchronous RL (``pipeline.grpo.update.max_staleness: 1``), each server started by the run.
 
-The tiny pipeline (`coscale run --config configs/tiny.yaml --config tests/configs/vllm_tiny.yaml`)
+The tiny pipeline (`coscale run --config configs/run/tiny.yaml --config tests/configs/vllm_tiny.yaml`)
 starts its server, samples the warm-up's and it1's measurements and selection scorings on it,
 and then loses it: the server is SIGKILLed as RL begins. The run stops with an error naming the
 server, its exit code and its log's last lines; the stages done stay done. The same command
 again starts one server, resumes at RL, samples the rest (RL, the final retrain's selection,
 the final judge) on it and stops it at the end.
 
-SmolLM2-135M-Instruct (`configs/smollm2-135m/smoke.yaml`, one iteration): a real chat model
+SmolLM2-135M-Instruct (`configs/run/smollm2-135m/smoke.yaml`, one iteration): a real chat model
 through every stage on a server, its RL batches sampled a step ahead.
 """
 
@@ -30,8 +30,8 @@ from coscale.rollout.vllm.server.launch import LAUNCHER
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800)]
-TINY = (ROOT / "configs" / "tiny.yaml", ROOT / "tests" / "configs" / "vllm_tiny.yaml")
-SMOLLM2 = (ROOT / "configs" / "smollm2-135m" / "smoke.yaml",)
+TINY = (ROOT / "configs" / "run" / "tiny.yaml", ROOT / "tests" / "configs" / "vllm_tiny.yaml")
+SMOLLM2 = (ROOT / "configs" / "run" / "smollm2-135m" / "smoke.yaml",)
 STARTED = "[coscale] vLLM server started at"
 SAMPLED_TINY = {"warmup", "it1/sft", "it1/measure", "it1/rl", "final/retrain", "final"}
 

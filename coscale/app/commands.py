@@ -11,10 +11,10 @@ PROG = "coscale"
 DESCRIPTION = "CoScale-RL post-training: SFT and GRPO over problem pools, on PyTorch Lightning."
 
 COMMANDS: dict[str, str] = {
-    "run": "the whole CoScale-RL pipeline (--config configs/tiny.yaml: ~30 s on CPU)",
+    "run": "the whole CoScale-RL pipeline (--config configs/run/tiny.yaml: a few minutes on 2 CPU cores)",
     "demo": "the pipeline on the built-in task and model, then a held-out report (--quick: ~45 s)",
     "eval": "pass@1 / pass@k of a model on named benchmarks (--config an eval YAML)",
-    "fit": "one Lightning fit of one module, SFT or GRPO (--config configs/sft_tiny.yaml)",
+    "fit": "one Lightning fit of one module, SFT or GRPO (--config configs/fit/sft_tiny.yaml)",
     "validate": "one validation pass of one module (LightningCLI, the same YAML as fit)",
 }
 LIGHTNING_COMMANDS = ("fit", "validate")
