@@ -13,7 +13,10 @@ from reward_examples import HasDigit, async_bonus, format_bonus
 from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
+from coscale.loop.curriculum import Curriculum, CurriculumSettings
+from coscale.loop.problem import Problem
 from coscale.modules import GRPOModule
+from coscale.modules import tables as tables_module
 from coscale.modules.tables import log_completions
 from coscale.rl.advantages import group_advantages
 from coscale.scoring.reward_context import TrainerState
@@ -147,21 +150,55 @@ def test_trls_step_arguments_reach_the_functions_and_what_they_log_is_logged(tin
     assert metrics["train/chars"] == pytest.approx(3.0)
 
 
-def test_log_extra_columns_reach_the_completions_table():
-    """Each column a reward function logged, one value per rollout, after the fixed ones; a
-    column of another length stays empty rather than shifting rows."""
+def test_one_completions_table_grows_across_steps_and_stages():
+    """One key for the whole run: each logged step adds its rows (stage, step, problem with its
+    pool and N, completion, the weighted reward, each function's score, the advantage, then each
+    column a reward function logged; one of another length stays empty), the latest kept."""
     tables = []
     logger = SimpleNamespace(log_table=lambda **table: tables.append(table))
-    module = SimpleNamespace(global_rank=0, loggers=[logger], global_step=3)
+    cur = Curriculum(CurriculumSettings())
+    cur.add_problems([Problem("p", "1+1?", "2"), Problem("q", "2+2?", "4")])
+    module = SimpleNamespace(global_rank=0, loggers=[logger], global_step=3, run_stage="it1/rl")
+    module._trainer = SimpleNamespace(datamodule=SimpleNamespace(curriculum=cur))
     rollouts = SimpleNamespace(prompt_index=torch.tensor([0, 0, 1]), texts=["a", "bb", "c"])
-    rewards, advantages = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.5, -0.5, 0.0])
-    extra = {"length": [1, 2, 1], "partial": [7]}
-    log_completions(module, [{"id": "p"}, {"id": "q"}], rollouts, rewards, advantages, extra)
-    (table,) = tables
-    assert table["key"] == "completions/step_3"
-    assert table["columns"] == ["step", "problem", "completion", "reward", "advantage", *extra]
-    assert table["data"] == [
-        [3, "p", "a", 1.0, 0.5, 1, None],
-        [3, "p", "bb", 0.0, -0.5, 2, None],
-        [3, "q", "c", 1.0, 0.0, 1, None],
+    scores = SimpleNamespace(
+        reward=torch.tensor([1.0, 0.0, 1.0]),
+        per_function=torch.tensor([[1.0, 0.0], [0.0, float("nan")], [1.0, 0.0]]),
+        names=("MathReward", "format"),
+    )
+    advantages, extra = torch.tensor([0.5, -0.5, 0.0]), {"length": [1, 2, 1], "partial": [7]}
+    batch = [{"id": "p", "n": 4}, {"id": "q", "n": 8}]
+    log_completions(module, batch, rollouts, scores, advantages, extra)
+    module.run_stage, module.global_step = "it2/rl", 0  # the next stage: a fresh fit's step 0
+    log_completions(module, batch[:1], SimpleNamespace(prompt_index=torch.tensor([0]), texts=["d"]),
+                    SimpleNamespace(reward=torch.tensor([0.0]), per_function=torch.tensor([[0.0, 1.0]]),
+                                    names=scores.names), torch.tensor([0.0]))  # fmt: skip
+    assert [t["key"] for t in tables] == ["completions", "completions"]
+    first, grown = tables
+    assert first["columns"] == grown["columns"] == [
+        "stage", "step", "problem", "pool", "n", "completion", "reward",
+        "reward/MathReward", "reward/format", "advantage", "length", "partial",
+    ]  # fmt: skip
+    assert first["data"] == [
+        ["it1/rl", 3, "p", "unsolvable", 4, "a", 1.0, 1.0, 0.0, 0.5, 1, None],
+        ["it1/rl", 3, "p", "unsolvable", 4, "bb", 0.0, 0.0, None, -0.5, 2, None],
+        ["it1/rl", 3, "q", "unsolvable", 8, "c", 1.0, 1.0, 0.0, 0.0, 1, None],
     ]
+    assert grown["data"][:3] == first["data"]
+    assert grown["data"][3] == [
+        "it2/rl",
+        0,
+        "p",
+        "unsolvable",
+        4,
+        "d",
+        0.0,
+        0.0,
+        1.0,
+        0.0,
+        None,
+        None,
+    ]
+    for _ in range(tables_module.MAX_TABLE_ROWS):  # capped: the latest rows stay
+        log_completions(module, batch, rollouts, scores, advantages)
+    assert len(tables[-1]["data"]) == tables_module.MAX_TABLE_ROWS

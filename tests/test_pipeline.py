@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
@@ -64,7 +65,7 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capfd, caplog, recwarn, wandb_
         b"train/entropy",
         b"train/rewards/MathReward",  # each reward function's mean (the default: MathReward)
         b"train/correct",
-        b"completions/step_",
+        b"completions",
     ]
     data = wandb_log(run_dir / "logs" / "wandb", keys)
     for key in keys:
@@ -440,7 +441,7 @@ def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
         return _Trainer()
 
     pipe.ctx.trainer = fake_trainer
-    pipe.ctx.fit("it1/sft", module=None, data=None, callbacks=[], epochs=1)
+    pipe.ctx.fit("it1/sft", module=SimpleNamespace(), data=None, callbacks=[], epochs=1)
     (state, counts, ckpt), resume = seen
     assert isinstance(state, RunState) and isinstance(ckpt, CommitCheckpoint)
     assert isinstance(counts, WholeEpochCounts)
@@ -450,7 +451,7 @@ def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
     (folder / "v000001.ckpt").mkdir(parents=True)  # a folder of shards, as FSDP2 writes
     (folder / "v000002.ckpt").write_text("half")  # a save killed before its switch
     switch_to(str(folder / "v000001.ckpt"))
-    pipe.ctx.fit("it1/sft", module=None, data=None, callbacks=[], epochs=1)
+    pipe.ctx.fit("it1/sft", module=SimpleNamespace(), data=None, callbacks=[], epochs=1)
     assert seen[-1] == str(folder / "v000001.ckpt")  # the stage resumes from its whole version
     # the switch removed it; the whole version has its manifest
     assert sorted(os.listdir(folder)) == ["latest", "v000001.ckpt", "v000001.ckpt.manifest.json"]

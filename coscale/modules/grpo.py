@@ -96,7 +96,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             ``vllm-server`` or ``auto``, with the backend's options
             (:func:`coscale.rollout.factory.build_backend`). Assigning ``module.backend`` in
             Python replaces it.
-        log_completions_every: Log a table of sampled completions every this many steps (0: never).
+        log_completions_every: Add sampled completions to the run's one completions table every
+            this many steps (0: never; :mod:`coscale.modules.tables`).
         peft: Train a PEFT adapter on the frozen base instead of every weight (a
             ``peft.PeftConfig`` such as ``peft.LoraConfig``; :mod:`coscale.models.adapters`).
             The KL reference (``loss.beta`` > 0) is the base with the adapter off, not a copy;

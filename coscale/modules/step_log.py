@@ -58,4 +58,4 @@ def log_step(
         from coscale.modules.tables import log_completions
 
         extra = dict(reward_log.extra) if reward_log else {}
-        log_completions(module, batch, rollouts, rewards, adv.advantages, extra)
+        log_completions(module, batch, rollouts, scores, adv.advantages, extra)

@@ -1,7 +1,13 @@
-"""A sampled completions table per step, logged under its own key so tables never overwrite.
+"""One completions table for the whole run, under one key, that grows as steps are logged.
 
-Only a handful of rows are logged (full tables of every rollout slow training down), and only to a
-logger that can take a table (W&B); others get nothing.
+Each logged GRPO step adds up to :data:`MAX_ROWS` rows (full tables of every rollout slow
+training down): the run's stage, the fit's step, the problem with its pool and Rollout N, the
+completion, the weighted reward, each reward function's score, the advantage, then what the
+reward functions logged with ``log_extra``. The table keeps the latest :data:`MAX_TABLE_ROWS`
+rows and is logged whole under :data:`KEY` each time, as TRL logs its completions: the W&B run
+shows one table that grows, not one table per step. The rows live on the logger, so every
+stage of a ``coscale run`` (one logger, a fresh module per stage) adds to the same table. Only
+a logger that can take a table (W&B) gets it; others get nothing.
 """
 
 from __future__ import annotations
@@ -11,31 +17,84 @@ from typing import Any
 
 import torch
 
+from coscale.modules.fit_data import curriculum_of
+
+KEY = "completions"
 MAX_ROWS = 16
+"""Rows a logged step adds."""
+MAX_TABLE_ROWS = 512
+"""Rows the table keeps (the latest)."""
+COLUMNS = ["stage", "step", "problem", "pool", "n", "completion", "reward"]
+"""The first columns; each reward function's score, ``advantage`` and the extra ones follow."""
 
 
 def log_completions(
     module: Any,
     batch: list[dict],
     rollouts: Any,
-    rewards: torch.Tensor,
+    scores: Any,
     advantages: torch.Tensor,
     extra: Mapping[str, Sequence[Any]] | None = None,
 ) -> None:
-    """Logs up to ``MAX_ROWS`` (step, problem, completion, reward, advantage) rows, then one
-    column per ``extra`` entry (what reward functions logged with ``log_extra``: one value per
-    rollout; a column of another length is left empty)."""
+    """Adds up to ``MAX_ROWS`` rows of this step (``scores``: the step's ``Scores``) and logs the
+    table; an ``extra`` column of another length than the rollouts' is left empty."""
     if module.global_rank != 0:
         return
     loggers = [lg for lg in module.loggers if hasattr(lg, "log_table")]
     if not loggers:
         return
-    extra, step, total = extra or {}, module.global_step, len(rollouts.texts)
-    columns = ["step", "problem", "completion", "reward", "advantage", *extra]
-    rows = [
-        [step, batch[i]["id"], rollouts.texts[r], float(rewards[r]), float(advantages[r])]
-        + [values[r] if len(values) == total else None for values in extra.values()]
-        for r, i in enumerate(rollouts.prompt_index.tolist()[:MAX_ROWS])
-    ]
+    rows = _rows(module, batch, rollouts, scores, advantages, extra or {})
     for lg in loggers:
-        lg.log_table(key=f"completions/step_{step}", columns=columns, data=rows)
+        table = _table_of(lg)
+        table.extend(rows)
+        del table[:-MAX_TABLE_ROWS]
+        columns = _columns(table)
+        lg.log_table(key=KEY, columns=columns, data=[[r.get(c) for c in columns] for r in table])
+
+
+def _rows(module, batch, rollouts, scores, advantages, extra) -> list[dict[str, Any]]:
+    """This step's rows, as column -> value."""
+    cur, total = curriculum_of(module), len(rollouts.texts)
+    stage = getattr(module, "run_stage", None) or ""
+    rows = []
+    for r, i in enumerate(rollouts.prompt_index.tolist()[:MAX_ROWS]):
+        pid = batch[i]["id"]
+        row = {"stage": stage, "step": module.global_step, "problem": pid}
+        row |= {"pool": _pool(cur, pid)}
+        row |= {"n": batch[i].get("n"), "completion": rollouts.texts[r]}
+        row |= {"reward": float(scores.reward[r])}
+        row |= {
+            f"reward/{name}": _score(scores.per_function[r, f])
+            for f, name in enumerate(scores.names)
+        }
+        row |= {"advantage": float(advantages[r])}
+        row |= {k: (v[r] if len(v) == total else None) for k, v in extra.items()}
+        rows.append(row)
+    return rows
+
+
+def _pool(cur: Any, pid: str) -> str | None:
+    """The problem's pool now (None without a curriculum, or for a problem it does not hold)."""
+    try:
+        return None if cur is None else cur.pools.pool_of(pid).value
+    except KeyError:
+        return None
+
+
+def _score(value: torch.Tensor) -> float | None:
+    """A reward function's score; None where it had no opinion (NaN)."""
+    value = float(value)
+    return None if value != value else value
+
+
+def _table_of(logger: Any) -> list[dict[str, Any]]:
+    """The rows logged to ``logger`` so far in this process (kept on the logger)."""
+    if not hasattr(logger, "_coscale_completions"):
+        logger._coscale_completions = []
+    return logger._coscale_completions
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The fixed columns, then every other column the rows have, in the order first seen."""
+    rest = dict.fromkeys(k for row in rows for k in row if k not in COLUMNS)
+    return [*COLUMNS, *rest]

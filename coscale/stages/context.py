@@ -82,6 +82,7 @@ class StageContext:
         max_steps: int | None = None,
     ) -> None:
         """One fit of stage ``name``, resumed from its last checkpoint when there is one."""
+        module.run_stage = name  # what the module's tables say the rows came from
         ckpt_dir = self.path(name, "ckpt")
         commit = CommitCheckpoint(ckpt_dir, self.cfg.checkpoint_every_n_steps, label=name)
         with self.console.fit():
