@@ -344,6 +344,7 @@ class Pipeline:
         # a resumed fit puts its checkpoint's count back (RunState): as an uninterrupted run's
         self.results.setdefault("spend", {})[name] = budget.since(before)
         self._record_moves(name, moved)
+        self.ctx.log_curriculum(name)
         self.done.append(name)
         self.results["pools"] = self.curriculum.pools.counts()  # as of the last finished stage
         commit_point(f"{name} end, before the state file")

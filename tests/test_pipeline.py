@@ -66,6 +66,7 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capfd, caplog, recwarn, wandb_
         b"train/rewards/MathReward",  # each reward function's mean (the default: MathReward)
         b"train/correct",
         b"completions",
+        b"curriculum",  # the pools-over-time table
     ]
     data = wandb_log(run_dir / "logs" / "wandb", keys)
     for key in keys:

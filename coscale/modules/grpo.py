@@ -26,6 +26,7 @@ from coscale.checks import as_group, group_errors
 from coscale.distributed import all_gather_objects, max_over_ranks, sum_over_ranks
 from coscale.models.adapters import as_peft_config
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
+from coscale.modules.curriculum_table import log_module_curriculum
 from coscale.modules.fit_data import curriculum_of, epoch_finished
 from coscale.modules.grpo_settings import Sampling, Update
 from coscale.modules.kl_reference import frozen_copy, reference_logprobs
@@ -376,6 +377,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         metrics |= {f"replay/{k}": float(v) for k, v in curriculum.bank.replay_stats().items()}
         # epoch-level: logged at the epoch's end whatever log_every_n_steps is
         self.log_dict(metrics, on_step=False, on_epoch=True, rank_zero_only=True, batch_size=1)
+        log_module_curriculum(self, curriculum)  # the pools-over-time table
 
 
 def settings_errors(**args: Any) -> list[str]:

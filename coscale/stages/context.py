@@ -16,9 +16,11 @@ import lightning as L
 import torch
 
 from coscale.datamodules.serving import CurriculumDataModule
+from coscale.distributed import is_writer
 from coscale.log import logger as coscale_log
 from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.loop.curriculum import Curriculum
+from coscale.modules.curriculum_table import log_curriculum
 from coscale.modules.loggers import log_to_loggers
 from coscale.rollout.dtype import precision_dtype
 from coscale.rollout.run_engine import RunEngine
@@ -116,6 +118,11 @@ class StageContext:
     def device(self) -> torch.device:
         """Where measurement samples outside a fit: the trainer's accelerator."""
         return torch.device(training_device(str(self.trainer_args.get("accelerator", "auto"))))
+
+    def log_curriculum(self, stage: str) -> None:
+        """The curriculum table's row at the end of stage ``stage``."""
+        if self.logger and is_writer():
+            log_curriculum([self.logger], self.curriculum, stage, None)
 
     def log(self, metrics: dict[str, float]) -> None:
         """Metrics of work outside a fit, straight to the logger (at step 0)."""
