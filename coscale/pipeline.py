@@ -42,6 +42,7 @@ from coscale.models.adapters import as_peft_config
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, finish, make_logger
+from coscale.modules.run_steps import at_stage
 from coscale.modules.sft import settings_errors as sft_settings_errors
 from coscale.rollout.factory import RolloutSettings
 from coscale.stages.context import StageContext
@@ -333,8 +334,10 @@ class Pipeline:
         coscale_log.info(f"== stage {name} | pools: {counts} | bank: {bank} ==")
         before, clocked = budget.snapshot(), clock.snapshot()
         moved = dict(self.curriculum.pools.moves)
-        start, self.running = time.perf_counter(), name
+        start, self.running, self.ctx.fit_steps = time.perf_counter(), name, 0
+        at_stage(self.logger, self.results.get("run_steps", 0), len(self.done))
         fn(name)
+        self.results["run_steps"] = self.results.get("run_steps", 0) + self.ctx.fit_steps
         self.ctx.engine.release()  # the stage's model goes with it; the engine stays up
         # wall time of this process's part (a resumed stage counts only what it redid)
         self.seconds[name] = round(time.perf_counter() - start, 1)
@@ -373,16 +376,9 @@ class Pipeline:
         finish(self.ctx.logger)
 
     def _save(self) -> None:
-        state = {
-            "done": self.done,
-            "current": self.current,
-            "models": self.models,
-            "curriculum": self.curriculum.state_dict(),
-            "results": self.results,
-            "seconds": self.seconds,
-            "timing": self.timing,
-            "config": state_config(self.cfg),
-        }
+        state = dict(done=self.done, current=self.current, models=self.models)
+        state |= dict(curriculum=self.curriculum.state_dict(), results=self.results)
+        state |= dict(seconds=self.seconds, timing=self.timing, config=state_config(self.cfg))
         if is_writer():  # every rank holds the same state; rank 0 writes it
             write_json(self.state_path, state)  # atomic: a crash never leaves half a state file
         barrier()

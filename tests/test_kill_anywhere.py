@@ -288,6 +288,12 @@ def test_every_switch_killed_in_scoring_redistillation_and_judge_resumes_to_the_
     # KL to the RL model was part of a loss, the final stage judged the RL'd retrain
     logged = _logged(ref_dir)
     assert any(v > 0 for v in logged["train/masked_frac"]) and logged["train/kl"]
+    # one step axis for the run: the stages' fits follow one another, never back to 0 (a step's
+    # training row comes at Lightning's step - 1, after what a callback logged at the step)
+    steps, stages = logged["step"], logged["run/stage"]
+    assert all(s >= max(steps[:i], default=0) - 1 for i, s in enumerate(steps))
+    assert stages == sorted(stages) and len(set(stages)) > 5
+    assert max(steps) == want[0]["results"]["run_steps"]
     assert {"it1/redistill", "final/rl"} <= set(want[0]["models"])
     assert "val/final_kept_retrained" in want[0]["results"]["final"]
     run_dir = tmp_path / "run"

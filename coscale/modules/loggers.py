@@ -32,7 +32,8 @@ def make_logger(
 
     W&B: one run per ``save_dir``, its id kept in ``<save_dir>/wandb_run_id``, so a restarted
     run resumes the same W&B run; ``wandb`` holds ``WandbLogger``'s own arguments
-    (:data:`WANDB_ARGS`; ``mode`` defaults to :func:`wandb_mode`).
+    (:data:`WANDB_ARGS`; ``mode`` defaults to :func:`wandb_mode`). Both loggers log on the run's
+    one step axis (:mod:`coscale.modules.run_steps`).
     """
     if unknown := sorted(set(wandb) - set(WANDB_ARGS)):
         raise ValueError(f"pipeline.wandb: unknown keys {unknown}; it takes {list(WANDB_ARGS)}")
@@ -40,16 +41,16 @@ def make_logger(
         return False
     os.makedirs(save_dir, exist_ok=True)
     if kind == "csv":
-        from lightning.pytorch.loggers import CSVLogger
+        from coscale.modules.run_steps import RunCSVLogger
 
-        return CSVLogger(save_dir=save_dir, name=name or project)
+        return RunCSVLogger(save_dir=save_dir, name=name or project)
     if kind == "wandb":
-        from lightning.pytorch.loggers import WandbLogger
+        from coscale.modules.run_steps import RunWandbLogger
 
         os.environ["WANDB_MODE"] = wandb.pop("mode", None) or wandb_mode()
         name = wandb.pop("name", name)
         run_id = _run_id(save_dir)
-        return WandbLogger(
+        return RunWandbLogger(
             project=project, name=name, save_dir=save_dir, id=run_id, resume="allow", **wandb
         )
     raise ValueError(f"logger must be one of wandb, csv, none; got {kind!r}")

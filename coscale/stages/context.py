@@ -44,6 +44,7 @@ class StageContext:
 
     def __init__(self, cfg, curriculum: Curriculum, data, logger, sft_args, grpo_args) -> None:
         self.cfg, self.curriculum, self.data, self.logger = cfg, curriculum, data, logger
+        self.fit_steps = 0  # optimiser steps of the stage's fit (the run's step axis)
         self.sft_args, self.grpo_args = sft_args, grpo_args
         self.trainer_args, why = resolve_precision(dict(cfg.trainer), cfg.model, cfg.run_dir)
         # a strategy object (from YAML's class_path) holds its fit's model: each fit gets a
@@ -92,6 +93,7 @@ class StageContext:
                 name, [RunState(), WholeEpochCounts(), *callbacks, commit], epochs, max_steps
             )
             trainer.fit(module, datamodule=data, ckpt_path=commit.last())
+        self.fit_steps = trainer.global_step  # the stage's steps on the run's axis
 
     def trainer(self, name: str, callbacks: list, epochs: int, max_steps: int | None) -> L.Trainer:
         args = {
@@ -125,5 +127,7 @@ class StageContext:
             log_curriculum([self.logger], self.curriculum, stage, None)
 
     def log(self, metrics: dict[str, float]) -> None:
-        """Metrics of work outside a fit, straight to the logger (at step 0)."""
-        log_to_loggers(SimpleNamespace(loggers=[self.logger] if self.logger else []), metrics, 0)
+        """Metrics of work outside a fit, straight to the logger, after the stage's fit steps so
+        far (on the run's step axis: where the run stands)."""
+        loggers = SimpleNamespace(loggers=[self.logger] if self.logger else [])
+        log_to_loggers(loggers, metrics, self.fit_steps)
