@@ -434,6 +434,8 @@ def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
     seen = []
 
     class _Trainer:
+        global_step = 7  # the fit's steps: the stage's share of the run's step axis
+
         def fit(self, module, datamodule, ckpt_path):
             seen.append(ckpt_path)
 
@@ -443,6 +445,7 @@ def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
 
     pipe.ctx.trainer = fake_trainer
     pipe.ctx.fit("it1/sft", module=SimpleNamespace(), data=None, callbacks=[], epochs=1)
+    assert pipe.ctx.fit_steps == 7
     (state, counts, ckpt), resume = seen
     assert isinstance(state, RunState) and isinstance(ckpt, CommitCheckpoint)
     assert isinstance(counts, WholeEpochCounts)
