@@ -32,4 +32,4 @@ def test_one_row_per_point_on_one_table_that_grows():
     assert columns[:7] == ["stage", "epoch", "unsolvable", "solvable", "solved", "failed", "bank"]
     assert [r[:2] for r in rows] == [["warmup", None], ["it1/rl", 1]]
     assert rows[0][2:7] == [2, 0, 0, 0, cur.bank.total()]
-    assert not hasattr(plain, "_coscale_curriculum")
+    assert vars(plain) == {}

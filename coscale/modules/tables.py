@@ -5,9 +5,8 @@ training down): the run's stage, the fit's step, the problem with its pool and R
 completion, the weighted reward, each reward function's score, the advantage, then what the
 reward functions logged with ``log_extra``. The table keeps the latest :data:`MAX_TABLE_ROWS`
 rows and is logged whole under :data:`KEY` each time, as TRL logs its completions: the W&B run
-shows one table that grows, not one table per step. The rows live on the logger, so every
-stage of a ``coscale run`` (one logger, a fresh module per stage) adds to the same table. Only
-a logger that can take a table (W&B) gets it; others get nothing.
+shows one table that grows, not one table per step (:mod:`coscale.modules.growing_table`: every
+stage of a ``coscale run`` adds to the same table).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from coscale.modules.fit_data import curriculum_of
+from coscale.modules.growing_table import add_rows, table_loggers
 
 KEY = "completions"
 MAX_ROWS = 16
@@ -40,16 +40,12 @@ def log_completions(
     table; an ``extra`` column of another length than the rollouts' is left empty."""
     if module.global_rank != 0:
         return
-    loggers = [lg for lg in module.loggers if hasattr(lg, "log_table")]
+    loggers = table_loggers(module.loggers)
     if not loggers:
         return
     rows = _rows(module, batch, rollouts, scores, advantages, extra or {})
     for lg in loggers:
-        table = _table_of(lg)
-        table.extend(rows)
-        del table[:-MAX_TABLE_ROWS]
-        columns = _columns(table)
-        lg.log_table(key=KEY, columns=columns, data=[[r.get(c) for c in columns] for r in table])
+        add_rows(lg, KEY, rows, first=COLUMNS, keep=MAX_TABLE_ROWS)
 
 
 def _rows(module, batch, rollouts, scores, advantages, extra) -> list[dict[str, Any]]:
@@ -85,16 +81,3 @@ def _score(value: torch.Tensor) -> float | None:
     """A reward function's score; None where it had no opinion (NaN)."""
     value = float(value)
     return None if value != value else value
-
-
-def _table_of(logger: Any) -> list[dict[str, Any]]:
-    """The rows logged to ``logger`` so far in this process (kept on the logger)."""
-    if not hasattr(logger, "_coscale_completions"):
-        logger._coscale_completions = []
-    return logger._coscale_completions
-
-
-def _columns(rows: list[dict[str, Any]]) -> list[str]:
-    """The fixed columns, then every other column the rows have, in the order first seen."""
-    rest = dict.fromkeys(k for row in rows for k in row if k not in COLUMNS)
-    return [*COLUMNS, *rest]
