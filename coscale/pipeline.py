@@ -40,6 +40,7 @@ from coscale.loop.schedule import NSchedule, schedule_errors
 from coscale.measure.selection import Selection
 from coscale.models.adapters import as_peft_config
 from coscale.modules import GRPOModule, SFTModule
+from coscale.modules.artifacts import log_model_folder
 from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, finish, make_logger
 from coscale.modules.run_steps import at_stage
@@ -112,8 +113,9 @@ class PipelineConfig:
             the one before) and the exported models; on, a finished stage can be read back.
         logger: ``wandb`` (offline without an API key), ``csv`` or ``none``.
         project: W&B project name.
-        wandb: ``WandbLogger``'s arguments (name, entity, group, tags, notes, mode, log_model);
-            the W&B run id is kept in ``<run_dir>/logs``: a resumed run goes on in that run.
+        wandb: ``WandbLogger``'s arguments (name, entity, group, tags, notes, mode, log_model:
+            the final model folder as a W&B model artifact with its scores); the W&B run id is
+            kept in ``<run_dir>/logs``: a resumed run goes on in that run.
         seed: Global seed.
         trainer: Extra ``lightning.Trainer`` arguments for every stage (accelerator, devices,
             strategy, precision, ...). ``precision: auto`` times a training step of the model in
@@ -258,6 +260,8 @@ class Pipeline:
                     self.stage(stage.name, self._runner(stage))
         finally:  # the run's engine (a vLLM engine's memory) ends with the run
             self.ctx.engine.close()
+        if "final" in self.done and getattr(self.logger, "log_final_model", False):
+            log_model_folder(self.logger, self.current, self.results.get("final"))
         if close_logger:
             self.close_logger()
         return self.results

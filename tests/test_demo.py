@@ -33,5 +33,14 @@ def test_quick_demo_writes_table_plots_and_wandb_run(tmp_path, capsys, wandb_log
     assert 0 <= base["low"] <= base["mean"] <= base["high"] <= 1
     for png in ("pools.png", "accuracy.png", "n_per_group.png"):
         assert (run_dir / png).stat().st_size > 5_000
-    data = wandb_log(run_dir / "logs" / "wandb", [b"val/demo_results", b"pool/solvable"])
+    data = wandb_log(run_dir / "logs" / "wandb", [b"val/demo_results", b"demo-report"])
     assert b"val/demo_results" in data and b"pool/solvable" in data
+    # the plots as images, the report's files as an artifact, read back from the run file
+    from coscale.modules.wandb_file import artifacts, history
+
+    (path,) = (run_dir / "logs" / "wandb").glob("offline-run-*/*.wandb")
+    logged = {key for row in history(path) for key in row}
+    assert {"val/pools", "val/accuracy", "val/n_per_group"} <= logged
+    (report_files,) = [a for a in artifacts(path) if a.name == "demo-report"]
+    files = {entry.path for entry in report_files.manifest.contents}
+    assert {"results.md", "results.json", "pools.png", "accuracy.png"} <= files

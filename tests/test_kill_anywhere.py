@@ -8,7 +8,8 @@ equal those of the uninterrupted run of the same strategy, bit for bit. What is 
 
 * configs/run/tiny.yaml, one process: inside each stage that trains, right after each stage's
   last-step checkpoint (before its end-of-epoch work), between each stage's end and its state
-  file; and once by a timer, at no commit point.
+  file; and once by a timer, at no commit point, logging to W&B (offline) as the config ships:
+  the two processes leave one W&B run on one rising step axis, its final model an artifact.
 * configs/run/tiny.yaml with tests/configs/tiny_lora.yaml over it, one process: every stage trains a
   LoRA adapter (its checkpoints hold the adapter, not the base), killed inside the warm-up SFT,
   between a stage's end and its state file, inside RL and after its last step, inside the final
@@ -88,7 +89,7 @@ def uninterrupted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("full") / "run"
     commits = run_dir.parent / "commits.tsv"
     assert _run(run_dir, COSCALE_COMMIT_LOG=str(commits)) == 0
-    return _final(run_dir), runs.commit_labels(commits)
+    return _final(run_dir), runs.commit_labels(commits), run_dir
 
 
 def _step_of(label: str) -> int:
@@ -160,7 +161,7 @@ def _kill_points(labels: list[str]) -> list[str]:
 
 
 def test_sigkill_at_every_kind_of_commit_point_resumes_to_the_same_result(uninterrupted, tmp_path):
-    want, labels = uninterrupted
+    want, labels, _ = uninterrupted
     points = _kill_points(labels)
     # every stage that trains is killed inside and after its last step, RL also after its first
     # epoch's last step; every stage at its end
@@ -172,13 +173,17 @@ def test_sigkill_at_every_kind_of_commit_point_resumes_to_the_same_result(uninte
     _assert_same(_final(run_dir), want)
 
 
+WANDB = ("--pipeline.logger", "wandb", "--pipeline.wandb", '{"log_model": true}')
+"""The timer chain logs to W&B (offline), as configs/run/tiny.yaml ships, its final model too."""
+
+
 def test_sigkill_by_a_timer_inside_the_rl_stage_resumes_to_the_same_result(uninterrupted, tmp_path):
-    want, _ = uninterrupted
+    want, _, ref_dir = uninterrupted
     run_dir = tmp_path / "run"
     log = tmp_path / "timer.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            _cmd(run_dir), env=runs.env(), stdout=out, stderr=out, start_new_session=True
+            [*_cmd(run_dir), *WANDB], env=runs.env(), stdout=out, stderr=out, start_new_session=True
         )
         deadline = time.time() + 600
         while "== stage it1/rl" not in log.read_text() and proc.poll() is None:
@@ -188,15 +193,67 @@ def test_sigkill_by_a_timer_inside_the_rl_stage_resumes_to_the_same_result(unint
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         runs.kill_session(proc.pid)
-    assert _run(run_dir) == 0
-    _assert_same(_final(run_dir), want)
+    assert runs.run([*_cmd(run_dir), *WANDB], log) == 0
+    got = _final(run_dir)
+    _assert_same(got, want)
+    _assert_one_wandb_run(run_dir, got[0], _csv_steps(ref_dir))
+
+
+def _csv_steps(run_dir: Path) -> set[int]:
+    """The steps of the rows of the run's CSV log."""
+    import csv
+
+    (path,) = run_dir.glob("logs/*/version_*/metrics.csv")
+    return {int(row["step"]) for row in csv.DictReader(path.open()) if row["step"]}
+
+
+def _assert_one_wandb_run(run_dir: Path, state: dict, want_steps: set[int]) -> None:
+    """The killed and restarted run is one W&B run: both processes' offline folders carry the
+    run id kept in the logs folder; each logs on the run's rising step axis (Lightning's
+    one-step lag allowed), the restart going on from the killed one's last checkpoint, so
+    together they log the steps the uninterrupted run logs (to CSV) and no other; one
+    completions table key and the curriculum table; the whole config; the final model as a model
+    artifact with its validation scores."""
+    from coscale.modules.wandb_file import artifacts, history, records
+
+    run_id = (run_dir / "logs" / "wandb_run_id").read_text().strip()
+    files = sorted((run_dir / "logs" / "wandb").glob("offline-run-*/*.wandb"))
+    assert len(files) == 2 and all(f.name == f"run-{run_id}.wandb" for f in files), files
+    rows = [history(f) for f in files]
+    steps = [
+        [r["trainer/global_step"] for r in part if "trainer/global_step" in r] for part in rows
+    ]
+    for part in steps:
+        assert all(s >= max(part[:i], default=0) - 1 for i, s in enumerate(part)), part
+    assert steps[1][0] <= steps[0][-1] + 1, "the restart skipped steps the killed run logged"
+    # W&B writes its file from a service process, killed with the run: the killed run's last
+    # rows may not reach it. Only steps after the last it wrote and before the restart's first
+    # optimiser step (from the last checkpoint) may be missing; no step is extra
+    logged = set(steps[0]) | set(steps[1])
+    resumed_at = min(r["trainer/global_step"] for r in rows[1] if "train/loss" in r)
+    assert logged <= want_steps, sorted(logged - want_steps)
+    assert all(steps[0][-1] < s < resumed_at for s in want_steps - logged), (
+        sorted(want_steps - logged),
+        steps[0][-1],
+        resumed_at,
+    )
+    assert max(steps[1]) == state["results"]["run_steps"]
+    keys = {k for part in rows for r in part for k in r}
+    assert {k for k in keys if k.startswith("completions")} == {"completions"}
+    assert "curriculum" in keys and "run/stage" in keys
+    config = [i.key for r in records(files[1]) if r.HasField("config") for i in r.config.update]
+    assert "run" in config  # coscale.app.cli logs the whole resolved config under "run"
+    (model,) = [a for a in artifacts(files[1]) if a.type == "model"]
+    assert model.name == f"model-{run_id}" and "val/final_before_pass@1" in model.metadata
+    paths = {entry.path for entry in model.manifest.contents}
+    assert "model.safetensors" in paths
 
 
 def test_a_truncated_latest_checkpoint_resumes_from_the_one_before(uninterrupted, tmp_path):
     """Killed inside RL, its latest checkpoint then truncated (storage that lost the end of a
     write): the restart names the damage, resumes from the checkpoint before and redoes the
     step, to the uninterrupted run's result."""
-    want, labels = uninterrupted
+    want, labels, _ = uninterrupted
     run_dir = tmp_path / "run"
     assert _run(run_dir, COSCALE_KILL_AT=_mid_stage(labels, "it1/rl", "step")) == -signal.SIGKILL
     folder = run_dir / "it1" / "rl" / "ckpt"

@@ -354,10 +354,11 @@ def test_fields_as_a_plain_dict(tmp_path):
 
 def test_bad_fields_and_settings_are_listed_in_one_error():
     with pytest.raises(ValueError) as info:
-        as_field_map({"questoin": "problem", "answer": None, "id": 3})
+        as_field_map({"questoin": "problem", "question": None, "answer": " ", "id": 3})
     assert str(info.value) == (
         "fields has unknown key 'questoin'; allowed keys: question, answer, solutions, id; "
-        "fields.answer must be a non-empty str (a column name), got None; "
+        "fields.question must be a non-empty str (a column name), got None; "
+        "fields.answer must be a non-empty str or null (a column name), got ' '; "
         "fields.id must be a non-empty str or null (a column name), got 3"
     )
     with pytest.raises(ValueError, match=r"^fields must be a FieldMap or a dict with keys"):

@@ -5,6 +5,8 @@ through wandb's own run object and the offline folders it writes, not mocks."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from coscale.app.run_config import keep_config
@@ -45,3 +47,27 @@ def test_the_resolved_config_is_kept_and_a_resumed_run_says_what_changed(tmp_pat
     out = capsys.readouterr().out
     assert "differ from the saved run's: data.batch_size, pipeline.sft.optimizer.lr" in out
     assert (tmp_path / "config.yaml").read_text() == second
+
+
+def test_log_model_logs_the_final_model_folder_as_a_model_artifact_with_its_scores(tmp_path):
+    from coscale.modules.artifacts import log_model_folder
+    from coscale.modules.wandb_file import artifacts
+
+    model = tmp_path / "final" / "model"
+    (model / "adapter").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "adapter" / "adapter_config.json").write_text("{}")
+    assert not log_model_folder(make_logger("csv", str(tmp_path / "csv")), str(model))
+    logger = make_logger("wandb", str(tmp_path / "logs"), "coscale-test", log_model=True)
+    assert logger.log_final_model and not logger._log_model  # not Lightning's checkpoint logging
+    scores = {"val/final_after_pass@1": 0.25, "val/final_kept_retrained": 1.0, "notes": [1]}
+    assert log_model_folder(logger, str(model), scores)
+    run_id = logger.experiment.id
+    finish(logger)
+    (path,) = (tmp_path / "logs" / "wandb").glob("offline-run-*/*.wandb")
+    (artifact,) = artifacts(path)
+    assert (artifact.type, artifact.name) == ("model", f"model-{run_id}")
+    assert set(artifact.aliases) == {"latest", "final"}
+    assert json.loads(artifact.metadata) == {k: v for k, v in scores.items() if k != "notes"}
+    files = {entry.path for entry in artifact.manifest.contents}
+    assert files == {"config.json", "adapter/adapter_config.json"}

@@ -15,6 +15,7 @@ from typing import Any
 
 from coscale.app.report_engine import ReportEngine
 from coscale.models.prompting import PromptFormat
+from coscale.modules.artifacts import log_files
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.stats import Estimate, mean_of_sets, paired_difference, pass_at_k_estimate
 from coscale.tasks import tiers
@@ -259,7 +260,9 @@ def write_report(run_dir: str, results: dict[str, Any], report: dict[str, Any]) 
 
 
 def log_to_wandb(logger: Any, run_dir: str, report: dict[str, Any]) -> None:
-    """The table and plots into the pipeline's W&B run (offline without an API key)."""
+    """The table and plots into the pipeline's W&B run (offline without an API key), and the
+    report's files (``results.md``, ``results.json``, the plots) as its ``demo-report``
+    artifact."""
     if not logger or not hasattr(logger, "log_table"):
         return
     import wandb
@@ -273,9 +276,7 @@ def log_to_wandb(logger: Any, run_dir: str, report: dict[str, Any]) -> None:
     logger.log_table(
         key="val/demo_results", columns=["model", "set", "pass@1", f"pass@{k}"], data=rows
     )
-    images = {
-        f"val/{name[:-4]}": wandb.Image(os.path.join(run_dir, name))
-        for name in os.listdir(run_dir)
-        if name.endswith(".png")
-    }
-    logger.experiment.log(images)
+    plots = sorted(name for name in os.listdir(run_dir) if name.endswith(".png"))
+    logger.experiment.log({f"val/{n[:-4]}": wandb.Image(os.path.join(run_dir, n)) for n in plots})
+    report_files = ["results.md", "results.json", *plots]
+    log_files(logger, [os.path.join(run_dir, n) for n in report_files], "demo-report")

@@ -34,7 +34,8 @@ class Problem:
     """The problem statement shown to the model: a text, or a conversation (a list given is
     kept as a tuple of message dicts)."""
     answer: str
-    """Reference answer the reward checks completions against."""
+    """Reference answer the reward checks completions against (``""``: none, a prompt-only
+    row)."""
     solutions: tuple[str, ...] = ()
     """Worked solutions that come with the data set (may be empty)."""
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)

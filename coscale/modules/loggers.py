@@ -32,8 +32,11 @@ def make_logger(
 
     W&B: one run per ``save_dir``, its id kept in ``<save_dir>/wandb_run_id``, so a restarted
     run resumes the same W&B run; ``wandb`` holds ``WandbLogger``'s own arguments
-    (:data:`WANDB_ARGS`; ``mode`` defaults to :func:`wandb_mode`). Both loggers log on the run's
-    one step axis (:mod:`coscale.modules.run_steps`).
+    (:data:`WANDB_ARGS`; ``mode`` defaults to :func:`wandb_mode`). ``log_model`` is not handed to
+    ``WandbLogger`` (it logs ``ModelCheckpoint`` files; a run's commit checkpoints are training
+    state): it sets ``log_final_model``, and the run logs its final model folder as an artifact
+    (:mod:`coscale.modules.artifacts`). Both loggers log on the run's one step axis
+    (:mod:`coscale.modules.run_steps`).
     """
     if unknown := sorted(set(wandb) - set(WANDB_ARGS)):
         raise ValueError(f"pipeline.wandb: unknown keys {unknown}; it takes {list(WANDB_ARGS)}")
@@ -48,11 +51,17 @@ def make_logger(
         from coscale.modules.run_steps import RunWandbLogger
 
         os.environ["WANDB_MODE"] = wandb.pop("mode", None) or wandb_mode()
-        name = wandb.pop("name", name)
-        run_id = _run_id(save_dir)
-        return RunWandbLogger(
-            project=project, name=name, save_dir=save_dir, id=run_id, resume="allow", **wandb
+        name, log_model = wandb.pop("name", name), bool(wandb.pop("log_model", False))
+        logger = RunWandbLogger(
+            project=project,
+            name=name,
+            save_dir=save_dir,
+            id=_run_id(save_dir),
+            resume="allow",
+            **wandb,
         )
+        logger.log_final_model = log_model  # the run's final model, not Lightning's checkpoints
+        return logger
     raise ValueError(f"logger must be one of wandb, csv, none; got {kind!r}")
 
 
@@ -83,7 +92,10 @@ def log_to_loggers(trainer: Any, metrics: dict[str, float], step: int | None = N
 
 
 def finish(logger: Any) -> None:
-    """Flushes and closes a W&B run (any other logger, or False: nothing to do)."""
+    """Writes what the logger still holds (a CSV log's rows since the last fit's end: the final
+    stage's) and closes a W&B run (False: nothing to do)."""
+    if logger and hasattr(logger, "save"):
+        logger.save()
     experiment = getattr(logger, "experiment", None) if logger else None
     if experiment is not None and hasattr(experiment, "finish"):
         experiment.finish()

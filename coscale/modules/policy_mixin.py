@@ -29,6 +29,7 @@ from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SampleCall, SamplingParams
 from coscale.rollout.dtype import precision_dtype
 from coscale.rollout.factory import RolloutSettings, close_backend
+from coscale.scoring.answers import check_answers
 from coscale.scoring.metrics import PassAtK
 from coscale.scoring.reward_functions import RewardInputs
 from coscale.scoring.reward_set import RewardSet, Scores, correct_per_prompt
@@ -153,7 +154,9 @@ class PolicyMixin:
     ) -> RewardInputs:
         """What the reward functions read about ``rollouts`` of ``problems`` (whose texts were
         ``prompts``): each problem's answer and other columns (``meta``), and the messages the
-        prompt was rendered from when it is a conversation."""
+        prompt was rendered from when it is a conversation. A prompt-only problem (no answer)
+        is refused when a reward function or the verifier reads the answer."""
+        check_answers(problems, self.rewards)
         messages = self.prompt.conversations([p["question"] for p in problems])
         answers, metas = [p["answer"] for p in problems], [p.get("meta") for p in problems]
         return RewardInputs.of_rollouts(rollouts, prompts, answers, metas, messages)

@@ -33,7 +33,10 @@ class RunSteps:
 
 
 class RunWandbLogger(RunSteps, WandbLogger):
-    """``WandbLogger`` on the run's step axis."""
+    """``WandbLogger`` on the run's step axis; with ``log_final_model`` the run logs its final
+    model as an artifact (``pipeline.wandb.log_model``)."""
+
+    log_final_model: bool = False
 
 
 class RunCSVLogger(RunSteps, CSVLogger):

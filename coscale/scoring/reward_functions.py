@@ -176,6 +176,13 @@ class RewardFunction:
         self._takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
         self._named = {p.name for p in params}
 
+    @property
+    def parameter_names(self) -> frozenset[str]:
+        """The names the function's signature lists (its ``**kwargs`` left out)."""
+        return frozenset(self._named) - {
+            p.name for p in _parameters(self.fn).values() if p.kind is p.VAR_KEYWORD
+        }
+
     def _call(self, inputs: RewardInputs, context: RewardContext) -> Any:
         """The raw call (a coroutine for an async function)."""
         columns, step = dict(inputs.columns), context.arguments()

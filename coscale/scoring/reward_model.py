@@ -68,6 +68,8 @@ class RewardModel:
         ValueError: Naming every bad argument, or a model or tokenizer that does not load.
     """
 
+    needs_answer = False  # it scores prompt and completion (scoring.answers)
+
     def __init__(
         self,
         model: str | Any,

@@ -116,6 +116,8 @@ class MathReward:
         chunk_size: most answers queued at one child at a time (>= 1).
     """
 
+    needs_answer = True  # it checks completions against the gold answer (scoring.answers)
+
     def __init__(
         self,
         extract: str = "boxed",

@@ -30,8 +30,10 @@ class FieldMap:
     """Field with the problem statement: a non-empty string, or a list of ``{"role",
     "content"}`` messages (TRL's conversational ``prompt``, or its ``messages``: a last
     assistant turn is then a worked solution)."""
-    answer: str = "answer"
-    """Field with the reference answer (a string or a number)."""
+    answer: str | None = "answer"
+    """Field with the reference answer (a string or a number); null: prompt-only rows, with no
+    answer (the problem's ``answer`` is then ``""``), for reward functions and a verifier that
+    need none (:mod:`coscale.scoring.answers` refuses the ones that do)."""
     solutions: str | None = "solutions"
     """Field with worked solutions: a list of strings, one string or one assistant message
     (TRL's ``completion``, text or conversational); null ignores it. Rows may omit it."""
@@ -41,7 +43,7 @@ class FieldMap:
 
 FIELD_KEYS = tuple(f.name for f in fields(FieldMap))
 """The keys a ``fields`` dict may have."""
-_OPTIONAL = ("solutions", "id")  # keys that may be null (the part is then not read)
+_OPTIONAL = ("answer", "solutions", "id")  # keys that may be null (the part is then not read)
 
 
 def field_map_problems(value: Any, setting: str = "fields") -> list[str]:
@@ -101,7 +103,8 @@ def to_problem(row: Any, fields: FieldMap, default_id: str) -> Problem:
     if not isinstance(row, Mapping):
         raise BadValue(f"row must be an object, got {type(row).__name__}")
     question, solved = _question(row, fields.question)
-    answer = _value(row, "answer", fields.answer, (str, int, float), required=True)
+    required = fields.answer is not None
+    answer = _value(row, "answer", fields.answer, (str, int, float), required=required)
     solutions = _solutions(row, fields.solutions) + solved
     problem_id = _value(row, "id", fields.id, (str, int), required=False)
     pid = default_id if problem_id is None else str(problem_id)
@@ -110,7 +113,8 @@ def to_problem(row: Any, fields: FieldMap, default_id: str) -> Problem:
     if fields.answer == "answer":
         used.add("answer")
     meta = {key: value for key, value in row.items() if key not in used}
-    return Problem(pid, question, str(answer), tuple(dict.fromkeys(solutions)), meta)
+    gold = "" if answer is None else str(answer)
+    return Problem(pid, question, gold, tuple(dict.fromkeys(solutions)), meta)
 
 
 def _question(row: Mapping, name: str) -> tuple[Question, list[str]]:

@@ -186,7 +186,7 @@ def _rows(label: str, rows: Iterable[Any]) -> Iterator[tuple[int, str, Any]]:
 def _check_mapping(fields: FieldMap, label: str, keys: set[str], first: list[str]) -> None:
     """Raise when no row has the question or the answer field: the ``FieldMap`` is wrong."""
     pairs = (("question", fields.question), ("answer", fields.answer))
-    missing = [f"fields.{name}={value!r}" for name, value in pairs if value not in keys]
+    missing = [f"fields.{n}={v!r}" for n, v in pairs if v is not None and v not in keys]
     if missing:
         raise ValueError(
             f"{' and '.join(missing)} not found in any row of {label}; the first row has keys "

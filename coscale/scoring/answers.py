@@ -1,0 +1,46 @@
+"""Which reward settings read each problem's gold answer, and the refusal of prompt-only rows
+(``data.fields.answer: null``) to any that does.
+
+A function reads the answer when it says so (an attribute ``needs_answer``: ``MathReward``
+does, a ``RewardModel`` does not), else by its calling convention
+(:mod:`.reward_functions`): a coscale-style function is handed the answers as its second
+argument, so it is taken to read them; a TRL-style one reads the answer when it names an
+``answer`` parameter (one that takes ``**kwargs`` gets the row's columns, and a prompt-only row
+has none). The verifier counts as well: with no reward given it is ``MathReward`` (the default),
+which needs answers, so a prompt-only run names its verifier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from coscale.scoring.reward_functions import RewardFunction
+
+
+def reads_answer(function: RewardFunction) -> bool:
+    """Whether ``function`` reads the gold answer (the rule in the module docstring)."""
+    said = getattr(function.fn, "needs_answer", None)
+    if isinstance(said, bool):
+        return said
+    return function.style == "coscale" or "answer" in function.parameter_names
+
+
+def answer_readers(rewards: Any) -> list[str]:
+    """The settings of a :class:`~.reward_set.RewardSet` that read the answer, each with the
+    function's name, e.g. ``reward[0] (MathReward)``."""
+    functions = [*rewards.functions, rewards.verifier]
+    return [f"{f.setting} ({f.name})" for f in functions if reads_answer(f)]
+
+
+def check_answers(problems: Sequence[dict], rewards: Any) -> None:
+    """Raises when a problem has no answer (``""``) and a function of ``rewards`` reads it."""
+    missing = [str(p.get("id", "?")) for p in problems if p.get("answer") in ("", None)]
+    if not missing or not (readers := answer_readers(rewards)):
+        return
+    raise ValueError(
+        f"data.fields.answer: problem {missing[0]!r} has no answer (a prompt-only row), but "
+        f"{' and '.join(readers)} read it; give reward functions and a verifier that need no "
+        "answer (pipeline.grpo.reward / pipeline.grpo.verifier; GRPOModule's reward= / verifier=)"
+        ", or set data.fields.answer to the column that holds it"
+    )
