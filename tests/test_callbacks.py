@@ -188,13 +188,13 @@ def test_pass_rate_logs_pool_sizes_pass_at_k_and_a_table(restored):
         assert trainer.loggers[0].metrics == [(7, expected)] and policy.logged == {}
     else:  # at an epoch's end: through the module's log_dict (-> callback_metrics, loggers)
         assert trainer.loggers[0].metrics == [] and policy.logged == expected
-    columns, rows = trainer.loggers[0].tables["pool/problems_epoch_0"]
-    assert columns == ["id", "pool", "acc", "evaluations"]
+    columns, rows = trainer.loggers[0].tables["pool/problems"]  # one table, rows tagged
+    assert columns == ["measurement", "id", "pool", "acc", "evaluations"]
     assert rows == [
-        ["a", "unsolvable", 0.0, 1],
-        ["b", "solvable", 0.5, 2],
-        ["c", "solved", 1.0, 1],
-        ["d", "solvable", 0.25, 1],
+        ["epoch_0", "a", "unsolvable", 0.0, 1],
+        ["epoch_0", "b", "solvable", 0.5, 2],
+        ["epoch_0", "c", "solved", 1.0, 1],
+        ["epoch_0", "d", "solvable", 0.25, 1],
     ]
 
 
@@ -632,7 +632,8 @@ def test_one_fit_with_all_four_callbacks(tiny_model_dir):
     # the schedule's step at epoch 0's close (h1, h2: mean RL accuracy of group 1) is logged by
     # the module, which closes the epoch; the measurement after it logs the pools' last word
     assert "sched/reward_group1" in logged
-    assert {"pool/problems_fit_start", "pool/problems_epoch_0"} <= set(logger.tables)
+    _, rows = logger.tables["pool/problems"]  # one table growing across measurements
+    assert {"fit_start", "epoch_0"} <= {row[0] for row in rows}
 
 
 def test_redistillation_starts_no_fit_inside_the_running_one(tiny_model_dir, monkeypatch):

@@ -239,7 +239,8 @@ def _assert_one_wandb_run(run_dir: Path, state: dict, want_steps: set[int]) -> N
     )
     assert max(steps[1]) == state["results"]["run_steps"]
     keys = {k for part in rows for r in part for k in r}
-    assert {k for k in keys if k.startswith("completions")} == {"completions"}
+    for table in ("completions", "pool/problems"):  # one key each, growing
+        assert {k for k in keys if k.startswith(table)} == {table}
     assert "curriculum" in keys and "run/stage" in keys
     config = [i.key for r in records(files[1]) if r.HasField("config") for i in r.config.update]
     assert "run" in config  # coscale.app.cli logs the whole resolved config under "run"

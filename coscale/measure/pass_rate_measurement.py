@@ -20,18 +20,21 @@ from coscale.checks import at_least
 from coscale.loop.pools import Pool
 from coscale.measure.pass_rates import measure
 from coscale.modules.fit_data import curriculum_of, epoch_finished
+from coscale.modules.growing_table import add_rows, table_loggers
 from coscale.modules.loggers import log_to_loggers
 
 _POOLS = [p.value for p in Pool]
-_COLUMNS = ("id", "pool", "acc", "evaluations")
+_COLUMNS = ("measurement", "id", "pool", "acc", "evaluations")
+TABLE_ROWS = 8192
+"""Rows the ``pool/problems`` table keeps (the latest; 32 measurements of 256 problems)."""
 
 
 class PassRateMeasurement(Callback):
     """Samples ``k`` completions per problem of ``pools`` and records the accuracy.
 
     Logs ``pool/<name>`` of all four pools, ``pool/pass@1`` and ``pool/pass@<k>`` over the
-    evaluated problems, and a table (id, pool, acc, evaluations) of every problem under
-    ``pool/problems_<tag>`` to loggers that have ``log_table`` (W&B).
+    evaluated problems, and every problem's row (measurement tag, id, pool, acc, evaluations)
+    added to one ``pool/problems`` table on loggers that have ``log_table`` (W&B).
 
     Args:
         k: Samples per problem.
@@ -156,11 +159,17 @@ class PassRateMeasurement(Callback):
 
 
 def _log_table(trainer: Any, pools: Any, tag: str) -> None:
+    """Every problem's row, tagged with the measurement, added to the one ``pool/problems``
+    table on each logger that takes tables (the latest :data:`TABLE_ROWS` rows kept)."""
     if not getattr(trainer, "is_global_zero", True):
         return
     rows = [
-        [i, pools.pool_of(i).value, pools.accuracy(i), len(pools.history(i))] for i in pools.ids()
+        dict(
+            zip(
+                _COLUMNS, (tag, i, pools.pool_of(i).value, pools.accuracy(i), len(pools.history(i)))
+            )
+        )
+        for i in pools.ids()
     ]
-    for lg in getattr(trainer, "loggers", []):
-        if hasattr(lg, "log_table"):
-            lg.log_table(key=f"pool/problems_{tag}", columns=list(_COLUMNS), data=rows)
+    for lg in table_loggers(getattr(trainer, "loggers", [])):
+        add_rows(lg, "pool/problems", rows, _COLUMNS, keep=TABLE_ROWS)

@@ -44,16 +44,19 @@ def records(path: Path) -> list:
 
 
 def history(path: Path) -> list[dict]:
-    """Each ``log`` call's row (key -> value) of the run file at ``path``, in order."""
+    """Each ``log`` call's row (key -> value) of the run file at ``path``, in order; a value W&B
+    stored in parts (a table: its type, rows, file) comes back as one dict under its key."""
     rows = []
     for record in records(path):
         if record.HasField("history"):
-            rows.append(
-                {
-                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                    for item in record.history.item
-                }
-            )
+            row: dict = {}
+            for item in record.history.item:
+                *outer, last = list(item.nested_key) or [item.key]
+                place = row
+                for key in outer:
+                    place = place.setdefault(key, {})
+                place[last] = json.loads(item.value_json)
+            rows.append(row)
     return rows
 
 
