@@ -59,7 +59,7 @@ def draw(run_dir: Path, out: Path) -> None:
             points = sorted((r[STEP], r[key]) for r in rows if isinstance(r.get(key), int | float))
             if points:
                 ax.plot(*zip(*points), marker=".", markersize=3, linewidth=1, label=key)
-        for i, (name, (low, high)) in enumerate(spans.items()):
+        for i, (low, high) in enumerate(spans.values()):
             ax.axvspan(low, max(high, low + 0.5), alpha=0.08 if i % 2 else 0.16, color="grey")
         ax.set_title(title, fontsize=9, loc="left")
         if len(keys) > 1:
