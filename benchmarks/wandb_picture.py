@@ -1,7 +1,8 @@
 """A picture of what a `coscale run` logged to W&B, drawn from its offline run file(s).
 
 What a W&B user sees on the run's page, on the run's one step axis (``trainer/global_step``):
-the loss of every training stage, RL's reward, and the pools, each stage shaded and named. Read
+the loss of every training stage, RL's reward, and the pools, each stage shaded and named, a red
+line where a killed run's restart took its first step. Read
 from ``<run_dir>/logs/wandb/offline-run-*/*.wandb`` (every process of a resumed run, in order)
 with :mod:`coscale.modules.wandb_file`, the stage names from ``pipeline_state.json``.
 
@@ -25,12 +26,17 @@ PANELS = {
 STEP, STAGE = "trainer/global_step", "run/stage"
 
 
-def rows_of(run_dir: Path) -> list[dict]:
-    """Every logged row of the run, each process's file in turn (by folder name: time)."""
+def rows_of(run_dir: Path) -> list[list[dict]]:
+    """Every logged row of the run, per process (its file; in order of the folders' times)."""
     files = sorted((run_dir / "logs" / "wandb").glob("offline-run-*/*.wandb"))
     if not files:
         raise SystemExit(f"--run: no offline W&B run under {run_dir / 'logs' / 'wandb'}")
-    return [row for f in files for row in history(f) if STEP in row]
+    return [[row for row in history(f) if STEP in row] for f in files]
+
+
+def restarts(parts: list[list[dict]]) -> list[float]:
+    """Where each restarted process took its first optimiser step."""
+    return [min(r[STEP] for r in part if "train/loss" in r) for part in parts[1:] if part]
 
 
 def stage_spans(rows: list[dict], names: list[str]) -> dict[str, tuple[float, float]]:
@@ -50,7 +56,8 @@ def draw(run_dir: Path, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = rows_of(run_dir)
+    parts = rows_of(run_dir)
+    rows = [row for part in parts for row in part]
     names = json.loads((run_dir / "pipeline_state.json").read_text())["done"]
     spans = stage_spans(rows, names)
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(9, 7), sharex=True)
@@ -61,9 +68,11 @@ def draw(run_dir: Path, out: Path) -> None:
                 ax.plot(*zip(*points), marker=".", markersize=3, linewidth=1, label=key)
         for i, (low, high) in enumerate(spans.values()):
             ax.axvspan(low, max(high, low + 0.5), alpha=0.08 if i % 2 else 0.16, color="grey")
+        for i, step in enumerate(restarts(parts)):
+            label = "killed; restarted from its checkpoint" if i == 0 else None
+            ax.axvline(step, color="red", linestyle="--", linewidth=1, label=label)
         ax.set_title(title, fontsize=9, loc="left")
-        if len(keys) > 1:
-            ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper right")
     for name, (low, high) in spans.items():
         axes[0].annotate(name, ((low + high) / 2, 1.0), xycoords=("data", "axes fraction"),
                          ha="center", va="bottom", fontsize=6, rotation=45)  # fmt: skip
@@ -71,7 +80,7 @@ def draw(run_dir: Path, out: Path) -> None:
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
-    print(f"wrote {out} from {len(rows)} logged rows of {run_dir}")
+    print(f"wrote {out} from {len(rows)} rows logged by {len(parts)} processes of {run_dir}")
 
 
 def main() -> None:
