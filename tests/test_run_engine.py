@@ -103,3 +103,31 @@ def test_a_lent_backend_is_not_closed_by_the_module(tiny_model_dir):
     assert RolloutSettings("fast").errors() == [
         "backend must be one of auto, cached, hf, vllm, vllm-server; got 'fast'"
     ]
+
+
+def test_a_grpo_module_alone_samples_as_the_run_does_with_the_same_settings(tiny_model_dir):
+    """One set of sampling defaults: GRPOModule's own `sampling` / `validation` and the run's
+    `pipeline.sampling` (which the run writes into the module it builds) agree when unset, and
+    when set the same way."""
+    from coscale.modules import GRPOModule
+    from coscale.pipeline import PipelineConfig
+    from coscale.stages.run_settings import instantiate
+
+    def built(module_args: dict, run_sampling: dict) -> tuple[GRPOModule, GRPOModule]:
+        cfg = PipelineConfig(model=str(tiny_model_dir), sampling=RunSampling(**run_sampling))
+        run_args = cfg.sampling.grpo_args(instantiate({**cfg.grpo}))
+        in_run = {k: run_args[k] for k in ("sampling", "validation")}
+        alone = GRPOModule(model=str(tiny_model_dir), **module_args)
+        return alone, GRPOModule(model=str(tiny_model_dir), **in_run)
+
+    for module_args, run_sampling in [
+        ({}, {}),  # nothing set: the same defaults (temperature 1.0, as TRL's)
+        (
+            {"sampling": {"temperature": 0.6, "max_new_tokens": 32}},
+            {"temperature": 0.6, "max_new_tokens": 32},
+        ),
+    ]:
+        alone, in_run = built(module_args, run_sampling)
+        assert alone.sampling == in_run.sampling, (alone.sampling, in_run.sampling)
+        assert alone.val_sampling.temperature == in_run.val_sampling.temperature
+    assert alone.sampling.temperature == 0.6 and built({}, {})[0].sampling.temperature == 1.0

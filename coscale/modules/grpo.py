@@ -163,7 +163,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
         )
         self.seed, self.log_completions_every = s.seed, log_completions_every
-        self._init_policy(model, tokenizer, peft, groups, val_tokens=s.max_new_tokens)
+        self._init_policy(model, tokenizer, peft, groups, self.sampling)
         # same result, less work (tests/test_speed_paths.py compares them with the plain paths)
         self.sort_micro_batches = self.share_prompt_in_update = True
         kl = self.loss_fn.beta > 0  # its reference: a frozen copy, or the base under the adapter

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from coscale.checks import at_least, one_of
 from coscale.rl.advantages import SCALES
-from coscale.rollout.base import sampling_errors
+from coscale.rollout.base import SamplingParams, sampling_errors
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,12 @@ class Sampling:
         seed: Base seed: each step samples with ``derive_seed("step", seed, step, rank)``.
     """
 
-    max_new_tokens: int = 256
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = 0
+    # the defaults are SamplingParams', as those of the run's sampling (pipeline.sampling): a
+    # GRPOModule in a user's Trainer samples as `coscale run` does with the same settings
+    max_new_tokens: int = SamplingParams.max_new_tokens
+    temperature: float = SamplingParams.temperature
+    top_p: float = SamplingParams.top_p
+    top_k: int = SamplingParams.top_k
     seed: int = 0
 
     def errors(self) -> list[str]:

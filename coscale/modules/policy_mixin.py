@@ -65,16 +65,18 @@ class PolicyMixin:
         }
 
     def _init_policy(
-        self, model: Any, tokenizer: str | None, adapter: Any, groups: dict, val_tokens: int
+        self, model: Any, tokenizer: str | None, adapter: Any, groups: dict, rollouts: Any
     ) -> None:
         """Keeps the ``load``, ``optimizer`` and ``validation`` of ``groups`` (the validation
-        token limit ``val_tokens`` unless it sets one) and loads the policy and its tokenizer;
+        token limit and temperature those of ``rollouts``, a ``SamplingParams``, unless it sets
+        them) and loads the policy and its tokenizer;
         with ``adapter`` (a ``peft.PeftConfig``) the policy is the frozen base wrapped with a
         new adapter (:mod:`coscale.models.adapters`)."""
         load, v = groups["load"], groups["validation"]
         self.load_settings, self.optimizer_settings = load, groups["optimizer"]
-        self.val_samples, tokens = v.samples, v.max_new_tokens or val_tokens
-        self.val_sampling = SamplingParams(max_new_tokens=tokens, temperature=v.temperature)
+        self.val_samples, tokens = v.samples, v.max_new_tokens or rollouts.max_new_tokens
+        temperature = rollouts.temperature if v.temperature is None else v.temperature
+        self.val_sampling = SamplingParams(max_new_tokens=tokens, temperature=temperature)
         self.model_source = model if isinstance(model, (str, os.PathLike)) else None
         self.policy, self.tokenizer = load_policy(
             model, tokenizer, load.dtype, load.trust_remote_code, load.gradient_checkpointing

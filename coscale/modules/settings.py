@@ -73,15 +73,16 @@ class Validation:
 
     Attributes:
         samples: Samples per held-out problem (pass@k up to this k).
-        temperature: Sampling temperature.
+        temperature: Sampling temperature (None: the module's rollout temperature, else 1.0;
+            as ``coscale run`` judges at ``pipeline.sampling.temperature``).
         max_new_tokens: Token limit of a sample (None: the module's rollout limit, else 256).
     """
 
     samples: int = 8
-    temperature: float = 1.0
+    temperature: float | None = None
     max_new_tokens: int | None = None
 
     def errors(self) -> list[str]:
         errors = at_least(1, samples=self.samples)
-        errors += at_least(0, float, temperature=self.temperature)
+        errors += at_least(0, float, optional=True, temperature=self.temperature)
         return errors + at_least(1, optional=True, max_new_tokens=self.max_new_tokens)

@@ -38,6 +38,7 @@ from coscale.modules.loggers import log_to_loggers
 from coscale.modules.optimizer_choice import choice_errors
 from coscale.modules.policy_mixin import PolicyMixin, source_fields
 from coscale.modules.settings import AdamW, PolicyLoad, Validation
+from coscale.rollout.base import SamplingParams
 from coscale.scoring.reward_set import RewardSet, reward_errors
 from coscale.sft.batch import solution_loss, tokenize_pairs
 from coscale.sft.distill import Distillation, Teacher, distill_loss
@@ -150,7 +151,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self._guard_resume: dict[str, Any] | None = None  # the guard's place, from a checkpoint
         self._mastered_cycle: list[dict] = []
         self.loop_steps = 0  # optimiser steps when a loop other than the Trainer's runs the fit
-        self._init_policy(model, tokenizer, peft, groups, val_tokens=256)
+        self._init_policy(model, tokenizer, peft, groups, SamplingParams())
         self.distill = distill
         # not a submodule: no optimiser state, not in checkpoints, not wrapped or sharded
         self.teacher = Teacher(distill.teacher, self.load_settings) if distill is not None else None

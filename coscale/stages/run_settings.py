@@ -31,7 +31,7 @@ from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.measure.pass_rates import KEEP
 from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.modules.optimizer_choice import CALLABLE_KEYS
-from coscale.rollout.base import sampling_errors
+from coscale.rollout.base import SamplingParams, sampling_errors
 from coscale.scoring.reward_set import default_verifier
 
 
@@ -55,10 +55,10 @@ class RunSampling:
     """
 
     prompt: PromptFormat | str = PromptFormat()
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    max_new_tokens: int = SamplingParams.max_new_tokens  # one set of defaults (GRPO's Sampling)
+    temperature: float = SamplingParams.temperature
+    top_p: float = SamplingParams.top_p
+    top_k: int = SamplingParams.top_k
     judge_temperature: float | None = None
 
     def __post_init__(self) -> None:
