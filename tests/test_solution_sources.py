@@ -216,3 +216,22 @@ def test_teacher_on_the_tiny_model(tiny_model_dir):
     assert teacher.propose([(problem, 2)], lambda pid: []) == {"g": [greedy.strip()]}
     assert len(reward.seen) == 8
     assert teacher.propose([(problem, 2)], lambda pid: [greedy.strip()]) == {"g": []}
+
+
+def test_the_teachers_sampler_comes_from_the_backend_factory(tiny_model_dir):
+    """`rollout` picks the teacher's backend as it picks a module's (HF generate by default);
+    a bad one is refused naming the setting."""
+    from coscale.rollout.cached.backend import CachedDecodeBackend
+    from coscale.rollout.hf import HFGenerateBackend
+
+    default = TeacherSolutions(str(tiny_model_dir), prompt=FMT, max_new_tokens=8)
+    assert isinstance(default._load(), HFGenerateBackend)
+    cached = TeacherSolutions(
+        str(tiny_model_dir), prompt=FMT, max_new_tokens=8, samples_per_problem=3,
+        rollout={"backend": "cached", "options": {"batch_size": 4}},
+    )  # fmt: skip
+    known, _ = _known({})
+    assert cached.propose([(P, 1)], known).keys() == {"p"}  # sampled, verified, kept or not
+    assert isinstance(cached._backend, CachedDecodeBackend)
+    with pytest.raises(ValueError, match=r"teacher rollout\.backend must be one of"):
+        TeacherSolutions(str(tiny_model_dir), rollout={"backend": "vllm-cpu"})

@@ -11,9 +11,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from coscale.checks import as_group
 from coscale.loop.problem import Problem
 from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import SamplingParams
+from coscale.rollout.factory import RolloutSettings
 from coscale.scoring.reward_functions import RewardFunction, RewardInputs
 from coscale.scoring.reward_set import is_correct
 
@@ -71,6 +73,11 @@ class TeacherSolutions(SolutionSource):
         reward: Verifier: keeps a solution it scores >= 1.0; coscale-style or TRL-style
             (``docs/rewards.md``). None: the run's verifier under ``coscale run``
             (``pipeline.grpo.verifier``), else :class:`coscale.scoring.rewards.MathReward`.
+        rollout: How the teacher is sampled, as a module's ``rollout``
+            (:class:`~coscale.rollout.factory.RolloutSettings`, built by the one backend
+            factory): ``hf`` (the default), ``cached``, ``vllm`` (an engine of the teacher's
+            own, which loads its weights), ``vllm-server`` or ``auto``, with the backend's
+            ``options``.
     """
 
     def __init__(
@@ -84,12 +91,16 @@ class TeacherSolutions(SolutionSource):
         dtype: str = "float32",
         trust_remote_code: bool = False,
         reward: Callable[..., Any] | None = None,
+        rollout: RolloutSettings | dict[str, Any] | None = None,
     ) -> None:
         if samples_per_problem < 1 or rounds < 1:
             raise ValueError(
                 f"teacher samples_per_problem and rounds must be >= 1, got "
                 f"{samples_per_problem} and {rounds}"
             )
+        self.rollout = as_group(RolloutSettings, rollout) or RolloutSettings(backend="hf")
+        if errors := self.rollout.errors():
+            raise ValueError("teacher rollout." + "; rollout.".join(errors))
         self.model_name, self.prompt = model, as_prompt_format(prompt)
         self.samples_per_problem, self.rounds = samples_per_problem, rounds
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
@@ -137,12 +148,25 @@ class TeacherSolutions(SolutionSource):
         return self._reward
 
     def _load(self):
+        """The teacher's backend, built on first use by the backend factory: an engine
+        (``vllm``, ``vllm-server``) loads the weights itself, the others sample the model
+        loaded here."""
         if self._backend is None:
-            from coscale.models.policy import load_policy
-            from coscale.rollout.hf import HFGenerateBackend
+            import torch
 
-            model, tokenizer = load_policy(
-                self.model_name, dtype=self.dtype, trust_remote_code=self.trust_remote_code
+            from coscale.models.policy import load_policy, load_tokenizer
+            from coscale.rollout.factory import build_backend, resolve_backend
+
+            kind, _ = resolve_backend(self.rollout.backend, torch.cuda.is_available())
+            remote = self.trust_remote_code
+            if kind in ("vllm", "vllm-server"):
+                model, tokenizer = None, load_tokenizer(self.model_name, remote)
+            else:
+                model, tokenizer = load_policy(
+                    self.model_name, dtype=self.dtype, trust_remote_code=remote
+                )
+            options = self.rollout.options
+            self._backend = build_backend(
+                kind, model, tokenizer, self.model_name, self.dtype, **options
             )
-            self._backend = HFGenerateBackend(model, tokenizer)
         return self._backend
