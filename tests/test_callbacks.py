@@ -244,17 +244,22 @@ def test_pass_rate_subset_and_seeds_follow_the_curriculum():
         PassRateMeasurement(max_new_tokens=0)
 
 
-def test_callbacks_without_a_curriculum_do_nothing_and_the_sft_stages_warn_once():
+def test_callbacks_without_a_curriculum_do_nothing_and_each_warns_once():
     policy = StubPolicy({})
     trainer = _trainer(SimpleNamespace(), policy)  # a fit on some other loader
     cb = PassRateMeasurement(on_fit_start=True)
-    assert cb.evaluate(trainer, policy) == {}
-    cb.on_fit_start(trainer, policy)
-    cb.on_train_start(trainer, policy)
-    cb.on_train_epoch_end(trainer, policy)
+    with pytest.warns(UserWarning, match="PassRateMeasurement: the trainer has no ProblemData"):
+        assert cb.evaluate(trainer, policy) == {}
     sched = RolloutNSchedule()
-    sched.setup(trainer, policy, "fit")
-    sched.on_fit_start(trainer, policy)
+    with pytest.warns(UserWarning, match="RolloutNSchedule: the trainer has no ProblemDataModule"):
+        sched.setup(trainer, policy, "fit")
+        sched.on_fit_start(trainer, policy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once each
+        cb.on_fit_start(trainer, policy)
+        cb.on_train_start(trainer, policy)
+        cb.on_train_epoch_end(trainer, policy)
+        sched.on_fit_start(trainer, policy)
     assert policy.calls == [] and sched.schedule.n == [8, 8, 8] and trainer.loggers[0].metrics == []
     redistill, final = ReDistillation(), FinalRetrain()
     with pytest.warns(UserWarning, match="ReDistillation: the trainer has no ProblemDataModule"):

@@ -8,8 +8,9 @@
 They work with :class:`~coscale.datamodules.ProblemDataModule` and warn once (doing nothing)
 when a trainer has none. The two retrains run their SFT inside the fit on its own strategy and
 precision (:mod:`coscale.callbacks.sft_in_fit`); :func:`run_sft` is the same SFT outside any fit.
-:class:`PassRateMeasurement` and :class:`Selection` live in :mod:`coscale.measure`, where the
-pipeline's stages reach them too.
+:class:`PassRateMeasurement` lives in :mod:`coscale.measure`, where the pipeline's stages reach
+it too, as does :class:`Selection`, the settings of checkpoint selection (its callback,
+:class:`~coscale.measure.selection.SelectOnProblems`, is what ``Selection.build`` returns).
 """
 
 import warnings

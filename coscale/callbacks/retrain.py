@@ -7,13 +7,13 @@ import os
 from typing import Any
 
 from lightning.pytorch import Callback
-from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from coscale.callbacks.sft_in_fit import copy_weights, fabric_for, loop_from, sft_in_fit
 from coscale.checks import as_group
 from coscale.loop.curriculum import Curriculum
 from coscale.measure.selection import Selection
+from coscale.modules.fit_data import warn_no_curriculum
 from coscale.modules.sft import SFTModule, check_guard_strategy
 from coscale.seeds import seeded
 from coscale.sft.forgetting import GuardSettings
@@ -129,9 +129,7 @@ def datamodule_or_warn(trainer: Any, owner: Any, datamodule: Any = None) -> Any 
     dm = datamodule if datamodule is not None else getattr(trainer, "datamodule", None)
     if isinstance(getattr(dm, "curriculum", None), Curriculum):
         return dm
-    if not getattr(owner, "_warned_no_datamodule", False):
-        owner._warned_no_datamodule = True
-        rank_zero_warn(f"{type(owner).__name__}: the trainer has no ProblemDataModule; skipping")
+    warn_no_curriculum(owner)
     return None
 
 

@@ -14,7 +14,7 @@ from lightning.pytorch import Callback
 from typing_extensions import override
 
 from coscale.loop.schedule import NSchedule
-from coscale.modules.fit_data import curriculum_of
+from coscale.modules.fit_data import curriculum_of, warn_no_curriculum
 from coscale.modules.loggers import log_to_loggers
 
 
@@ -36,5 +36,7 @@ class RolloutNSchedule(Callback):
 
     @override
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        if (cur := curriculum_of(pl_module)) is not None:
+        if (cur := curriculum_of(pl_module)) is None:
+            warn_no_curriculum(self)
+        else:
             log_to_loggers(trainer, cur.assign_groups(getattr(pl_module, "lr", None)))

@@ -19,7 +19,7 @@ from typing_extensions import override
 from coscale.checks import at_least
 from coscale.loop.pools import Pool
 from coscale.measure.pass_rates import measure
-from coscale.modules.fit_data import curriculum_of, epoch_finished
+from coscale.modules.fit_data import curriculum_of, epoch_finished, warn_no_curriculum
 from coscale.modules.growing_table import add_rows, table_loggers
 from coscale.modules.loggers import log_to_loggers
 
@@ -110,7 +110,10 @@ class PassRateMeasurement(Callback):
     def _measure(self, trainer: Any, pl_module: Any, epoch: int, in_loop: bool) -> None:
         """Measures at the end of ``epoch`` when it is a chosen epoch not measured yet."""
         chosen = epoch >= 0 and (epoch + 1) % self.every_n_epochs == 0
-        if not chosen or epoch <= self.measured or curriculum_of(pl_module) is None:
+        if not chosen or epoch <= self.measured:
+            return
+        if curriculum_of(pl_module) is None:
+            warn_no_curriculum(self)
             return
         self.evaluate(trainer, pl_module, tag=f"epoch_{epoch}", log=not in_loop)
         self.measured = epoch
@@ -137,6 +140,7 @@ class PassRateMeasurement(Callback):
             ``{problem_id: {"n", "c", "pool"}}`` of the evaluated problems ({} without one).
         """
         if (cur := curriculum_of(pl_module)) is None:
+            warn_no_curriculum(self)
             return {}
         results, self.last_metrics = measure(
             pl_module,

@@ -22,6 +22,16 @@ def curriculum_of(module: Any) -> Curriculum | None:
     return curriculum if isinstance(curriculum, Curriculum) else None
 
 
+def warn_no_curriculum(owner: Any) -> None:
+    """One warning per callback ``owner`` that its trainer serves no curriculum (no
+    ProblemDataModule), so it does nothing."""
+    if not getattr(owner, "_warned_no_datamodule", False):
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        owner._warned_no_datamodule = True
+        rank_zero_warn(f"{type(owner).__name__}: the trainer has no ProblemDataModule; skipping")
+
+
 def epoch_finished(trainer: Any) -> bool:
     """Whether the running epoch's last batch has been handed out: True from the step that
     trains it on. False when the fit stopped before it (``max_steps``, ``should_stop``): such
