@@ -154,7 +154,9 @@ class RewardSet:
         verifier: Decides correctness (None: :func:`default_verifier`).
 
     The settings are checked by :func:`reward_errors` where they come in (the modules'
-    ``settings_errors``, which the pipeline runs on its YAML before any work), not again here.
+    ``settings_errors``, which the pipeline runs on its YAML before any work); here each
+    function is only wrapped (:class:`~.reward_functions.RewardFunction` refuses one that is
+    not callable, for a ``RewardSet`` built in Python).
     """
 
     def __init__(
