@@ -36,7 +36,8 @@ def rows_of(run_dir: Path) -> list[list[dict]]:
 
 def restarts(parts: list[list[dict]]) -> list[float]:
     """Where each restarted process took its first optimiser step."""
-    return [min(r[STEP] for r in part if "train/loss" in r) for part in parts[1:] if part]
+    steps = [[r[STEP] for r in part if "train/loss" in r] for part in parts[1:]]
+    return [min(s) for s in steps if s]
 
 
 def stage_spans(rows: list[dict], names: list[str]) -> dict[str, tuple[float, float]]:

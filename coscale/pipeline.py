@@ -260,8 +260,8 @@ class Pipeline:
                     self.stage(stage.name, self._runner(stage))
         finally:  # the run's engine (a vLLM engine's memory) ends with the run
             self.ctx.engine.close()
-        if "final" in self.done and getattr(self.logger, "log_final_model", False):
-            log_model_folder(self.logger, self.current, self.results.get("final"))
+        if set(self.plan) <= set(self.done) and getattr(self.logger, "log_final_model", False):
+            log_model_folder(self.logger, self.current, self.results.get("final") or {})
         if close_logger:
             self.close_logger()
         return self.results

@@ -189,12 +189,12 @@ def test_pass_rate_logs_pool_sizes_pass_at_k_and_a_table(restored):
     else:  # at an epoch's end: through the module's log_dict (-> callback_metrics, loggers)
         assert trainer.loggers[0].metrics == [] and policy.logged == expected
     columns, rows = trainer.loggers[0].tables["pool/problems"]  # one table, rows tagged
-    assert columns == ["measurement", "id", "pool", "acc", "evaluations"]
-    assert rows == [
-        ["epoch_0", "a", "unsolvable", 0.0, 1],
-        ["epoch_0", "b", "solvable", 0.5, 2],
-        ["epoch_0", "c", "solved", 1.0, 1],
-        ["epoch_0", "d", "solvable", 0.25, 1],
+    assert columns == ["stage", "measurement", "id", "pool", "acc", "evaluations"]
+    assert rows == [  # no stage outside coscale run (module.run_stage)
+        [None, "epoch_0", "a", "unsolvable", 0.0, 1],
+        [None, "epoch_0", "b", "solvable", 0.5, 2],
+        [None, "epoch_0", "c", "solved", 1.0, 1],
+        [None, "epoch_0", "d", "solvable", 0.25, 1],
     ]
 
 
@@ -638,7 +638,7 @@ def test_one_fit_with_all_four_callbacks(tiny_model_dir):
     # the module, which closes the epoch; the measurement after it logs the pools' last word
     assert "sched/reward_group1" in logged
     _, rows = logger.tables["pool/problems"]  # one table growing across measurements
-    assert {"fit_start", "epoch_0"} <= {row[0] for row in rows}
+    assert {"fit_start", "epoch_0"} <= {row[1] for row in rows}
 
 
 def test_redistillation_starts_no_fit_inside_the_running_one(tiny_model_dir, monkeypatch):

@@ -219,6 +219,9 @@ def _assert_one_wandb_run(run_dir: Path, state: dict, want_steps: set[int]) -> N
     run_id = (run_dir / "logs" / "wandb_run_id").read_text().strip()
     files = sorted((run_dir / "logs" / "wandb").glob("offline-run-*/*.wandb"))
     assert len(files) == 2 and all(f.name == f"run-{run_id}.wandb" for f in files), files
+    deadline = time.monotonic() + 30  # W&B's service may still be writing the last file
+    while not any(a.type == "model" for a in artifacts(files[1])) and time.monotonic() < deadline:
+        time.sleep(0.5)
     rows = [history(f) for f in files]
     steps = [
         [r["trainer/global_step"] for r in part if "trainer/global_step" in r] for part in rows

@@ -94,3 +94,28 @@ def test_grpo_trains_on_prompt_only_rows_and_refuses_the_default_verifier(tiny_m
     assert any(not torch.equal(before[k], after[k]) for k in before)
     with pytest.raises(ValueError, match=r"data\.fields\.answer: .* verifier \(MathReward\)"):
         quiet_trainer(1).fit(GRPOModule(**args), datamodule=dm)
+
+
+def test_a_kwargs_function_gets_no_answer_on_prompt_only_rows():
+    from coscale.scoring.reward_functions import RewardError, RewardFunction, RewardInputs
+
+    def reads_kwargs(completions, **kwargs):
+        return [float(a in c) for c, a in zip(completions, kwargs["answer"])]
+
+    def inputs(answer: str) -> RewardInputs:
+        return RewardInputs(
+            prompts=["p"], completions=["c 4"], completion_ids=[[1]], answers=[answer]
+        )
+
+    assert RewardFunction(reads_kwargs).score(inputs("4")) == [1.0]
+    with pytest.raises(RewardError, match="reward function 'reads_kwargs'"):
+        RewardFunction(reads_kwargs).score(inputs(""))  # not scored against ""
+
+
+def test_the_teacher_refuses_prompt_only_rows_when_its_reward_reads_the_answer():
+    from coscale.loop.problem import Problem
+    from coscale.loop.solution_sources import TeacherSolutions
+
+    teacher = TeacherSolutions("unused/teacher")  # MathReward: refused before it loads a model
+    with pytest.raises(ValueError, match=r"data\.fields\.answer: .* data\.teacher's reward \(Math"):
+        teacher.propose([(Problem("a", "q", ""), 1)], lambda pid: [])

@@ -235,3 +235,14 @@ def test_the_teachers_sampler_comes_from_the_backend_factory(tiny_model_dir):
     assert isinstance(cached._backend, CachedDecodeBackend)
     with pytest.raises(ValueError, match=r"teacher rollout\.backend must be one of"):
         TeacherSolutions(str(tiny_model_dir), rollout={"backend": "vllm-cpu"})
+
+
+def test_the_teachers_rollout_defaults_to_hf_and_names_a_bad_key_and_is_closed():
+    assert TeacherSolutions("t", rollout={"options": {"batch_size": 4}}).rollout.backend == "hf"
+    with pytest.raises(ValueError, match=r"teacher rollout: .*backnd.* \(it takes backend, opt"):
+        TeacherSolutions("t", rollout={"backnd": "hf"})
+    teacher, backend, _ = _teacher([ROUND_1], rounds=1)
+    closed = []
+    backend.close = lambda: closed.append(True)
+    teacher.close()
+    assert closed == [True] and teacher._backend is None  # loaded again when next asked

@@ -65,9 +65,38 @@ def test_log_model_logs_the_final_model_folder_as_a_model_artifact_with_its_scor
     run_id = logger.experiment.id
     finish(logger)
     (path,) = (tmp_path / "logs" / "wandb").glob("offline-run-*/*.wandb")
-    (artifact,) = artifacts(path)
+    (artifact,) = _settled(path, artifacts, 1)()
     assert (artifact.type, artifact.name) == ("model", f"model-{run_id}")
     assert set(artifact.aliases) == {"latest", "final"}
     assert json.loads(artifact.metadata) == {k: v for k, v in scores.items() if k != "notes"}
     files = {entry.path for entry in artifact.manifest.contents}
     assert files == {"config.json", "adapter/adapter_config.json"}
+
+
+def test_an_offline_run_file_cut_mid_record_reads_up_to_the_cut(tmp_path):
+    """A killed writer can leave half a chunk at the end: the reader stops there."""
+    from coscale.modules.wandb_file import history
+
+    logger = make_logger("wandb", str(tmp_path / "logs"), "coscale-test")
+    for step in range(50):
+        logger.log_metrics({"x": float(step), "pad": "y" * 2000}, step=step)
+    finish(logger)
+    (path,) = (tmp_path / "logs" / "wandb").glob("offline-run-*/*.wandb")
+    read = _settled(path, lambda p: [row["x"] for row in history(p) if "x" in row], 50)
+    whole = read()
+    assert whole == [float(s) for s in range(50)]
+    cut = tmp_path / "cut.wandb"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
+    got = [row["x"] for row in history(cut) if "x" in row]
+    assert 10 < len(got) < 50 and got == whole[: len(got)]
+
+
+def _settled(path, read, count: int, wait_s: float = 30.0):
+    """``read`` of the run file at ``path``, once it returns ``count`` items: W&B's service
+    process may still be writing the file after ``finish`` returns."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while len(read(path)) < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return lambda: read(path)

@@ -132,6 +132,8 @@ class Curriculum:
             short = [(self.problems[i], k - got) for i, got in added.items() if got < k]
             for i, got in self._add_from(self.teacher, short).items():
                 added[i] += got
+            if callable(close := getattr(self.teacher, "close", None)):
+                close()  # a teacher model holds no memory between rounds
         for i in ids:
             self.pools.note_solutions(i, self.bank.count(i))
         return sum(added.values())

@@ -11,11 +11,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coscale.checks import as_group
 from coscale.loop.problem import Problem
 from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import SamplingParams
 from coscale.rollout.factory import RolloutSettings
+from coscale.scoring.answers import check_answers
 from coscale.scoring.reward_functions import RewardFunction, RewardInputs
 from coscale.scoring.reward_set import is_correct
 
@@ -40,6 +40,11 @@ class SolutionSource(ABC):
     def adopt_verifier(self, verifier: Callable[..., Any]) -> None:  # noqa: B027
         """Takes the run's verifier (``coscale run`` calls it): a source that verifies what it
         proposes uses it unless it was given its own. Nothing by default."""
+
+    def close(self) -> None:  # noqa: B027
+        """Frees what the source holds between data-scaling rounds (the curriculum calls it
+        after each round; a model-backed source loads again when next asked). Nothing by
+        default."""
 
 
 class DatasetSolutions(SolutionSource):
@@ -98,9 +103,7 @@ class TeacherSolutions(SolutionSource):
                 f"teacher samples_per_problem and rounds must be >= 1, got "
                 f"{samples_per_problem} and {rounds}"
             )
-        self.rollout = as_group(RolloutSettings, rollout) or RolloutSettings(backend="hf")
-        if errors := self.rollout.errors():
-            raise ValueError("teacher rollout." + "; rollout.".join(errors))
+        self.rollout = _teacher_rollout(rollout)
         self.model_name, self.prompt = model, as_prompt_format(prompt)
         self.samples_per_problem, self.rounds = samples_per_problem, rounds
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
@@ -121,7 +124,9 @@ class TeacherSolutions(SolutionSource):
         return out
 
     def _sample_round(self, todo: Sequence[Request], known, out: dict[str, list[str]]) -> None:
-        backend, problems = self._load(), [p for p, _ in todo]
+        problems = [p for p, _ in todo]
+        check_answers(problems, [RewardFunction(self.reward, "data.teacher's reward")], FIX)
+        backend = self._load()
         questions = [p.question for p in problems]
         prompts = [self.prompt(q, backend.tokenizer) for q in questions]
         rollouts = backend.generate(prompts, self.samples_per_problem, self.sampling)
@@ -138,6 +143,13 @@ class TeacherSolutions(SolutionSource):
     def adopt_verifier(self, verifier: Callable[..., Any]) -> None:
         if self._reward is None:
             self._reward = verifier
+
+    def close(self) -> None:
+        """Closes the teacher's backend (an engine's memory, a server it started)."""
+        from coscale.rollout.factory import close_backend
+
+        close_backend(self._backend)
+        self._backend = None
 
     @property
     def reward(self) -> Callable[..., Any]:
@@ -170,3 +182,20 @@ class TeacherSolutions(SolutionSource):
                 kind, model, tokenizer, self.model_name, self.dtype, **options
             )
         return self._backend
+
+
+FIX = "give the teacher a reward that needs none (data.teacher.init_args.reward)"
+"""What the teacher's refusal of prompt-only rows asks for (:mod:`coscale.scoring.answers`)."""
+
+
+def _teacher_rollout(rollout: RolloutSettings | dict[str, Any] | None) -> RolloutSettings:
+    """The teacher's checked ``rollout`` (a mapping's ``backend`` defaults to ``hf``)."""
+    if isinstance(rollout, dict):
+        try:
+            rollout = RolloutSettings(**{"backend": "hf", **rollout})
+        except TypeError as err:
+            raise ValueError(f"teacher rollout: {err} (it takes backend, options)") from None
+    rollout = rollout or RolloutSettings(backend="hf")
+    if errors := rollout.errors():
+        raise ValueError("teacher rollout." + "; rollout.".join(errors))
+    return rollout

@@ -24,7 +24,7 @@ from coscale.modules.growing_table import add_rows, table_loggers
 from coscale.modules.loggers import log_to_loggers
 
 _POOLS = [p.value for p in Pool]
-_COLUMNS = ("measurement", "id", "pool", "acc", "evaluations")
+_COLUMNS = ("stage", "measurement", "id", "pool", "acc", "evaluations")
 TABLE_ROWS = 8192
 """Rows the ``pool/problems`` table keeps (the latest; 32 measurements of 256 problems)."""
 
@@ -33,8 +33,8 @@ class PassRateMeasurement(Callback):
     """Samples ``k`` completions per problem of ``pools`` and records the accuracy.
 
     Logs ``pool/<name>`` of all four pools, ``pool/pass@1`` and ``pool/pass@<k>`` over the
-    evaluated problems, and every problem's row (measurement tag, id, pool, acc, evaluations)
-    added to one ``pool/problems`` table on loggers that have ``log_table`` (W&B).
+    evaluated problems, and every problem's row (stage, measurement tag, id, pool, acc,
+    evaluations) added to one ``pool/problems`` table on loggers that have ``log_table`` (W&B).
 
     Args:
         k: Samples per problem.
@@ -156,24 +156,28 @@ class PassRateMeasurement(Callback):
             top_k=self.top_k,
         )
         if self.log_table:
-            _log_table(trainer, cur.pools, tag or f"eval_{cur.measurements}")
+            _log_table(trainer, pl_module, cur.pools, tag or f"eval_{cur.measurements}")
         if log:
             log_to_loggers(trainer, self.last_metrics)
         return results
 
 
-def _log_table(trainer: Any, pools: Any, tag: str) -> None:
-    """Every problem's row, tagged with the measurement, added to the one ``pool/problems``
-    table on each logger that takes tables (the latest :data:`TABLE_ROWS` rows kept)."""
+def _log_table(trainer: Any, module: Any, pools: Any, tag: str) -> None:
+    """Every problem's row, with the measurement's tag and stage (``module.run_stage`` under
+    ``coscale run``, where every RL stage's epochs count from 0), added to the one
+    ``pool/problems`` table on each logger that takes tables (the latest :data:`TABLE_ROWS`
+    rows kept, and always the whole of this measurement)."""
     if not getattr(trainer, "is_global_zero", True):
         return
+    stage = getattr(module, "run_stage", None)
     rows = [
         dict(
             zip(
-                _COLUMNS, (tag, i, pools.pool_of(i).value, pools.accuracy(i), len(pools.history(i)))
+                _COLUMNS,
+                (stage, tag, i, pools.pool_of(i).value, pools.accuracy(i), len(pools.history(i))),
             )
         )
         for i in pools.ids()
     ]
     for lg in table_loggers(getattr(trainer, "loggers", [])):
-        add_rows(lg, "pool/problems", rows, _COLUMNS, keep=TABLE_ROWS)
+        add_rows(lg, "pool/problems", rows, _COLUMNS, keep=max(TABLE_ROWS, len(rows)))

@@ -38,15 +38,14 @@ def log_model_folder(
     default ``model-<run id>`` as Lightning names its own), aliased ``latest`` and ``final``;
     ``metadata``: its numbers (scores). False where nothing is logged: the logger is not W&B's,
     or this is not rank 0."""
-    run = wandb_run(logger)
-    if run is None or not is_writer():
+    if not is_writer() or (run := wandb_run(logger)) is None:
         return False
     import wandb
 
     numbers = {k: v for k, v in (metadata or {}).items() if isinstance(v, int | float | str)}
     name = artifact_name(name or f"model-{run.id}")
     artifact = wandb.Artifact(name, type="model", metadata=numbers)
-    artifact.add_dir(folder)
+    artifact.add_dir(folder, policy="immutable")  # the folder is final: no staging copy
     run.log_artifact(artifact, aliases=["latest", "final"])
     log.info(f"logged {folder} to W&B as model artifact {artifact.name}")
     return True
@@ -55,9 +54,8 @@ def log_model_folder(
 def log_files(logger: Any, paths: Iterable[str], name: str, kind: str = "report") -> bool:
     """The files ``paths`` that exist as one artifact ``name`` of type ``kind``; False when the
     logger is not W&B's or no file exists."""
-    run = wandb_run(logger)
     paths = [p for p in paths if os.path.isfile(p)]
-    if run is None or not paths or not is_writer():
+    if not paths or not is_writer() or (run := wandb_run(logger)) is None:
         return False
     import wandb
 

@@ -92,7 +92,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         sampling: Token limit, temperature, top-p, top-k and seed of the rollouts.
         update: Optimiser steps per batch, micro-batch size, clipping, advantage scaling.
         validation: Samples and temperature of validation on held-out problems (the token
-            limit defaults to ``sampling.max_new_tokens``).
+            limit and temperature default to ``sampling``'s).
         rollout: Where rollouts come from: ``cached`` (the default), ``hf``, ``vllm``,
             ``vllm-server`` or ``auto``, with the backend's options
             (:func:`coscale.rollout.factory.build_backend`). Assigning ``module.backend`` in

@@ -3,7 +3,7 @@ syncing it: what a run logged (its rows, config, artifacts), for tests and pictu
 
 wandb 0.31 ships no Python reader of its own transaction log. The file is ``:W&B``, a 2-byte
 magic and a version byte, then LevelDB's log format: 32 KiB blocks of chunks, each chunk a 7-byte
-header (CRC32C, little-endian length, type: 1 full, 2 first, 3 middle, 4 last) and its bytes; a
+header (CRC-32, little-endian length, type: 1 full, 2 first, 3 middle, 4 last) and its bytes; a
 record is one full chunk or first, middles and last. Each record is a ``wandb_internal_pb2.Record``.
 """
 
@@ -33,6 +33,8 @@ def records(path: Path) -> list:
         if kind == 0:  # zeros to the block's end
             pos += left
             continue
+        if pos + HEADER + length > len(data):  # a tail cut off mid-chunk (a killed writer)
+            break
         parts += data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind in (FULL, LAST):

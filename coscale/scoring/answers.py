@@ -5,8 +5,10 @@ A function reads the answer when it says so (an attribute ``needs_answer``: ``Ma
 does, a ``RewardModel`` does not), else by its calling convention
 (:mod:`.reward_functions`): a coscale-style function is handed the answers as its second
 argument, so it is taken to read them; a TRL-style one reads the answer when it names an
-``answer`` parameter (one that takes ``**kwargs`` gets the row's columns, and a prompt-only row
-has none). The verifier counts as well: with no reward given it is ``MathReward`` (the default),
+``answer`` parameter. One that takes ``**kwargs`` gets the row's columns, and for prompt-only
+rows no ``answer`` (:meth:`RewardFunction._call` leaves it out when no problem of the call has
+one), so reading ``kwargs["answer"]`` fails naming the function instead of scoring against
+empty strings. The verifier counts as well: with no reward given it is ``MathReward`` (the default),
 which needs answers, so a prompt-only run names its verifier.
 """
 
@@ -16,6 +18,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from coscale.scoring.reward_functions import RewardFunction
+
+GRPO_FIX = (
+    "give reward functions and a verifier that need no answer (pipeline.grpo.reward / "
+    "pipeline.grpo.verifier; GRPOModule's reward= / verifier=)"
+)
+"""What a module's refusal asks for."""
 
 
 def reads_answer(function: RewardFunction) -> bool:
@@ -27,20 +35,25 @@ def reads_answer(function: RewardFunction) -> bool:
 
 
 def answer_readers(rewards: Any) -> list[str]:
-    """The settings of a :class:`~.reward_set.RewardSet` that read the answer, each with the
-    function's name, e.g. ``reward[0] (MathReward)``."""
-    functions = [*rewards.functions, rewards.verifier]
+    """The settings that read the answer, each with the function's name, e.g. ``reward[0]
+    (MathReward)``: of a :class:`~.reward_set.RewardSet` (its functions and verifier), or of a
+    list of :class:`RewardFunction`."""
+    functions = rewards if isinstance(rewards, list) else [*rewards.functions, rewards.verifier]
     return [f"{f.setting} ({f.name})" for f in functions if reads_answer(f)]
 
 
-def check_answers(problems: Sequence[dict], rewards: Any) -> None:
-    """Raises when a problem has no answer (``""``) and a function of ``rewards`` reads it."""
-    missing = [str(p.get("id", "?")) for p in problems if p.get("answer") in ("", None)]
+def check_answers(problems: Sequence[Any], rewards: Any, fix: str = GRPO_FIX) -> None:
+    """Raises when a problem (a dict or a ``Problem``) has no answer (``""``) and a function of
+    ``rewards`` (see :func:`answer_readers`) reads it; ``fix`` names the settings to change."""
+    missing = [str(_get(p, "id")) for p in problems if _get(p, "answer") in ("", None)]
     if not missing or not (readers := answer_readers(rewards)):
         return
     raise ValueError(
         f"data.fields.answer: problem {missing[0]!r} has no answer (a prompt-only row), but "
-        f"{' and '.join(readers)} read it; give reward functions and a verifier that need no "
-        "answer (pipeline.grpo.reward / pipeline.grpo.verifier; GRPOModule's reward= / verifier=)"
-        ", or set data.fields.answer to the column that holds it"
+        f"{' and '.join(readers)} read it; {fix}, or set data.fields.answer to the column that "
+        "holds it"
     )
+
+
+def _get(problem: Any, key: str) -> Any:
+    return problem.get(key) if isinstance(problem, dict) else getattr(problem, key, None)

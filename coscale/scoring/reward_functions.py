@@ -187,7 +187,9 @@ class RewardFunction:
         """The raw call (a coroutine for an async function)."""
         columns, step = dict(inputs.columns), context.arguments()
         if self.style == "trl":
-            fixed = inputs.trl_arguments() | {"answer": list(inputs.answers)}
+            fixed = inputs.trl_arguments()
+            if any(inputs.answers):  # prompt-only rows have none (coscale.scoring.answers)
+                fixed["answer"] = list(inputs.answers)
             return self.fn(**self._accepted(columns | step | fixed))
         rest = {k: v for k, v in columns.items() if k not in ("completions", "answers")}
         rest = self._accepted(rest) | {k: step[k] for k in CONTEXT_ARGUMENTS if k in self._named}
