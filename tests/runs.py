@@ -49,8 +49,13 @@ def two_ranks_command(run_dir: Path, strategy: str, *overlays: Path) -> list[str
 
 
 def env(**extra: str) -> dict[str, str]:
-    """This environment without fault injection, plus ``extra``."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("COSCALE_KILL")}
+    """This environment without fault injection, plus ``extra``, and without ``WANDB_SERVICE``:
+    wandb sets it in a process that used it (this one, after an in-process W&B test), and a
+    child that inherits it logs through that process's W&B service, which still holds a killed
+    run's stream, so its restart would be refused ("run ID ... is in use"). A run started from
+    a shell has its own service."""
+    drop = ("COSCALE_KILL", "WANDB_SERVICE")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     return {**base, "PYTHONPATH": str(ROOT), **extra}
 
 
