@@ -185,15 +185,18 @@ def test_sigkill_by_a_timer_inside_the_rl_stage_resumes_to_the_same_result(unint
         proc = subprocess.Popen(
             [*_cmd(run_dir), *WANDB], env=runs.env(), stdout=out, stderr=out, start_new_session=True
         )
-        deadline = time.time() + 600
-        while "== stage it1/rl" not in log.read_text() and proc.poll() is None:
+        deadline, first_step = time.time() + 600, run_dir / "it1" / "rl" / "ckpt" / "latest"
+        while not first_step.exists() and proc.poll() is None:  # RL took a step
             assert time.time() < deadline
-            time.sleep(0.05)
-        time.sleep(1.5)  # somewhere in the RL epochs, at no particular point
+            time.sleep(0.02)
+        time.sleep(0.2)  # then somewhere in the RL epochs, at no particular point
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         runs.kill_session(proc.pid)
+    killed_at = len(log.read_text())
     assert runs.run([*_cmd(run_dir), *WANDB], log) == 0
+    resumed = log.read_text()[killed_at:].split("resuming after stages: ")[1].splitlines()[0]
+    assert "it1/measure" in resumed and "it1/rl" not in resumed, resumed  # killed inside RL
     got = _final(run_dir)
     _assert_same(got, want)
     _assert_one_wandb_run(run_dir, got[0], _csv_steps(ref_dir))
@@ -211,7 +214,8 @@ def _assert_one_wandb_run(run_dir: Path, state: dict, want_steps: set[int]) -> N
     """The killed and restarted run is one W&B run: both processes' offline folders carry the
     run id kept in the logs folder; each logs on the run's rising step axis (Lightning's
     one-step lag allowed), the restart going on from the killed one's last checkpoint, so
-    together they log the steps the uninterrupted run logs (to CSV) and no other; one
+    together they log the steps the uninterrupted run logs (to CSV), but those the killed run's
+    W&B service had not written, and no other; one
     completions table key and the curriculum table; the whole config; the final model as a model
     artifact with its validation scores."""
     from coscale.modules.wandb_file import artifacts, history, records
@@ -228,10 +232,10 @@ def _assert_one_wandb_run(run_dir: Path, state: dict, want_steps: set[int]) -> N
     ]
     for part in steps:
         assert all(s >= max(part[:i], default=0) - 1 for i, s in enumerate(part)), part
-    assert steps[1][0] <= steps[0][-1] + 1, "the restart skipped steps the killed run logged"
     # W&B writes its file from a service process, killed with the run: the killed run's last
-    # rows may not reach it. Only steps after the last it wrote and before the restart's first
-    # optimiser step (from the last checkpoint) may be missing; no step is extra
+    # rows may not reach it (14 steps once, on a tiny model at ~10 steps/s). Only steps after
+    # the last it wrote and before the restart's first optimiser step (from the last
+    # checkpoint) may be missing; no step is extra
     logged = set(steps[0]) | set(steps[1])
     resumed_at = min(r["trainer/global_step"] for r in rows[1] if "train/loss" in r)
     assert logged <= want_steps, sorted(logged - want_steps)
