@@ -45,8 +45,16 @@ ARMS: dict[str, list[str]] = {
         "--pipeline.final.rl", "false",
         "--pipeline.final.keep", "retrained",
     ],
+    "paper_loop_final_rl": [
+        "--pipeline.rl_measure_every", "1",
+        "--pipeline.redistill_each_iteration", "true",
+        "--pipeline.final.source", "all",
+        "--pipeline.final.keep", "retrained",
+    ],
+    "shipped_source_all": ["--pipeline.final.source", "all"],
 }  # fmt: skip
-"""Each arm's overrides of ``demo.yaml``."""
+"""Each arm's overrides of ``demo.yaml``. ``paper_loop_final_rl`` and ``shipped_source_all``
+change one setting each, to tell which of the shipped changes carries its lead."""
 
 VARIANTS: dict[str, list[str]] = {
     "full": [],
