@@ -100,7 +100,7 @@ def header(threads: int) -> None:
 
 def cpu_line() -> str:
     """The CPU's model name and whether it computes bf16 natively (figures depend on both)."""
-    from coscale.stages.precision import NATIVE_BF16_FLAGS, cpu_flags
+    from coscale.run.precision import NATIVE_BF16_FLAGS, cpu_flags
 
     name = "unknown CPU"
     try:

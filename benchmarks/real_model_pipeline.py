@@ -27,7 +27,7 @@ from paired import cpu_line
 from coscale.app.cli import pipeline_parser
 from coscale.app.demo import evaluate_model, stage_models
 from coscale.pipeline import Pipeline
-from coscale.stages.precision import resolve_precision
+from coscale.run.precision import resolve_precision
 from coscale.tasks import tiers
 
 CONFIG = "configs/run/smollm2-135m/pipeline_cpu.yaml"

@@ -44,7 +44,7 @@ from coscale.callbacks import run_sft
 from coscale.loop import budget
 from coscale.models.policy import resolve_model_path
 from coscale.pipeline import Pipeline, instantiate
-from coscale.stages.precision import resolve_precision
+from coscale.run.precision import resolve_precision
 from coscale.tasks import tiers
 
 

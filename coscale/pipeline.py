@@ -46,12 +46,9 @@ from coscale.modules.loggers import LoggerKind, finish, make_logger
 from coscale.modules.run_steps import at_stage
 from coscale.modules.sft import settings_errors as sft_settings_errors
 from coscale.rollout.factory import RolloutSettings
-from coscale.stages.context import StageContext
-from coscale.stages.final import final_stage
-from coscale.stages.measure import measure_stage
-from coscale.stages.plan import Stage, plan, state_config, upgrade_state
-from coscale.stages.rl import rl_stage
-from coscale.stages.run_settings import (
+from coscale.run.context import StageContext
+from coscale.run.plan import Stage, plan, state_config, upgrade_state
+from coscale.run.settings import (
     FinalSettings,
     RunSampling,
     instantiate,
@@ -61,6 +58,9 @@ from coscale.stages.run_settings import (
     trainer_errors,
     typed_errors,
 )
+from coscale.stages.final import final_stage
+from coscale.stages.measure import measure_stage
+from coscale.stages.rl import rl_stage
 from coscale.stages.sft import sft_stage
 
 if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves the name
@@ -121,7 +121,7 @@ class PipelineConfig:
             strategy, precision, ...). ``precision: auto`` times a training step of the model in
             32-true and bf16-mixed on the CPU and takes the faster (CUDA: bf16-mixed where
             supported), prints both times, and keeps the choice for every rank and resume in
-            ``<run_dir>/precision.json`` (:mod:`coscale.stages.precision`). Keys are checked
+            ``<run_dir>/precision.json`` (:mod:`coscale.run.precision`). Keys are checked
             against ``lightning.Trainer``'s signature before any work (a typo is refused with
             the nearest names); those each stage sets itself (``max_epochs``, ``max_steps``,
             ``logger``, ...) are refused naming the setting that decides them.

@@ -51,7 +51,7 @@ def first_saves(path: Path, run_dir: Path, devices: int = 1) -> list[dict[str, A
     from test_configs import _pipeline
 
     from coscale.pipeline import Pipeline
-    from coscale.stages import checkpoint
+    from coscale.run import checkpoint
 
     init = _pipeline(path)
     trainer = cpu_trainer(path, init.pipeline.trainer, devices)

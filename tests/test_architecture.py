@@ -5,7 +5,7 @@ A module-level cycle is caught by `test_imports`; here the modules are collapsed
 rooms that import each other through different files (loop -> sft for one function, sft -> loop
 for another) fail too: then neither room can be read, tested or moved without the other. Imports
 inside functions count (a deferred import only hides the dependency). The direction is the
-house design's: app -> pipeline -> stages / callbacks -> measure -> modules / datamodules -> the
+house design's: app -> pipeline -> stages -> run / callbacks -> measure -> modules / datamodules -> the
 Lightning-free core (loop, sft, rl, scoring, rollout, models, tasks above loop), with
 `coscale.distributed`, `coscale.seeds` and `coscale.log` (which uses only the first) importable
 from every room.
@@ -59,6 +59,8 @@ def test_no_cycle_between_rooms():
     [
         ("stages", "callbacks"),  # both measure through coscale.measure, neither imports the other
         ("callbacks", "stages"),
+        ("run", "stages"),  # the run's machinery serves the stages, never the other way
+        ("callbacks", "run"),
         ("distributed", "models"),  # any room may use the collectives: they import only torch
         ("loop", "tasks"),  # tasks load Problems (coscale.loop.problem) into the loop
         ("loop", "sft"),

@@ -2,7 +2,7 @@
 
 A plain Lightning fit (a linear model, 3 epochs of 4 batches, a checkpoint after every step) is
 stopped right after epoch 0's last step, resumed, stopped after epoch 1's last step, resumed
-again. Without :class:`~coscale.stages.epoch_counts.WholeEpochCounts` Lightning 2.6 repeats
+again. Without :class:`~coscale.run.epoch_counts.WholeEpochCounts` Lightning 2.6 repeats
 epoch 1 after the second resume (the test shows it), with it the batches and weights equal
 those of the fit never stopped.
 """
@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 from trainers import quiet_trainer
 
-from coscale.stages.epoch_counts import WholeEpochCounts
+from coscale.run.epoch_counts import WholeEpochCounts
 
 BATCHES, EPOCHS = 4, 3
 

@@ -132,7 +132,7 @@ def _after_a_step(labels: list[str], stage: str) -> str:
 
 def _last_step_of_first_epoch(labels: list[str], stage: str) -> str:
     """The last step checkpoint before the stage's first epoch-end checkpoint (the epoch's last
-    step has none: its epoch-end checkpoint follows the end work, coscale.stages.checkpoint).
+    step has none: its epoch-end checkpoint follows the end work, coscale.run.checkpoint).
     Killed there and again inside the next epoch, the epoch's end work and the next epoch's
     batches must each run once."""
     end = next(i for i, x in enumerate(labels) if x.startswith(f"{stage} ckpt epoch 0 end"))

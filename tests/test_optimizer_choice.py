@@ -15,7 +15,7 @@ from coscale.app.cli import lightning_cli
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.grpo import settings_errors as grpo_errors
 from coscale.modules.sft import settings_errors as sft_errors
-from coscale.stages.run_settings import instantiate, typed_errors
+from coscale.run.settings import instantiate, typed_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 SGD = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05, "momentum": 0.9}}

@@ -14,7 +14,7 @@ peft = pytest.importorskip("peft", reason="install coscale[peft]")
 from coscale.app.cli import main  # noqa: E402
 from coscale.models.adapters import ADAPTER_FOLDER  # noqa: E402
 from coscale.pipeline import PipelineConfig  # noqa: E402
-from coscale.stages.plan import state_config  # noqa: E402
+from coscale.run.plan import state_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "run" / "tiny.yaml"

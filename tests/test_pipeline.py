@@ -11,9 +11,9 @@ from typing import ClassVar
 import pytest
 
 from coscale.app.cli import main
+from coscale.run.plan import plan, upgrade_state
+from coscale.run.settings import FinalSettings
 from coscale.sft.distill import Distillation
-from coscale.stages.plan import plan, upgrade_state
-from coscale.stages.run_settings import FinalSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "run" / "tiny.yaml"
@@ -260,7 +260,7 @@ def test_redistillation_each_iteration_or_only_through_the_next_sft(tmp_path):
 
 
 def test_stages_carry_their_kind_and_iteration_as_data(tmp_path):
-    from coscale.stages.plan import Stage
+    from coscale.run.plan import Stage
 
     pipe = _pipeline(tmp_path, iterations=2, final={"rl": True})
     assert list(pipe.plan.values())[:2] == [
@@ -425,8 +425,8 @@ def test_the_schedule_is_built_once_and_each_rl_stage_starts_it_afresh(tmp_path,
 
 def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):
     from coscale.loop.checkpoint_store import switch_to
-    from coscale.stages.checkpoint import CommitCheckpoint, RunState
-    from coscale.stages.epoch_counts import WholeEpochCounts
+    from coscale.run.checkpoint import CommitCheckpoint, RunState
+    from coscale.run.epoch_counts import WholeEpochCounts
 
     with pytest.raises(ValueError, match="checkpoint_every_n_steps must be an int >= 1, got 0"):
         _pipeline(tmp_path, checkpoint_every_n_steps=0)

@@ -18,9 +18,9 @@ import torch
 
 from coscale import distributed
 from coscale.rollout.factory import RolloutSettings
-from coscale.stages import precision, precision_record, precision_timing
-from coscale.stages.context import StageContext
-from coscale.stages.precision_timing import Timings
+from coscale.run import precision, precision_record, precision_timing
+from coscale.run.context import StageContext
+from coscale.run.precision_timing import Timings
 
 TINY = "builtin:tiny?hidden_size=64&num_layers=2&seed=0"
 CPU_AUTO = {"accelerator": "cpu", "precision": "auto"}

@@ -20,7 +20,7 @@ from coscale.datamodules import ProblemDataModule
 from coscale.loop import budget
 from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.modules import GRPOModule
-from coscale.stages.checkpoint import CommitCheckpoint, RunState
+from coscale.run.checkpoint import CommitCheckpoint, RunState
 from coscale.tasks import arithmetic
 
 

@@ -1,4 +1,4 @@
-"""The run's one sampling definition and its one engine (`coscale.stages.run_settings`,
+"""The run's one sampling definition and its one engine (`coscale.run.settings`,
 `coscale.rollout.run_engine`), without an engine process: the vLLM path runs on the real engine
 in tests/test_vllm_pipeline.py."""
 
@@ -13,7 +13,7 @@ from coscale.rollout.base import SamplingParams
 from coscale.rollout.cached.backend import CachedDecodeBackend
 from coscale.rollout.factory import RolloutSettings, resolve_backend
 from coscale.rollout.run_engine import RunEngine
-from coscale.stages.run_settings import RunSampling, set_by_run_errors
+from coscale.run.settings import RunSampling, set_by_run_errors
 
 
 def test_one_definition_is_written_into_both_modules_settings():
@@ -111,7 +111,7 @@ def test_a_grpo_module_alone_samples_as_the_run_does_with_the_same_settings(tiny
     when set the same way."""
     from coscale.modules import GRPOModule
     from coscale.pipeline import PipelineConfig
-    from coscale.stages.run_settings import instantiate
+    from coscale.run.settings import instantiate
 
     def built(module_args: dict, run_sampling: dict) -> tuple[GRPOModule, GRPOModule]:
         cfg = PipelineConfig(model=str(tiny_model_dir), sampling=RunSampling(**run_sampling))

@@ -25,7 +25,7 @@ from reward_examples import HasDigit
 from coscale.loop import budget
 from coscale.loop.checkpoint_store import last_checkpoint
 from coscale.modules import GRPOModule
-from coscale.stages.checkpoint import CommitCheckpoint, RunState
+from coscale.run.checkpoint import CommitCheckpoint, RunState
 
 KILL_AT = "fit ckpt step 2"
 

@@ -209,7 +209,7 @@ def build_eval_backend(config: EvalConfig) -> tuple[RolloutBackend, Any]:
     from coscale.models.adapters import is_adapter_folder
     from coscale.models.policy import load_policy, load_tokenizer, resolve_model_path
     from coscale.rollout.factory import build_backend, resolve_backend
-    from coscale.stages.precision import training_device
+    from coscale.run.precision import training_device
 
     path = resolve_model_path(config.model)
     device = training_device(config.device)  # auto: CUDA when available

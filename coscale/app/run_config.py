@@ -23,9 +23,9 @@ settings are groups of typed arguments: a later file sets only the keys it names
 
 def _set_by_the_run(group: str) -> tuple[set[str], list[str]]:
     """``pipeline.<group>``'s arguments and group fields that the run sets itself
-    (:data:`coscale.stages.run_settings.SET_BY_RUN`): whole arguments, left out of the parser,
+    (:data:`coscale.run.settings.SET_BY_RUN`): whole arguments, left out of the parser,
     and ``<group>.<arg>.<field>`` keys, left unset (None) and refused when a config sets them."""
-    from coscale.stages.run_settings import set_by_run
+    from coscale.run.settings import set_by_run
 
     keys = set_by_run(group)
     whole = {k for k in keys if "." not in k}

@@ -15,8 +15,8 @@ from coscale.app.refusal import OneLineRefusals
 
 def _set_by() -> dict[tuple[str, str], str]:
     """The arguments the run sets itself (not offered by the parser) -> the key that sets them
-    (:data:`coscale.stages.run_settings.SET_BY_RUN`)."""
-    from coscale.stages.run_settings import SET_BY_RUN
+    (:data:`coscale.run.settings.SET_BY_RUN`)."""
+    from coscale.run.settings import SET_BY_RUN
 
     return {(g, key): where for (g, key), where in SET_BY_RUN.items() if "." not in key}
 

@@ -17,7 +17,7 @@ starts again from its beginning (the run's state file holds the state before it)
 
 :func:`last_checkpoint` is the one reader: the stage fits resume from it, and tools that look
 into a stage's state (``benchmarks/rollback_run.py``) read it too. Lightning-free; the caller
-decides which rank writes and where the barriers go (``coscale.stages.checkpoint``).
+decides which rank writes and where the barriers go (``coscale.run.checkpoint``).
 """
 
 from __future__ import annotations

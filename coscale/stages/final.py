@@ -15,7 +15,7 @@ from __future__ import annotations
 from coscale.log import logger
 from coscale.loop.commit import commit_point
 from coscale.measure.pass_rates import judged_problems, keep_retrained
-from coscale.stages.context import StageContext
+from coscale.run.context import StageContext
 from coscale.stages.measure import judge_model
 from coscale.stages.sft import copy_model
 

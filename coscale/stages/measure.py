@@ -13,7 +13,7 @@ from coscale.distributed import is_writer
 from coscale.log import logger
 from coscale.loop.commit import write_json
 from coscale.measure import pass_rates
-from coscale.stages.context import StageContext
+from coscale.run.context import StageContext
 from coscale.stages.sft import load_for_sampling
 
 

@@ -15,7 +15,7 @@ from coscale.log import logger
 from coscale.loop.pools import Pool
 from coscale.measure.pass_rate_measurement import PassRateMeasurement
 from coscale.modules import GRPOModule
-from coscale.stages.context import StageContext
+from coscale.run.context import StageContext
 
 
 def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:

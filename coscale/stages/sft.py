@@ -15,8 +15,8 @@ from coscale.distributed import barrier, is_writer
 from coscale.log import logger
 from coscale.measure.selection import SelectOnProblems
 from coscale.modules import SFTModule
+from coscale.run.context import StageContext
 from coscale.sft.distill import Distillation
-from coscale.stages.context import StageContext
 
 
 def sft_stage(

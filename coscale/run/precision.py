@@ -3,13 +3,13 @@
 CPU flags do not tell which is faster: without native bf16 kernels bf16 is emulated and far
 slower, and even with ``avx512_bf16`` bf16-mixed can be the slower of the two (measurements in
 docs/results.md). So on the CPU ``auto`` times one training step of the model in each
-(:mod:`coscale.stages.precision_timing`, about a second for a small model) and takes the faster.
+(:mod:`coscale.run.precision_timing`, about a second for a small model) and takes the faster.
 A CPU whose flags list neither ``avx512_bf16`` nor ``amx_bf16`` gets ``32-true`` untimed (bf16
 would be emulated). On a CUDA device nothing is timed: ``bf16-mixed`` where the device supports
 bf16 (tensor cores make it the faster there), else ``32-true``.
 
 The decision is made once per run and kept in ``<run_dir>/precision.json``
-(:mod:`coscale.stages.precision_record`): every rank and every resume reads it back instead of
+(:mod:`coscale.run.precision_record`): every rank and every resume reads it back instead of
 timing again. Only ``auto`` reads it: any other value of ``trainer.precision`` is passed to
 Lightning as it is, and the record is left alone. Delete the file to measure again.
 """
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from coscale.distributed import launched_as_rank_zero
-from coscale.stages import precision_record as records
-from coscale.stages.precision_timing import Timings, time_fwd_bwd
+from coscale.run import precision_record as records
+from coscale.run.precision_timing import Timings, time_fwd_bwd
 
 AUTO = "auto"
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -77,7 +77,7 @@ def resolve_precision(
         trainer_args: ``lightning.Trainer`` arguments (``pipeline.trainer``).
         model: The run's model spec, timed when the choice is made here.
         run_dir: The run folder holding the record; None decides without one.
-        timer: What times ``model``; None: :func:`~coscale.stages.precision_timing.time_fwd_bwd`.
+        timer: What times ``model``; None: :func:`~coscale.run.precision_timing.time_fwd_bwd`.
 
     Returns:
         The arguments, and the line to print (``precision auto -> <choice>: <why>``; None when

@@ -24,10 +24,10 @@ from coscale.modules.curriculum_table import log_curriculum
 from coscale.modules.loggers import log_to_loggers
 from coscale.rollout.dtype import precision_dtype
 from coscale.rollout.run_engine import RunEngine
-from coscale.stages.checkpoint import CommitCheckpoint, RunState
-from coscale.stages.console import RunConsole, StageProgressBar
-from coscale.stages.epoch_counts import WholeEpochCounts
-from coscale.stages.precision import resolve_precision, training_device
+from coscale.run.checkpoint import CommitCheckpoint, RunState
+from coscale.run.console import RunConsole, StageProgressBar
+from coscale.run.epoch_counts import WholeEpochCounts
+from coscale.run.precision import resolve_precision, training_device
 
 
 class StageContext:

@@ -1,6 +1,6 @@
 """How long one training step of a model takes in float32 and under bf16 autocast, on the CPU.
 
-``precision: auto`` (:mod:`coscale.stages.precision`) decides from this measurement, not from the
+``precision: auto`` (:mod:`coscale.run.precision`) decides from this measurement, not from the
 CPU's flags. The model is built from its own config with random weights (its shapes are what
 matters, not its values), and each step is a forward pass with the labels and a backward pass of
 one small batch, the way Lightning runs it: ``32-true`` plainly, ``bf16-mixed`` with the forward
