@@ -142,8 +142,8 @@ class PipelineConfig:
             and ``rollout`` the pipeline's). Its ``verifier`` (or that default) is the run's one
             verifier: every stage's, the measurements' and the teacher's unless it sets its own.
         schedule: ``NSchedule`` arguments (Rollout N per difficulty group): the run's one
-            schedule, built once and started afresh by every RL stage. Its only place in
-            ``coscale run``: a ``data.schedule`` is refused.
+            schedule, built once and started afresh by every RL stage; a schedule the data's
+            curriculum already holds is refused.
     """
 
     model: str
@@ -208,25 +208,17 @@ class PipelineConfig:
             raise ValueError("pipeline: " + "; ".join(errors))
 
 
-def _one_schedule(config: PipelineConfig, data: ProblemDataModule) -> NSchedule:
-    """The run's one N schedule, built from ``pipeline.schedule`` (its only place: every RL
-    stage starts it afresh from those settings); a ``data.schedule`` is refused, not replaced."""
-    if data.curriculum.schedule is not None:
-        raise ValueError(
-            "data.schedule is set, but coscale run takes the Rollout N schedule from "
-            "pipeline.schedule only: move its arguments there (pipeline.schedule = "
-            f"{config.schedule or '{} (the defaults)'}) and remove data.schedule"
-        )
-    return NSchedule(**config.schedule)
-
-
 class Pipeline:
     """Runs (or resumes) the stages of :class:`PipelineConfig` on the data of one DataModule."""
 
     def __init__(self, config: PipelineConfig, data: ProblemDataModule) -> None:
         self.cfg, self.data = config, data
         self.curriculum = data.curriculum
-        self.curriculum.schedule = _one_schedule(config, data)
+        if self.curriculum.use_schedule(one := NSchedule(**config.schedule)) is not one:
+            raise ValueError(
+                "the data's curriculum has a Rollout N schedule: coscale run takes it from "
+                "pipeline.schedule only (remove the other)"
+            )
         self.plan = plan(config)  # every stage's name, kind and iteration, in order
         self.state_path = os.path.join(config.run_dir, "pipeline_state.json")
         self.done: list[str] = []

@@ -409,11 +409,6 @@ def test_schedule_arguments_and_its_state_saved_once_by_the_curriculum():
     again = RolloutNSchedule(num_groups=2)
     again.setup(_trainer(restored, policy), policy, "fit")
     assert restored.curriculum.schedule is fresh.schedule  # it had one: not replaced
-    with pytest.warns(
-        FutureWarning, match=r"schedule=\.\.\.\) is deprecated .* pass RolloutNSchedule"
-    ):
-        old = _dm(["a"], schedule=NSchedule(n_init=3))
-    assert old.curriculum.n_of("a") == 3  # still taken, for one release
 
 
 def test_renamed_classes_keep_their_old_names_for_one_release():

@@ -101,10 +101,9 @@ def test_add_problems_rejects_a_duplicate_id():
 
 def test_settings_name_every_bad_value_at_once():
     with pytest.raises(ValueError) as err:
-        Curriculum(CurriculumSettings(rollout_n=0, replay_fraction=1.0, redistill_max_total=0))
+        Curriculum(CurriculumSettings(replay_fraction=1.0, redistill_max_total=0))
     assert str(err.value) == (
-        "data: rollout_n must be an int >= 1 or None, got 0; "
-        "redistill_max_total must be an int >= 1 or None, got 0; "
+        "data: redistill_max_total must be an int >= 1 or None, got 0; "
         "replay_fraction must be in [0, 1), got 1.0"
     )
 
@@ -437,14 +436,18 @@ def test_record_measurement_groups_newly_solvable_problems_and_sets_their_n():
     assert plain.group_of == {} and plain.n_per_problem == {} and plain.n_of("a") == 8
 
 
-def test_the_start_n_is_the_schedules_n_init_and_rollout_n_a_deprecated_alias():
+def test_the_start_n_is_the_schedules_n_init_and_rollout_n_starts_in_one_place():
     rows = [{"id": "a", "question": "q", "answer": "x"}]
     assert _cur(rows).n_of("a") == 8 and _cur(rows, schedule=NSchedule(n_init=6)).n_of("a") == 6
-    with pytest.warns(FutureWarning, match=r"rollout_n is deprecated .*RolloutNSchedule\(n_init=4"):
-        cur = _cur(rows, rollout_n=4)
-    with pytest.raises(ValueError, match=r"n_init \(6\) is the start N; remove curriculum"):
-        cur.schedule = NSchedule(n_init=6)  # as the pipeline and RolloutNSchedule attach one
-    assert cur.schedule is None and cur.n_of("a") == 4
+    cur = _cur(rows)
+    mine = NSchedule(n_init=6, factor=2.0)
+    assert cur.use_schedule(mine) is mine and cur.use_schedule(NSchedule()) is mine  # kept
+    cur.record_measurement({"a": (10, 5)})  # solvable: grouped at N = 6
+    mine.n = [24] * mine.num_groups  # grown on plateaus in an earlier RL stage
+    cur.start_rollout_n(None, afresh=False)
+    assert cur.n_of("a") == 24  # the callback's start: N as it stands
+    cur.start_rollout_n(None, afresh=True)
+    assert cur.n_of("a") == 6  # a run's RL stage: afresh
 
 
 def test_measure_ids_pools_and_a_seeded_subset_that_changes_with_measurements():

@@ -418,9 +418,14 @@ def test_the_schedule_is_built_once_and_each_rl_stage_starts_it_afresh(tmp_path,
     assert pipe.curriculum.schedule is sched  # the same object, not a new one from the dict
     assert (sched.n, sched.best, sched.stalled) == ([3, 3], [None, None], [0, 0])
     assert pipe.curriculum.n_per_problem == {"a": 3}
-    # the data section's schedule is refused, naming both settings, never silently replaced
-    with pytest.raises(ValueError, match=r"data\.schedule is set.*from pipeline\.schedule only"):
-        _pipeline(tmp_path / "both", data={"schedule": NSchedule(n_init=5)})
+    # a schedule the data's curriculum holds is refused, never silently replaced
+    from coscale.datamodules import ProblemDataModule
+    from coscale.pipeline import Pipeline
+
+    data = ProblemDataModule(train=[{"id": "a", "question": "1+1", "answer": "2"}])
+    data.curriculum.use_schedule(NSchedule(n_init=5))
+    with pytest.raises(ValueError, match=r"takes it from pipeline\.schedule only"):
+        Pipeline(pipe.cfg, data)
 
 
 def test_stage_fits_carry_the_commit_checkpoint_and_resume_from_it(tmp_path):

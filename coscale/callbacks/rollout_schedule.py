@@ -30,13 +30,12 @@ class RolloutNSchedule(Callback):
 
     @override
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        cur = getattr(getattr(trainer, "datamodule", None), "curriculum", None)
-        if cur is not None and cur.schedule is None:
-            cur.schedule = self.schedule
+        if (cur := getattr(getattr(trainer, "datamodule", None), "curriculum", None)) is not None:
+            cur.use_schedule(self.schedule)
 
     @override
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if (cur := curriculum_of(pl_module)) is None:
             warn_no_curriculum(self)
         else:
-            log_to_loggers(trainer, cur.assign_groups(getattr(pl_module, "lr", None)))
+            log_to_loggers(trainer, cur.start_rollout_n(getattr(pl_module, "lr", None), False))

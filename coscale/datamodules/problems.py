@@ -8,24 +8,18 @@ problems with their N to an RL module, saving the curriculum in every checkpoint
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from coscale.checks import as_group, at_least, group_errors, one_of
 from coscale.datamodules.serving import CurriculumDataModule, serving_errors
 from coscale.loop.curriculum import Curriculum, CurriculumSettings, SFTSource
-from coscale.loop.schedule import NSchedule
 from coscale.loop.solution_sources import SolutionSource
 from coscale.tasks import BAD_ROW_CHOICES, FieldMap, load_problems
 from coscale.tasks.benchmarks import SOURCE_PREFIX, source_rows
 from coscale.tasks.builtin import builtin_rows, is_builtin
 
 Source = str | list[dict[str, Any]] | None
-SCHEDULE_MOVED = (
-    "ProblemDataModule(schedule=...) is deprecated and goes in the next release: pass "
-    "RolloutNSchedule(...) (the same arguments) to the Trainer's callbacks"
-)
 
 
 @dataclass(frozen=True)
@@ -69,8 +63,6 @@ class ProblemDataModule(CurriculumDataModule):
             ``redistill`` (latest correct RL rollouts) or ``all`` (both: what re-distillation
             and the final retrain train on).
         teacher: Where solutions beyond the data set's own come from (``class_path`` in YAML).
-        schedule: Deprecated (a warning names the way now): pass ``RolloutNSchedule`` to the
-            ``Trainer``'s callbacks instead.
         sft_replay: Earlier (question, solution) data mixed into every SFT set so that what the
             model already knows is not forgotten: a problem source whose rows have solutions
             (its share: ``curriculum.replay_fraction``).
@@ -90,7 +82,6 @@ class ProblemDataModule(CurriculumDataModule):
         val_batch_size: int = 16,
         sft_source: SFTSource = "bank",
         teacher: SolutionSource | None = None,
-        schedule: NSchedule | None = None,
         sft_replay: Source = None,
         curriculum: CurriculumSettings = CurriculumSettings(),
     ) -> None:
@@ -100,9 +91,7 @@ class ProblemDataModule(CurriculumDataModule):
         errors += serving_errors(sft_source, batch_size, sft_batch_size, val_batch_size)
         if errors:
             raise ValueError("ProblemDataModule: " + "; ".join(errors))
-        if schedule is not None:
-            warnings.warn(SCHEDULE_MOVED, FutureWarning, stacklevel=2)
-        loop_state = Curriculum(settings, teacher=teacher, schedule=schedule)
+        loop_state = Curriculum(settings, teacher=teacher)
         super().__init__(loop_state, sft_source, batch_size, sft_batch_size, val_batch_size)
         self.train_source, self.val_source, self.replay_source = train, val, sft_replay
         self.fields, self.val_fields = fields, val_fields or fields

@@ -14,7 +14,6 @@ serves it, the modules report to it, the pipeline's stages call it.
 from __future__ import annotations
 
 import random
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,22 +30,15 @@ from coscale.seeds import derive_seed
 Item = dict[str, Any]
 SFTSource = Literal["bank", "redistill", "all"]
 SFT_SOURCES = ("bank", "redistill", "all")
-ROLLOUT_N_MOVED = (
-    "data.curriculum.rollout_n is deprecated and goes in the next release: set Rollout N with "
-    "the RolloutNSchedule callback (RolloutNSchedule(n_init={n}, factor=1.0) keeps it fixed), "
-    "or pipeline.schedule.n_init in coscale run"
-)
 
 
 @dataclass(frozen=True)
 class CurriculumSettings(PoolRules):
     """The loop's rules: pool thresholds and budgets (:class:`~coscale.loop.pools.PoolRules`),
-    N, set sizes (``data.curriculum:`` in YAML).
+    set sizes (``data.curriculum:`` in YAML). Rollout N is the schedule's (``RolloutNSchedule`` in
+    a ``Trainer``, ``pipeline.schedule`` in ``coscale run``).
 
     Attributes:
-        rollout_n: Deprecated (a warning names the way now): Rollout N of every problem when no
-            schedule is attached. N is set by the schedule (``RolloutNSchedule`` in a
-            ``Trainer``, ``pipeline.schedule`` in ``coscale run``).
         solutions_per_round: Solutions added to each unsolvable problem per data-scaling round.
         redistill_per_problem: Latest correct rollouts taken per problem for re-distillation.
         redistill_max_total: Cap on the re-distillation set (a seeded subset beyond it).
@@ -59,7 +51,6 @@ class CurriculumSettings(PoolRules):
         seed: Seed of the per-epoch shuffle and of the re-distillation subset.
     """
 
-    rollout_n: int | None = None
     solutions_per_round: int = 4
     redistill_per_problem: int = 1
     redistill_max_total: int | None = None
@@ -70,8 +61,7 @@ class CurriculumSettings(PoolRules):
 
     def errors(self) -> list[str]:
         """Every bad value, named by its field."""
-        errors = at_least(1, optional=True, rollout_n=self.rollout_n)
-        errors += at_least(1, solutions_per_round=self.solutions_per_round)
+        errors = at_least(1, solutions_per_round=self.solutions_per_round)
         errors += at_least(1, redistill_per_problem=self.redistill_per_problem)
         errors += at_least(1, optional=True, redistill_max_total=self.redistill_max_total)
         if not 0 <= self.replay_fraction < 1:
@@ -85,8 +75,8 @@ class Curriculum:
     Args:
         settings: The rules' thresholds, budgets and sizes.
         teacher: Where solutions beyond a problem's own come from (None: its own only).
-        schedule: Rollout N per difficulty group (None: every problem gets ``N_INIT``).
-            Attached later by assigning ``curriculum.schedule``, under the same rule.
+        schedule: Rollout N per difficulty group (None: every problem gets ``N_INIT``), or one
+            installed later (:meth:`use_schedule`).
         replay_pairs: Earlier ``{"question", "solution"}`` pairs mixed into every SFT set.
     """
 
@@ -99,8 +89,6 @@ class Curriculum:
     ) -> None:
         if errors := settings.errors():
             raise ValueError("data: " + "; ".join(errors))
-        if settings.rollout_n is not None:
-            warnings.warn(ROLLOUT_N_MOVED.format(n=settings.rollout_n), FutureWarning, stacklevel=2)
         s = self.settings = settings
         self.teacher, self.replay_pairs = teacher, list(replay_pairs)
         self.schedule = schedule
@@ -194,28 +182,26 @@ class Curriculum:
         return [self._pair(pid, text) for pid, text in zip(solved, texts) if text is not None]
 
     # ------------------------------------------------- computation scaling (RL)
-    @property
-    def schedule(self) -> NSchedule | None:
-        """The Rollout N schedule (None: every problem gets ``N_INIT``)."""
-        return self._schedule
+    def use_schedule(self, schedule: NSchedule) -> NSchedule:
+        """Installs ``schedule`` unless the curriculum has one (built with it, or restored);
+        returns the one in use. The one way a run or a callback attaches Rollout N."""
+        if self.schedule is None:
+            self.schedule = schedule
+        return self.schedule
 
-    @schedule.setter
-    def schedule(self, schedule: NSchedule | None) -> None:
-        if schedule is not None and self.settings.rollout_n is not None:
-            raise ValueError(
-                f"data.curriculum.rollout_n={self.settings.rollout_n} and a Rollout N schedule are "
-                f"both set: the schedule's n_init ({schedule.n_init}) is the start N; remove "
-                "curriculum.rollout_n"
-            )
-        self._schedule = schedule
+    def start_rollout_n(self, lr: float | None, afresh: bool) -> dict[str, float]:
+        """Where RL starts Rollout N (the run's RL stage and ``RolloutNSchedule``): every N back
+        to ``n_init`` when ``afresh``, then the solvable problems grouped (:meth:`assign_groups`);
+        returns the ``sched/`` metrics."""
+        if afresh and self.schedule is not None:
+            self.schedule.reset()
+        return self.assign_groups(lr)
 
     @property
     def start_n(self) -> int:
         """Rollout N of a problem no schedule has grouped: the schedule's ``n_init``, else
-        :data:`~coscale.loop.schedule.N_INIT` (the deprecated ``rollout_n`` when set)."""
-        if self.schedule is not None:
-            return self.schedule.n_init
-        return N_INIT if self.settings.rollout_n is None else self.settings.rollout_n
+        :data:`~coscale.loop.schedule.N_INIT`."""
+        return N_INIT if self.schedule is None else self.schedule.n_init
 
     def n_of(self, pid: str) -> int:
         """Rollout N of a problem (its group's N once the schedule has set one)."""

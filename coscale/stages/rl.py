@@ -27,9 +27,8 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
         return None
     module = GRPOModule(model=model, peft=ctx.cfg.peft, **ctx.grpo_args)
     ctx.attach(module, model)  # the run's engine: synced from the policy at the fit's start
-    if not resuming and cur.schedule is not None:  # the run's one schedule, afresh
-        cur.schedule.reset()
-        ctx.log(cur.assign_groups(module.lr))
+    if not resuming:  # the run's one schedule, afresh (a resumed fit restores it)
+        ctx.log(cur.start_rollout_n(module.lr, afresh=True))
     callbacks = []
     if cfg.rl_measure_every:
         callbacks.append(
