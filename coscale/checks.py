@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 from numbers import Integral, Real
 from typing import Any
@@ -61,3 +62,13 @@ def as_group(cls: type, value: Any) -> Any:
 def group_errors(**groups: Any) -> list[str]:
     """Every group's :meth:`errors`, prefixed with its argument name (None: skipped)."""
     return [f"{name}.{e}" for name, g in groups.items() if g is not None for e in g.errors()]
+
+
+def imported(path: str, setting: str) -> Any:
+    """What a ``class_path`` names (``module.Name``), imported: the one reader of the settings
+    that name a class; a ValueError names ``setting`` when it cannot be imported."""
+    module_name, _, name = str(path).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        raise ValueError(f"{setting}={path!r} cannot be imported") from None

@@ -199,7 +199,9 @@ class PipelineConfig:
         errors += at_least(1, optional=True, measure_max_problems=self.measure_max_problems)
         if not 0.0 <= self.distill_weight <= 1.0:
             errors.append(f"distill_weight must be in [0, 1]; got {self.distill_weight!r}")
-        self.peft = as_peft_config(instantiate(self.peft))  # YAML's class_path, a saved mapping
+        self.peft = as_peft_config(
+            instantiate(self.peft, "pipeline.peft")
+        )  # YAML's class_path, a saved mapping
         errors += typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
         errors += typed_errors("grpo", GRPOModule, self.grpo, grpo_settings_errors)
         errors += typed_errors("schedule", NSchedule, self.schedule, schedule_errors)
@@ -230,8 +232,8 @@ class Pipeline:
         self.timing: dict[str, dict[str, float]] = {}  # its parts (coscale.clock.since)
         logs = os.path.join(config.run_dir, "logs")
         logger = make_logger(config.logger, logs, config.project, **config.wandb)
-        sft = config.sampling.sft_args(instantiate(config.sft))
-        grpo = config.sampling.grpo_args(instantiate(config.grpo))
+        sft = config.sampling.sft_args(instantiate(config.sft, "pipeline.sft"))
+        grpo = config.sampling.grpo_args(instantiate(config.grpo, "pipeline.grpo"))
         one_verifier(sft, grpo, data)
         self.ctx = StageContext(config, self.curriculum, data, logger, sft, grpo)
         grpo["rollout"] = self.ctx.engine.spec  # what the modules state; they borrow the engine

@@ -23,10 +23,24 @@ def derive_seed(*parts: str | int) -> int:
 
 
 @contextmanager
-def seeded(seed: int) -> Iterator[None]:
-    """Runs the block with torch's CPU (and current CUDA device's) generator seeded ``seed``;
-    the generators are as they were after it."""
-    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=cuda):
+def kept_rng(device: torch.device | str | None = None) -> Iterator[None]:
+    """Torch's CPU generator and ``device``'s (None: the current CUDA device, if any; a CPU
+    device: the CPU's only) are as they were after the block, whatever it draws or seeds."""
+    kind, index = "cuda", None
+    if device is None:
+        index = torch.cuda.current_device() if torch.cuda.is_available() else None
+    elif (device := torch.device(device)).type != "cpu":
+        kind, index = device.type, device.index
+        if index is None:
+            index = torch.cuda.current_device() if kind == "cuda" else 0
+    with torch.random.fork_rng(devices=[] if index is None else [index], device_type=kind):
+        yield
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device | str | None = None) -> Iterator[None]:
+    """Runs the block with torch seeded ``seed``; the generators :func:`kept_rng` keeps are as
+    they were after it (``torch.manual_seed`` seeds every device: one device per process)."""
+    with kept_rng(device):
         torch.manual_seed(seed)
         yield

@@ -23,9 +23,10 @@ peft = pytest.importorskip("peft", reason="install coscale[peft]")
 from coscale.datamodules import ProblemDataModule  # noqa: E402
 from coscale.models.adapter_checkpoint import FINGERPRINT_KEY, frozen_keys  # noqa: E402
 from coscale.models.adapters import ADAPTER_FOLDER, has_adapter, linear_layer_names  # noqa: E402
+from coscale.models.capabilities import keep_last_logits  # noqa: E402
 from coscale.models.policy import load_policy  # noqa: E402
 from coscale.modules import GRPOModule, SFTModule  # noqa: E402
-from coscale.rl.logprobs import keep_last_logits, sequence_logprobs  # noqa: E402
+from coscale.rl.logprobs import sequence_logprobs  # noqa: E402
 from coscale.rl.losses import GRPOLoss  # noqa: E402
 from coscale.rollout.base import SamplingParams  # noqa: E402
 from coscale.sft.batch import solution_loss, tokenize_pairs  # noqa: E402

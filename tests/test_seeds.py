@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from coscale.seeds import derive_seed, seeded
+from coscale.seeds import derive_seed, kept_rng, seeded
 
 
 def test_derived_seeds_are_fixed_in_range_and_apart_for_other_parts():
@@ -26,3 +26,15 @@ def test_seeded_blocks_repeat_and_leave_the_generator_as_it_was():
     with seeded(7):
         b = torch.rand(3)
     assert torch.equal(a, b)
+
+
+def test_the_model_devices_generator_is_kept_and_a_kept_block_may_draw_freely():
+    torch.manual_seed(3)
+    before = torch.random.get_rng_state()
+    with seeded(7, torch.device("cpu")):
+        on_cpu = torch.rand(2)
+    with seeded(7, "cpu"):
+        assert torch.equal(torch.rand(2), on_cpu)
+    with kept_rng():
+        torch.rand(5)  # drawn, not seeded: still put back
+    assert torch.equal(torch.random.get_rng_state(), before)

@@ -34,7 +34,7 @@ from typing import Any
 
 from coscale.integrations.trl_fields import grpo_config_defaults, refusals
 from coscale.integrations.trl_loss import loss_settings
-from coscale.modules.settings import DTYPES
+from coscale.models.capabilities import DTYPES
 
 DECAY_OF = {
     "linear": "linear",

@@ -27,6 +27,7 @@ from torch import nn
 
 from coscale.distributed import barrier, is_writer
 from coscale.models.full_state import fresh_like, full_state_dict, is_sharded, write_plain
+from coscale.seeds import seeded
 
 ADAPTER_FOLDER = "adapter"
 """Subfolder of an export that holds the adapter alone (``adapter_config.json`` + weights)."""
@@ -108,8 +109,7 @@ def with_adapter(model: nn.Module, config: Any) -> nn.Module:
     peft = _peft()
     config = copy.deepcopy(config)
     config.task_type = peft.TaskType.CAUSAL_LM  # PeftModelForCausalLM: generate, labels
-    with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
-        torch.manual_seed(adapter_seed())
+    with seeded(adapter_seed()):  # the caller's random stream is left as it was
         return peft.get_peft_model(model, config)
 
 

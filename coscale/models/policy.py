@@ -20,9 +20,9 @@ import torch
 from coscale.models import gguf
 from coscale.models.adapters import is_adapter_folder, load_merged_adapter
 from coscale.models.cache_folder import build_once
+from coscale.models.capabilities import DTYPES
 from coscale.models.full_state import save_full
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BUILTIN_PREFIX = "builtin:"
 """Prefix of a built-in model spec (the same as `coscale.tasks.builtin.PREFIX` for problems)."""
 TINY_SETTINGS = (
@@ -145,7 +145,7 @@ def load_policy(
             :func:`resolve_model_path`), a PEFT adapter folder (merged into the base its
             config names; the tokenizer is the base's), or an already built ``PreTrainedModel``.
         tokenizer: Name, path or object; defaults to the model's own folder.
-        dtype: Weights' dtype name (see :data:`DTYPES`).
+        dtype: Weights' dtype name (see :data:`coscale.models.capabilities.DTYPES`).
         trust_remote_code: Allow code shipped with the model (off unless asked).
         gradient_checkpointing: Trade compute for activation memory during training.
     """

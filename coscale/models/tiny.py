@@ -21,11 +21,11 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from coscale.checks import at_least
+from coscale.seeds import seeded
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")
 """Special tokens, in id order: pad=0, bos=1, eos=2, unk=3."""
@@ -129,8 +129,7 @@ def build_tiny_model(
         tie_word_embeddings=True,
         **ids,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(**ids)
     return model.eval()

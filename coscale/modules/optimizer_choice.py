@@ -20,13 +20,12 @@ in ``coscale run``, ``pipeline.sft`` / ``pipeline.grpo`` take them under these n
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from coscale.checks import as_group
+from coscale.checks import as_group, imported
 from coscale.modules.settings import AdamW
 
 CALLABLE_KEYS = ("custom_optimizer", "lr_scheduler")
@@ -43,12 +42,7 @@ def as_callable(value: Any, setting: str) -> Callable[..., Any] | None:
             f"{setting} must be a class_path mapping ({{class_path: torch.optim.SGD, init_args: "
             f"{{lr: 0.01}}}}) or a callable, got {value!r}"
         )
-    path = str(value["class_path"])
-    module_name, _, name = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError):
-        raise ValueError(f"{setting}.class_path={path!r} cannot be imported") from None
+    cls = imported(value["class_path"], f"{setting}.class_path")
     return functools.partial(cls, **dict(value.get("init_args") or {}))
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coscale.checks import at_least, one_of
+from coscale.models.capabilities import DTYPES
 
-DTYPES = ("float32", "bfloat16", "float16")
 DECAYS = ("constant", "linear", "cosine")
 """The learning rate after the warm-up (``AdamW.decay``)."""
 

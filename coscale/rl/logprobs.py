@@ -10,12 +10,12 @@ Shapes: R rollouts, P prompt tokens (left-padded), T completion tokens (right-pa
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache
+
+from coscale.models.capabilities import cache_kwargs, keep_last_logits, recomputes_activations
 
 
 def effective_temperature(temperature: float) -> float:
@@ -165,7 +165,7 @@ def _shared_prompt_logits(
     """[R, T, V] logits like `_completion_logits`, each distinct prompt run once; None when
     no prompt has two rows or the model recomputes activations (gradient checkpointing)."""
     distinct, row_prompt = torch.unique(prompt_index, return_inverse=True)  # [U], [R]
-    if len(distinct) == len(prompt_index) or _checkpointing(model):
+    if len(distinct) == len(prompt_index) or recomputes_activations(model):
         return None
     rows = torch.arange(len(row_prompt), device=ids.device)
     first = torch.zeros_like(distinct).scatter_(0, row_prompt, rows)  # [U] a row per prompt
@@ -193,13 +193,6 @@ def _shared_prompt_logits(
     return torch.cat([head, out.logits], dim=1)  # [R, T, V]
 
 
-def cache_kwargs(model: nn.Module, cache: object) -> dict:
-    """Keywords that make `model` read and extend `cache`: ``cache`` in transformers 5
-    signatures, ``past_key_values`` before."""
-    name = "cache" if accepts(model, "cache") else "past_key_values"
-    return {name: cache, "use_cache": True}
-
-
 def _used_columns(attention_mask: Tensor, prompt_length: int) -> tuple[int, int]:
     """[start, stop) of the columns some row attends to, keeping >= 1 prompt and completion
     column (so an all-padding batch still has a valid layout)."""
@@ -209,32 +202,3 @@ def _used_columns(attention_mask: Tensor, prompt_length: int) -> tuple[int, int]
     start = min(int(used[0]), prompt_length - 1)
     stop = max(int(used[-1]) + 1, prompt_length + 1)
     return start, stop
-
-
-def keep_last_logits(model: nn.Module, count: int) -> dict[str, int]:
-    """`logits_to_keep=count` when `model.forward` takes it (skips the prompt's logits)."""
-    return {"logits_to_keep": count} if accepts(model, "logits_to_keep") else {}
-
-
-def _checkpointing(model: nn.Module) -> bool:
-    """Whether activation (gradient) checkpointing is on; HF then runs without a cache."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name):
-            return bool(getattr(model, name))
-    return False
-
-
-def accepts(model: nn.Module, name: str) -> bool:
-    """Whether `model.forward` has a parameter `name` (a PEFT wrapper's base model's: the
-    wrapper hands it every keyword it does not take itself)."""
-    try:
-        return name in inspect.signature(unwrapped(model).forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def unwrapped(model: nn.Module) -> nn.Module:
-    """The model a PEFT wrapper runs (its ``get_base_model()``, adapter layers included), whose
-    signature and class say which speed paths apply; any other `model` as it is."""
-    base = getattr(model, "get_base_model", None)
-    return base() if callable(base) else model

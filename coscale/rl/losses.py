@@ -13,13 +13,12 @@ Shapes: R rollouts (sequences) in this call, T completion tokens.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from coscale.checks import is_number
+from coscale.checks import imported, is_number
 from coscale.rl.mismatch import Mismatch
 from coscale.rl.policy_loss import LossOutput, PolicyLoss
 
@@ -158,8 +157,7 @@ def as_loss(value: PolicyLoss | Mapping[str, Any] | None) -> PolicyLoss | None:
     path = value.get("class_path") if isinstance(value, Mapping) else None
     if not isinstance(path, str) or "." not in path:
         raise ValueError(f"loss must be a PolicyLoss or a class_path mapping, got {value!r}")
-    module, _, name = path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None)
+    cls = imported(path, "loss.class_path")
     if not (isinstance(cls, type) and issubclass(cls, PolicyLoss)):
         raise ValueError(f"loss class_path={path!r} names no PolicyLoss class")
     return cls(**dict(value.get("init_args") or {}))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
+
+from coscale.models.capabilities import dtype_name
 
 
 def precision_dtype(precision: Any) -> str | None:
@@ -26,8 +27,7 @@ def precision_dtype(precision: Any) -> str | None:
 
 def policy_dtype(policy: nn.Module) -> str:
     """The policy's parameter dtype as a vLLM ``dtype`` (``auto`` for any other)."""
-    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    return names.get(next(policy.parameters()).dtype, "auto")
+    return dtype_name(next(policy.parameters()).dtype) or "auto"
 
 
 def engine_dtype(precision: Any = None, policy: nn.Module | None = None) -> str:

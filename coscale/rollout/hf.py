@@ -32,6 +32,7 @@ from coscale.rl.logprobs import token_logprobs
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams, normalize_n_per_prompt
 from coscale.rollout.lockstep import in_lockstep
 from coscale.rollout.text import eos_token_ids, stop_cut
+from coscale.seeds import seeded
 
 
 class HFGenerateBackend(RolloutBackend):
@@ -173,23 +174,11 @@ def _pad_cat(pieces: list[Tensor], value: float) -> Tensor:
 
 @contextmanager
 def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    """Seeds torch's RNG for the block and restores the previous state after it.
-
-    `torch.manual_seed` seeds every device, but only the model's device (and the CPU) get
-    their state restored: enough for one device per process.
-    """
+    """:func:`coscale.seeds.seeded` on the model's device; unseeded, the global stream."""
     if seed is None:
         yield
         return
-    if device.type == "cpu":
-        devices, kind = [], "cuda"  # fork the CPU state only
-    else:
-        index = device.index
-        if index is None and device.type == "cuda":
-            index = torch.cuda.current_device()
-        devices, kind = [index or 0], device.type
-    with torch.random.fork_rng(devices=devices, device_type=kind):
-        torch.manual_seed(seed)
+    with seeded(seed, device):
         yield
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from coscale.models import policy
+from coscale.seeds import seeded
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,7 @@ def time_fwd_bwd(
     Returns:
         The median seconds per step in each precision. The global RNG is left as it was.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with seeded(0):
         net = random_model(model)
         tokens = min(tokens, getattr(net.config, "max_position_embeddings", None) or tokens)
         vocab = net.get_input_embeddings().num_embeddings

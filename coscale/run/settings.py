@@ -19,13 +19,12 @@ and which module arguments the run sets itself.
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import warnings
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-from coscale.checks import at_least, one_of
+from coscale.checks import at_least, imported, one_of
 from coscale.datamodules import ProblemDataModule
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.measure.pass_rates import KEEP
@@ -198,18 +197,20 @@ class FinalSettings:
         return errors + one_of(KEEP, keep=self.keep)
 
 
-def instantiate(value: Any) -> Any:
+def instantiate(value: Any, where: str = "pipeline") -> Any:
     """``{"class_path": ..., "init_args": {...}}`` dicts (from YAML) become objects, recursively
     (in lists too: a list of reward functions); a module's ``custom_optimizer`` and
-    ``lr_scheduler`` stay classes to call later (the module binds their arguments)."""
+    ``lr_scheduler`` stay classes to call later (the module binds their arguments). A class that
+    cannot be imported is refused naming its setting (``where``, then the keys to it)."""
     if isinstance(value, dict) and "class_path" in value:
-        module_name, _, cls_name = value["class_path"].rpartition(".")
-        cls = getattr(importlib.import_module(module_name), cls_name)
-        return cls(**instantiate(value.get("init_args", {})))
+        cls = imported(value["class_path"], f"{where}.class_path")
+        return cls(**instantiate(value.get("init_args", {}), f"{where}.init_args"))
     if isinstance(value, dict):
-        return {k: v if k in CALLABLE_KEYS else instantiate(v) for k, v in value.items()}
+        return {
+            k: v if k in CALLABLE_KEYS else instantiate(v, f"{where}.{k}") for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [instantiate(v) for v in value]
+        return [instantiate(v, f"{where}[{i}]") for i, v in enumerate(value)]
     return value
 
 

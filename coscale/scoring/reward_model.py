@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from coscale.checks import at_least, one_of
+from coscale.models.capabilities import DTYPES
 
-DTYPES = ("float32", "bfloat16", "float16")
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 """A hub id: ``owner/name``."""
 
@@ -141,7 +141,7 @@ def _errors(model: Any, batch_size: Any, dtype: Any, chat_template_kwargs: Any) 
             "model must be an existing folder, a hub id (owner/name) or a transformers model, "
             f"got {model!r}"
         )
-    errors += at_least(1, batch_size=batch_size) + one_of(DTYPES, dtype=dtype)
+    errors += at_least(1, batch_size=batch_size) + one_of(tuple(DTYPES), dtype=dtype)
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
         errors.append(f"chat_template_kwargs must be a mapping, got {chat_template_kwargs!r}")
     return errors

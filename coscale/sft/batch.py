@@ -8,11 +8,10 @@ from typing import Any
 import torch
 
 from coscale.loop.budget import spend
+from coscale.models.capabilities import keep_last_logits
 from coscale.models.prompting import end_of_turn_id, generation_prompt
-from coscale.rl.logprobs import keep_last_logits
 from coscale.sft.packing import can_pack, pack, packed_logits, packed_loss
-
-IGNORE = -100
+from coscale.sft.token_loss import IGNORE, token_mean_ce
 
 
 def tokenize_pairs(
@@ -68,16 +67,8 @@ def _pad_right(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str
 
 def token_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Cross-entropy averaged over the labelled tokens of the batch; also returns their count."""
-    shift_logits = logits[:, :-1].float()  # [B, L-1, V]
-    shift_labels = labels[:, 1:]  # [B, L-1]
-    n = int((shift_labels != IGNORE).sum())
-    loss = torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.size(-1)),
-        shift_labels.reshape(-1),
-        ignore_index=IGNORE,
-        reduction="sum",
-    )
-    return loss / max(n, 1), n
+    shift_logits = logits[:, :-1]  # [B, L-1, V]
+    return token_mean_ce(shift_logits.flatten(0, 1), labels[:, 1:].flatten())  # [B*(L-1), V]
 
 
 def solution_loss(

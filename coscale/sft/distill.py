@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from coscale.loop.budget import spend
 from coscale.sft.batch import solution_logits
+from coscale.sft.token_loss import token_mean_ce
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,7 @@ def distill_loss(
         (loss, number of solution tokens, {"ce": ..., "kl": ...}: detached 0-d tensors to log).
     """
     logits, targets = solution_logits(model, enc, padding_free)  # [K, V], [K]
-    n = len(targets)
-    ce = F.cross_entropy(logits, targets, reduction="sum") / max(n, 1)
+    ce, n = token_mean_ce(logits, targets, len(targets))
     kl = kl_to_teacher(logits, teacher.logits(enc, padding_free), temperature)
     loss = (1.0 - weight) * ce + weight * kl
     return loss, n, {"ce": ce.detach(), "kl": kl.detach()}  # tensors: no host sync per step

@@ -25,8 +25,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface
 
-from coscale.rl.logprobs import accepts, unwrapped
-from coscale.rollout.cached.kv_cache import full_attention_only
+from coscale.models.capabilities import (
+    accepts,
+    full_attention_only,
+    recomputes_activations,
+    unwrapped,
+)
+from coscale.sft.token_loss import token_mean_ce
 
 ATTENTION = "coscale_varlen_sdpa"
 """The attention implementation name a packed forward runs under."""
@@ -90,21 +95,9 @@ def can_pack(model: nn.Module, longest: int | None = None) -> bool:
         and bool(compatible())
         and _sees_whole_rows(text, longest)
         and getattr(text, "attn_logit_softcapping", None) is None
-        and not _recomputes(model)
+        and not recomputes_activations(model)
         and accepts(model, "position_ids")
         and accepts(model, "logits_to_keep")
-    )
-
-
-def _recomputes(model: nn.Module) -> bool:
-    """Activation checkpointing anywhere in `model`, HF's (a module's ``gradient_checkpointing``
-    flag, what ``is_activation_checkpointing`` reads) or torch's ``checkpoint_wrapper``. It runs
-    every step, so it reads each module's own attributes (``nn.Module.__getattr__`` on a missing
-    name raises, which made this walk ~0.4 ms on a 111-module model)."""
-    return any(
-        m.__dict__.get("gradient_checkpointing", getattr(type(m), "gradient_checkpointing", False))
-        or "_checkpoint_wrapped_module" in m._modules
-        for m in model.modules()
     )
 
 
@@ -232,6 +225,4 @@ def packed_logits(model: nn.Module, batch: PackedBatch) -> Tensor:
 
 def packed_loss(model: nn.Module, batch: PackedBatch) -> tuple[Tensor, int]:
     """Mean cross-entropy over the labelled next tokens of a packed batch, and their count."""
-    n = len(batch.targets)
-    logits = packed_logits(model, batch)  # [K, V]
-    return F.cross_entropy(logits, batch.targets, reduction="sum") / max(n, 1), n
+    return token_mean_ce(packed_logits(model, batch), batch.targets, len(batch.targets))  # [K, V]

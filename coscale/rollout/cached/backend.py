@@ -36,12 +36,8 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from coscale.rl.logprobs import (
-    cache_kwargs,
-    keep_last_logits,
-    position_ids_from_mask,
-    token_logprobs,
-)
+from coscale.models.capabilities import cache_kwargs, keep_last_logits
+from coscale.rl.logprobs import position_ids_from_mask, token_logprobs
 from coscale.rollout.base import SamplingParams
 from coscale.rollout.cached.compiled import CompiledDecodeStep
 from coscale.rollout.cached.kv_cache import new_cache

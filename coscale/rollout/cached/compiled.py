@@ -20,8 +20,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache, StaticCache
 
-from coscale.rl.logprobs import cache_kwargs, keep_last_logits
-from coscale.rollout.cached.kv_cache import full_attention_only
+from coscale.models.capabilities import cache_kwargs, full_attention_only, keep_last_logits
 
 
 class CompiledDecodeStep:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
+from coscale.models.capabilities import full_attention_only
+
 
 class PreallocatedLayer(DynamicLayer):
     """One layer's keys/values in [n, H, C, D] buffers; `keys`/`values` are [n, H, L, D] views.
@@ -95,13 +97,3 @@ def new_cache(model: nn.Module, capacity: int, preallocate: bool = True) -> Cach
         layers = [PreallocatedLayer(capacity) for _ in range(config.num_hidden_layers)]
         return Cache(layers=layers)
     return DynamicCache(config=config)
-
-
-def full_attention_only(config) -> bool:
-    """Whether every layer attends to the whole prefix. Sliding-window or linear-attention layers
-    need HF's own cache layers. A config without ``layer_types`` (Mistral) slides wherever it
-    sets ``sliding_window``."""
-    kinds = getattr(config, "layer_types", None)
-    if kinds is None:
-        kinds = ["full_attention" if getattr(config, "sliding_window", None) is None else "sliding"]
-    return set(kinds) == {"full_attention"} and hasattr(config, "num_hidden_layers")

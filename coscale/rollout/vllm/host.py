@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from coscale.seeds import kept_rng
+
 
 def _numpy_state() -> Any:
     try:
@@ -118,6 +120,5 @@ def seeded_rng_guard(seed: int | None) -> Iterator[None]:
     if seed is None:
         yield
         return
-    devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
+    with kept_rng():
         yield
