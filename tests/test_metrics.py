@@ -149,3 +149,13 @@ def test_syncs_across_processes():
     results = mp.Manager().dict()
     mp.spawn(_sync_worker, args=(2, port, results), nprocs=2, join=True)
     assert dict(results) == {0: 0.625, 1: 0.625}
+
+
+def test_pass_rates_is_the_mean_unbiased_estimate_for_each_k():
+    from coscale.scoring.sample_count import pass_rates
+
+    got = pass_rates(4, [0, 1, 4], ks=[1, 2])
+    want = {k: sum(pass_at_k(4, c, k) for c in (0, 1, 4)) / 3 for k in (1, 2)}
+    assert got.keys() == {"pass@1", "pass@2"}
+    assert all(abs(got[f"pass@{k}"] - want[k]) < 1e-6 for k in (1, 2))
+    assert pass_rates(4, [2, 2]).keys() == {"pass@1", "pass@4"} and pass_rates(4, []) == {}

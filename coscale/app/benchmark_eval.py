@@ -1,20 +1,20 @@
 """pass@k of a model on named benchmarks: sample every problem n times, score, aggregate.
 
 The engine of ``coscale eval`` (`coscale.app.evaluate`), usable on its own with any
-`RolloutBackend` and reward: pass@k is the unbiased estimator of `coscale.scoring.metrics.pass_at_k`
-over a benchmark's problems; `result_rows` adds a macro average over benchmarks.
+`RolloutBackend` and reward: it samples and counts as every other score does
+(`coscale.scoring.sample_count`), pass@k the unbiased estimator over a benchmark's problems; `result_rows` adds a macro average over benchmarks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from coscale.loop.problem import Problem
 from coscale.rollout.base import RolloutBackend, SamplingParams
-from coscale.scoring.metrics import pass_at_k
-from coscale.scoring.reward_set import correct_per_prompt, is_correct
+from coscale.scoring.reward_set import is_correct
+from coscale.scoring.sample_count import chunk_sampling, pass_rates, sample_and_count
 
 
 @dataclass
@@ -64,17 +64,21 @@ def evaluate(
 def _evaluate_one(
     backend, prompts, name, problems, reward, samples, ks, sampling, batch_size
 ) -> BenchmarkResult:
-    correct, tokens, truncated = [], 0.0, 0
-    for j, start in enumerate(range(0, len(problems), batch_size)):
-        chunk = problems[start : start + batch_size]
-        seeded = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
-        rollouts = backend.generate(prompts([p.question for p in chunk]), samples, seeded)
-        scores = reward(rollouts.texts, [chunk[i].answer for i in rollouts.prompt_index.tolist()])
-        correct += correct_per_prompt(rollouts.prompt_index, is_correct(scores), len(chunk))
-        tokens += float(rollouts.lengths.sum())
-        truncated += sum(r == "length" for r in rollouts.finish_reasons)
+    chunks = [problems[i : i + batch_size] for i in range(0, len(problems), batch_size)]
+    texts = [prompts([p.question for p in chunk]) for chunk in chunks]
+    samplings = [chunk_sampling(sampling, j) for j in range(len(chunks))]
+
+    def verdicts(chunk: list[Problem], _: list[str], rollouts: Any) -> Any:
+        answers = [chunk[i].answer for i in rollouts.prompt_index.tolist()]
+        return is_correct(reward(rollouts.texts, answers))
+
+    counted = sample_and_count(backend, chunks, texts, samples, samplings, verdicts)
+    correct = [c for one in counted for c in one.correct]
+    tokens = sum(float(one.rollouts.lengths.sum()) for one in counted)
+    truncated = sum(r == "length" for one in counted for r in one.rollouts.finish_reasons)
     total = max(1, len(problems) * samples)
-    pass_at = {k: _mean([pass_at_k(samples, c, k) for c in correct]) for k in ks}
+    rates = pass_rates(samples, correct, ks)
+    pass_at = {k: rates.get(f"pass@{k}", float("nan")) for k in ks}
     return BenchmarkResult(name, samples, correct, pass_at, tokens / total, truncated / total)
 
 

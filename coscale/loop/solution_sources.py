@@ -15,8 +15,8 @@ from coscale.loop.problem import Problem
 from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.rollout.base import SamplingParams
 from coscale.rollout.factory import RolloutSettings
-from coscale.scoring.answers import check_answers
-from coscale.scoring.reward_functions import RewardFunction, RewardInputs
+from coscale.scoring.answers import check_answers, reward_inputs
+from coscale.scoring.reward_functions import RewardFunction
 from coscale.scoring.reward_set import is_correct
 
 Request = tuple[Problem, int]  # (problem, how many new solutions it needs)
@@ -125,15 +125,13 @@ class TeacherSolutions(SolutionSource):
 
     def _sample_round(self, todo: Sequence[Request], known, out: dict[str, list[str]]) -> None:
         problems = [p for p, _ in todo]
-        check_answers(problems, [RewardFunction(self.reward, "data.teacher's reward")], FIX)
+        reward = RewardFunction(self.reward, "data.teacher's reward")
+        check_answers(problems, [reward], FIX)  # before the teacher's model is loaded
         backend = self._load()
-        questions = [p.question for p in problems]
-        prompts = [self.prompt(q, backend.tokenizer) for q in questions]
+        prompts = [self.prompt(p.question, backend.tokenizer) for p in problems]
         rollouts = backend.generate(prompts, self.samples_per_problem, self.sampling)
-        answers, metas = [p.answer for p in problems], [p.meta for p in problems]
-        messages = self.prompt.conversations(questions)
-        inputs = RewardInputs.of_rollouts(rollouts, prompts, answers, metas, messages)
-        correct = is_correct(RewardFunction(self.reward, "teacher's reward").score(inputs))
+        inputs = reward_inputs(problems, prompts, rollouts, self.prompt, [reward], FIX)
+        correct = is_correct(reward.score(inputs))
         for i, text, ok in zip(rollouts.prompt_index.tolist(), rollouts.texts, correct.tolist()):
             problem, k = todo[i]
             taken, text = out[problem.id], text.strip()

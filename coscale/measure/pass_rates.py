@@ -14,7 +14,7 @@ from typing import Any
 from coscale.distributed import all_gather_objects, rank_world
 from coscale.loop.curriculum import Curriculum
 from coscale.rollout.base import SamplingParams
-from coscale.scoring.metrics import PassAtK
+from coscale.scoring.sample_count import chunk_sampling, pass_rates
 from coscale.seeds import derive_seed
 
 
@@ -60,7 +60,7 @@ def measure(
         for pid, c in zip(ids, counts)
     }
     metrics = {f"pool/{name}": float(n) for name, n in curriculum.pools.counts().items()}
-    metrics |= {f"pool/{key}": v for key, v in (pass_rates(k, counts) if counts else {}).items()}
+    metrics |= {f"pool/{key}": v for key, v in pass_rates(k, counts).items()}
     return results, metrics
 
 
@@ -83,7 +83,7 @@ def sample_counts(
     mine = [r * world + rank for r in range(rounds)]
     real = [j for j in mine if j < len(chunks)]
     padded = [chunks[j] if j < len(chunks) else chunks[real[0] if real else 0] for j in mine]
-    samplings = [_chunk_sampling(sampling, j) for j in mine]
+    samplings = [chunk_sampling(sampling, j) for j in mine]
     counts = _count_many(module, padded, n, samplings) if padded else []
     done = dict(all_gather_objects([(j, list(c)) for j, c in zip(mine, counts) if j in real]))
     return [c for j in range(len(chunks)) for c in done[j]]
@@ -100,10 +100,6 @@ def _count_many(
     return [module.count_correct(c, n, s) for c, s in zip(chunks, samplings)]
 
 
-def _chunk_sampling(sampling: SamplingParams, j: int) -> SamplingParams:
-    return sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j)
-
-
 def judged_problems(held_out: list[Any], curriculum: Curriculum) -> list[dict]:
     """What models are judged on: the ``held_out`` problems, else the training problems (never
     point it at the sets you report)."""
@@ -118,13 +114,6 @@ def judge(module: Any, problems: list[dict], tag: str, k: int, seed: int) -> dic
     sampling = replace(getattr(module, "val_sampling", None) or SamplingParams(), seed=seed)
     counts = sample_counts(module, problems, k, sampling, 16)
     return {f"val/final_{tag}_{key}": v for key, v in pass_rates(k, counts).items()}
-
-
-def pass_rates(n: int, counts: list[int]) -> dict[str, float]:
-    """``{"pass@1", "pass@<n>"}`` over problems with ``n`` samples and ``counts`` correct."""
-    metric = PassAtK(k=sorted({1, n}), sync_on_compute=False)  # counts are gathered already
-    metric.update([n] * len(counts), counts)
-    return {key: float(v) for key, v in metric.compute().items()}
 
 
 KEEP = ("retrained", "better", "best")

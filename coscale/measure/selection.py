@@ -28,6 +28,7 @@ from coscale.loop.commit import commit_point
 from coscale.measure.pass_rates import judged_problems, sample_counts
 from coscale.modules.loggers import log_to_loggers
 from coscale.rollout.base import SamplingParams
+from coscale.scoring.sample_count import pass_rates
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ class SelectOnProblems(Callback):
         # an engine with its own copy (the run's vLLM engine) gets this step's weights first
         pl_module.backend.update_weights(pl_module.policy)
         counts = sample_counts(pl_module, self.problems, self.k, replace(base, seed=self.seed), 16)
-        value = sum(counts) / (self.k * len(counts)) if counts else 0.0
+        value = pass_rates(self.k, counts, [1]).get("pass@1", 0.0)
         self.scores[step] = value
         if value > self.best:  # a later step must do strictly better to replace the choice
             pl_module.export(self.path(step))

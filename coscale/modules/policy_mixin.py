@@ -26,13 +26,14 @@ from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.optimizer_choice import as_callable, describe, peak_lr, with_scheduler
 from coscale.modules.settings import AdamW
 from coscale.rollout import build_backend
-from coscale.rollout.base import RolloutBackend, Rollouts, SampleCall, SamplingParams
+from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
 from coscale.rollout.dtype import precision_dtype
 from coscale.rollout.factory import RolloutSettings, close_backend
-from coscale.scoring.answers import check_answers
+from coscale.scoring.answers import reward_inputs
 from coscale.scoring.metrics import PassAtK
 from coscale.scoring.reward_functions import RewardInputs
-from coscale.scoring.reward_set import RewardSet, Scores, correct_per_prompt
+from coscale.scoring.reward_set import RewardSet, Scores
+from coscale.scoring.sample_count import sample_and_count
 
 
 class PolicyMixin:
@@ -158,10 +159,7 @@ class PolicyMixin:
         ``prompts``): each problem's answer and other columns (``meta``), and the messages the
         prompt was rendered from when it is a conversation. A prompt-only problem (no answer)
         is refused when a reward function or the verifier reads the answer."""
-        check_answers(problems, self.rewards)
-        messages = self.prompt.conversations([p["question"] for p in problems])
-        answers, metas = [p["answer"] for p in problems], [p.get("meta") for p in problems]
-        return RewardInputs.of_rollouts(rollouts, prompts, answers, metas, messages)
+        return reward_inputs(problems, prompts, rollouts, self.prompt, self.rewards)
 
     def count_correct(self, problems: list[dict], n: int, sampling: SamplingParams) -> list[int]:
         """Number of correct samples (by the verifier alone) out of ``n`` per problem."""
@@ -173,15 +171,14 @@ class PolicyMixin:
         """:meth:`count_correct` of each chunk with its own sampling (seed), all sampled in one
         backend call (`RolloutBackend.generate_many`: one engine call for a vLLM engine)."""
         prompts = [self.prompts_for([p["question"] for p in chunk]) for chunk in chunks]
-        calls = [SampleCall(p, n, s) for p, s in zip(prompts, samplings)]
-        with timed("sampling"):
-            batches = self.backend.generate_many(calls)
-        counts = []
-        for chunk, texts, rollouts in zip(chunks, prompts, batches):
-            self.record_spend(rollouts.num_rollouts)
-            verdicts = self.rewards.verify(self.reward_inputs(chunk, texts, rollouts))
-            counts.append(correct_per_prompt(rollouts.prompt_index, verdicts, len(chunk)))
-        return counts
+
+        def verdicts(chunk: list[dict], texts: list[str], rollouts: Rollouts) -> torch.Tensor:
+            return self.rewards.verify(self.reward_inputs(chunk, texts, rollouts))
+
+        counted = sample_and_count(self.backend, chunks, prompts, n, samplings, verdicts)
+        for c in counted:
+            self.record_spend(c.rollouts.num_rollouts)
+        return [c.correct for c in counted]
 
     def record_spend(self, rollouts: int) -> None:
         """Counts ``rollouts`` in the run's budget, and on the backend that sampled them."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from coscale.scoring.reward_functions import RewardFunction
+from coscale.scoring.reward_functions import RewardFunction, RewardInputs
 
 GRPO_FIX = (
     "give reward functions and a verifier that need no answer (pipeline.grpo.reward / "
@@ -53,6 +53,24 @@ def check_answers(problems: Sequence[Any], rewards: Any, fix: str = GRPO_FIX) ->
         f"{' and '.join(readers)} read it; {fix}, or set data.fields.answer to the column that "
         "holds it"
     )
+
+
+def reward_inputs(
+    problems: Sequence[Any],
+    prompts: Sequence[str],
+    rollouts: Any,
+    prompt: Any,
+    rewards: Any,
+    fix: str = GRPO_FIX,
+) -> RewardInputs:
+    """What ``rewards`` read about ``rollouts`` of ``problems`` (dicts or ``Problem``s, rendered
+    by the prompt format ``prompt`` into ``prompts``): each problem's answer and other columns,
+    and the messages a conversation prompt was rendered from. Prompt-only problems are refused
+    first (:func:`check_answers`). The one builder of the policy's and the teacher's inputs."""
+    check_answers(problems, rewards, fix)
+    messages = prompt.conversations([_get(p, "question") for p in problems])
+    answers, metas = [_get(p, "answer") for p in problems], [_get(p, "meta") for p in problems]
+    return RewardInputs.of_rollouts(rollouts, prompts, answers, metas, messages)
 
 
 def _get(problem: Any, key: str) -> Any:
