@@ -131,3 +131,16 @@ def test_a_grpo_module_alone_samples_as_the_run_does_with_the_same_settings(tiny
         assert alone.sampling == in_run.sampling, (alone.sampling, in_run.sampling)
         assert alone.val_sampling.temperature == in_run.val_sampling.temperature
     assert alone.sampling.temperature == 0.6 and built({}, {})[0].sampling.temperature == 1.0
+
+
+def test_one_sampling_class_for_the_module_the_run_and_the_backends():
+    from coscale.modules.grpo import GROUPS
+    from coscale.rollout.base import SamplingParams
+
+    assert GROUPS["sampling"] is SamplingParams and issubclass(RunSampling, SamplingParams)
+    assert RunSampling().errors() == [] and RunSampling(temperature=-1).errors() == [
+        "temperature must be a number >= 0, got -1"
+    ]
+    refused = RunSampling(seed=3, stop=["\n"]).errors()
+    assert [e.split(" ")[0] for e in refused] == ["seed", "stop"]  # each names where it goes
+    assert "pipeline.grpo.sampling.seed" in refused[0]

@@ -14,7 +14,7 @@ micro-batches are a plain loop in :meth:`update`.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
@@ -28,7 +28,7 @@ from coscale.models.adapters import as_peft_config
 from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
 from coscale.modules.curriculum_table import log_module_curriculum
 from coscale.modules.fit_data import curriculum_of, epoch_finished
-from coscale.modules.grpo_settings import Sampling, Update
+from coscale.modules.grpo_settings import Update
 from coscale.modules.kl_reference import frozen_copy, reference_logprobs
 from coscale.modules.optimizer_choice import choice_errors
 from coscale.modules.policy_mixin import PolicyMixin, source_fields
@@ -127,7 +127,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         optimizer: AdamW = DEFAULT_OPTIMIZER,
         custom_optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
-        sampling: Sampling = Sampling(),
+        sampling: SamplingParams = SamplingParams(),
         update: Update = Update(),
         validation: Validation = Validation(),
         rollout: RolloutSettings = RolloutSettings(),
@@ -159,10 +159,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.loss_fn = GRPOLoss() if loss is None else as_loss(loss)  # a mapping is built
         self.update_settings, self.rollout_settings = groups["update"], groups["rollout"]
         s = groups["sampling"]
-        self.sampling = SamplingParams(
-            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
-        )
-        self.seed, self.log_completions_every = s.seed, log_completions_every
+        self.sampling = replace(s, seed=None)  # each step's seed comes from the base below
+        self.seed, self.log_completions_every = s.seed or 0, log_completions_every
         self._init_policy(model, tokenizer, peft, groups, self.sampling)
         # same result, less work (tests/test_speed_paths.py compares them with the plain paths)
         self.sort_micro_batches = self.share_prompt_in_update = True
@@ -181,7 +179,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         start = time.perf_counter()
         if getattr(self.backend, "needs_sync", False):  # e.g. a vLLM engine woken from sleep
             self.backend.update_weights(self.policy)
-        sampling = SamplingParams(**{**self.sampling.__dict__, "seed": self._step_seed()})
+        sampling = replace(self.sampling, seed=self._step_seed())
         with self.rewards.using(reward_context(self, batch_idx)) as context:  # TRL's step kwargs
             if self.update_settings.max_staleness:
                 rollouts, scores, stale = sample_ahead(self, batch)  # R rollouts
@@ -392,7 +390,7 @@ def settings_errors(**args: Any) -> list[str]:
 GROUPS = {
     "load": PolicyLoad,
     "optimizer": AdamW,
-    "sampling": Sampling,
+    "sampling": SamplingParams,
     "update": Update,
     "validation": Validation,
     "rollout": RolloutSettings,

@@ -1,8 +1,9 @@
-"""The GRPO module's own settings groups: how rollouts are sampled and how the policy is updated.
+"""The GRPO module's own settings group: how the policy is updated (its rollouts are sampled by
+:class:`~coscale.rollout.base.SamplingParams`, the one sampling class).
 
 Frozen dataclasses documented once (``coscale fit --help`` and ``coscale run --help`` show these
 docstrings), each checking its own ranges; in YAML a group is a mapping:
-``sampling: {temperature: 1.0, max_new_tokens: 64}``.
+``update: {num_iterations: 2, micro_batch_size: 8}``.
 """
 
 from __future__ import annotations
@@ -11,32 +12,6 @@ from dataclasses import dataclass
 
 from coscale.checks import at_least, one_of
 from coscale.rl.advantages import SCALES
-from coscale.rollout.base import SamplingParams, sampling_errors
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How the rollouts of a training step are sampled.
-
-    Attributes:
-        max_new_tokens: Token limit of one rollout.
-        temperature: Sampling temperature (the update scores the rollouts at the same one).
-        top_p: Nucleus sampling.
-        top_k: Keep the k most likely tokens (0: off).
-        seed: Base seed: each step samples with ``derive_seed("step", seed, step, rank)``.
-    """
-
-    # the defaults are SamplingParams', as those of the run's sampling (pipeline.sampling): a
-    # GRPOModule in a user's Trainer samples as `coscale run` does with the same settings
-    max_new_tokens: int = SamplingParams.max_new_tokens
-    temperature: float = SamplingParams.temperature
-    top_p: float = SamplingParams.top_p
-    top_k: int = SamplingParams.top_k
-    seed: int = 0
-
-    def errors(self) -> list[str]:
-        errors = sampling_errors(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
-        return errors + at_least(0, seed=self.seed)
 
 
 @dataclass(frozen=True)

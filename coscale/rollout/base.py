@@ -31,19 +31,25 @@ ones zero-filled, with no trainer's model to recompute them (evaluation only).""
 _TENSOR_FIELDS = ("prompt_index", "input_ids", "attention_mask", "completion_mask", "logprobs")
 
 
-def sampling_errors(max_new_tokens: Any, temperature: Any, top_p: Any, top_k: Any) -> list[str]:
+def sampling_errors(
+    max_new_tokens: Any, temperature: Any, top_p: Any, top_k: Any, unset: bool = False
+) -> list[str]:
     """Every bad sampling setting, named: the one check of every settings group that holds them
-    (these parameters, ``pipeline.sampling``, ``GRPOModule``'s ``sampling``)."""
-    errors = at_least(1, max_new_tokens=max_new_tokens) + at_least(0, top_k=top_k)
-    errors += at_least(0, float, temperature=temperature)
-    if not (is_number(top_p) and 0 < top_p <= 1):
+    (these parameters, ``pipeline.sampling``, ``GRPOModule``'s ``sampling``); with ``unset``,
+    None passes (a field the run fills in)."""
+    errors = at_least(1, optional=unset, max_new_tokens=max_new_tokens)
+    errors += at_least(0, optional=unset, top_k=top_k)
+    errors += at_least(0, float, optional=unset, temperature=temperature)
+    if not ((unset and top_p is None) or (is_number(top_p) and 0 < top_p <= 1)):
         errors.append(f"top_p must be in (0, 1], got {top_p!r}")
     return errors
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How completions are sampled.
+    """How completions are sampled: the one sampling class of the backends, of ``GRPOModule``'s
+    ``sampling`` and of the run's ``pipeline.sampling`` (which adds the prompt), with one set of
+    defaults, so a module in a user's ``Trainer`` samples as ``coscale run`` does.
 
     Attributes:
         max_new_tokens: Most tokens generated per completion (>= 1).
@@ -51,7 +57,8 @@ class SamplingParams:
         top_p: Nucleus sampling mass in (0, 1]; 1 disables it.
         top_k: Keep the k most likely tokens (>= 0); 0 disables it.
         seed: Makes sampling reproducible for the same call (same prompts, N and backend
-            settings); None uses the ambient RNG.
+            settings); None uses the ambient RNG. ``GRPOModule``'s is the base of every step's
+            seed (``derive_seed("step", seed, step, rank)``; None: 0).
         stop: Extra stop strings; the completion ends with the token that completes the
             first one found (that token is kept). A list is turned into a tuple.
     """
@@ -65,11 +72,17 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
-        problems = sampling_errors(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
+        if problems := self.errors(unset=True):  # None: unset in a group the run fills in
+            raise ValueError("sampling: " + "; ".join(problems))
+
+    def errors(self, unset: bool = False) -> list[str]:
+        """Every bad setting, named (``unset``: None passes; a group's check does not)."""
+        fields = (self.max_new_tokens, self.temperature, self.top_p, self.top_k)
+        errors = sampling_errors(*fields, unset=unset)
+        errors += at_least(0, optional=True, seed=self.seed)
         if any(not isinstance(s, str) or not s for s in self.stop):
-            problems.append(f"stop must hold non-empty strings, got {self.stop!r}")
-        if problems:
-            raise ValueError("SamplingParams: " + "; ".join(problems))
+            errors.append(f"stop must hold non-empty strings, got {self.stop!r}")
+        return errors
 
     @property
     def greedy(self) -> bool:

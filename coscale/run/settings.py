@@ -30,13 +30,16 @@ from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.measure.pass_rates import KEEP
 from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.modules.optimizer_choice import CALLABLE_KEYS
-from coscale.rollout.base import SamplingParams, sampling_errors
+from coscale.rollout.base import SamplingParams
 from coscale.scoring.reward_set import default_verifier
 
 
 @dataclass(frozen=True)
-class RunSampling:
-    """How the run's policy is prompted and sampled, for every sampler of the run.
+class RunSampling(SamplingParams):
+    """How the run's policy is prompted and sampled, for every sampler of the run: the one
+    sampling class (:class:`~coscale.rollout.base.SamplingParams`, its fields and defaults) with
+    the prompt and the judge's temperature. Its ``seed`` and ``stop`` are not the run's: the
+    run's seeds come from ``pipeline.seed`` (and ``pipeline.grpo.sampling.seed``).
 
     Attributes:
         prompt: How a question becomes the prompt (template, chat template, system message;
@@ -54,18 +57,21 @@ class RunSampling:
     """
 
     prompt: PromptFormat | str = PromptFormat()
-    max_new_tokens: int = SamplingParams.max_new_tokens  # one set of defaults (GRPO's Sampling)
-    temperature: float = SamplingParams.temperature
-    top_p: float = SamplingParams.top_p
-    top_k: int = SamplingParams.top_k
     judge_temperature: float | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # checked with the rest of the run's settings (errors)
+        object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "prompt", as_prompt_format(_plain(self.prompt)))
 
     def errors(self) -> list[str]:
         """Every out-of-range setting, named."""
-        errors = sampling_errors(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
+        errors = super().errors()
+        if self.seed is not None:
+            errors.append("seed is not set here: pipeline.seed seeds the run (RL's rollouts: "
+                          "pipeline.grpo.sampling.seed)")  # fmt: skip
+        if self.stop:
+            errors.append("stop is not taken by coscale run yet (RL, the measurements and the "
+                          "judge would need it alike)")  # fmt: skip
         return errors + at_least(0, float, optional=True, judge_temperature=self.judge_temperature)
 
     @property
