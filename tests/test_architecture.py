@@ -113,3 +113,23 @@ def test_only_the_rollout_factory_imports_the_vllm_backend():
         if target == "coscale.rollout.vllm" or target.startswith("coscale.rollout.vllm.")
     ]
     assert not found, "\n".join(found)
+
+
+def test_the_architecture_page_names_every_room_that_imports_each_room():
+    """docs/architecture.md's "used by" column is the import graph read backwards: each row's
+    rooms are imported by exactly the rooms it names ("any room": the rooms below all others)."""
+    import re
+
+    page = (PACKAGE_DIR.parent / "docs" / "architecture.md").read_text()
+    importers: dict[str, set[str]] = {}
+    for source, targets in room_graph(PACKAGE_DIR).items():
+        for target in targets:
+            importers.setdefault(target, set()).add(source)
+    rows = re.findall(r"^\| (`coscale/[^|]+) \|[^\n]*\| ([^|\n]+) \|$", page, re.M)
+    assert len(rows) > 10
+    for rooms, used_by in rows:
+        if used_by == "any room":
+            continue
+        named = set(re.findall(r"`(\w+)`", used_by))
+        for path in re.findall(r"`coscale/(\w+)", rooms):
+            assert importers.get(path, set()) == named, (path, sorted(importers.get(path, ())))

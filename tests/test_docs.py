@@ -294,3 +294,5 @@ def test_the_architecture_page_names_every_room_and_only_files_there():
         room, text = row
         named = re.findall(r"`(\w+\.py)`", text)
         assert all((ROOT / "coscale" / room / n).exists() for n in named), (room, named)
+    paths = re.findall(r"`(coscale/[\w/]+(?:\.py|/))`", page)  # the rooms and the traces' files
+    assert len(paths) > 20 and not [p for p in paths if not (ROOT / p).exists()]
