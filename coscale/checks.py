@@ -70,5 +70,5 @@ def imported(path: str, setting: str) -> Any:
     module_name, _, name = str(path).rpartition(".")
     try:
         return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError):
-        raise ValueError(f"{setting}={path!r} cannot be imported") from None
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"{setting}={path!r} cannot be imported ({err})") from err

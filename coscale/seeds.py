@@ -24,11 +24,12 @@ def derive_seed(*parts: str | int) -> int:
 
 @contextmanager
 def kept_rng(device: torch.device | str | None = None) -> Iterator[None]:
-    """Torch's CPU generator and ``device``'s (None: the current CUDA device, if any; a CPU
-    device: the CPU's only) are as they were after the block, whatever it draws or seeds."""
+    """Torch's CPU generator and ``device``'s (None: the current CUDA device once CUDA is in use,
+    never starting it; a CPU device: the CPU's only) are as they were after the block, whatever
+    it draws or seeds."""
     kind, index = "cuda", None
     if device is None:
-        index = torch.cuda.current_device() if torch.cuda.is_available() else None
+        index = torch.cuda.current_device() if torch.cuda.is_initialized() else None
     elif (device := torch.device(device)).type != "cpu":
         kind, index = device.type, device.index
         if index is None:

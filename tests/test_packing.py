@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader
 from trainers import quiet_trainer
 from transformers import LlamaConfig, MistralConfig
 
+from coscale.models.capabilities import full_attention_only
 from coscale.modules import SFTModule
-from coscale.rollout.cached.kv_cache import full_attention_only
 from coscale.sft import packing
 from coscale.sft.batch import IGNORE, solution_loss, token_mean_loss, tokenize_pairs
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from coscale.models.prompting import PromptFormat
@@ -133,14 +134,26 @@ def test_a_grpo_module_alone_samples_as_the_run_does_with_the_same_settings(tiny
     assert alone.sampling.temperature == 0.6 and built({}, {})[0].sampling.temperature == 1.0
 
 
-def test_one_sampling_class_for_the_module_the_run_and_the_backends():
+def test_one_definition_of_the_sampling_settings_for_the_module_the_run_and_the_backends():
     from coscale.modules.grpo import GROUPS
-    from coscale.rollout.base import SamplingParams
+    from coscale.rollout.base import SamplingParams, SamplingSettings
+    from coscale.run.settings import SET_BY_RUN, set_by_run_errors
 
-    assert GROUPS["sampling"] is SamplingParams and issubclass(RunSampling, SamplingParams)
+    assert GROUPS["sampling"] is SamplingParams
+    assert issubclass(SamplingParams, SamplingSettings) and issubclass(
+        RunSampling, SamplingSettings
+    )
     assert RunSampling().errors() == [] and RunSampling(temperature=-1).errors() == [
         "temperature must be a number >= 0, got -1"
     ]
-    refused = RunSampling(seed=3, stop=["\n"]).errors()
-    assert [e.split(" ")[0] for e in refused] == ["seed", "stop"]  # each names where it goes
-    assert "pipeline.grpo.sampling.seed" in refused[0]
+    with pytest.raises(ValueError, match=r"sampling: temperature must be a number >= 0, got None"):
+        SamplingParams(temperature=None)  # strict, but for the run parser's all-unset group
+    assert SamplingParams(None, None, None, None, seed=3).seed == 3
+    # stop strings would stop RL's rollouts and not the measurements: the run refuses them
+    assert ("grpo", "sampling.stop") in SET_BY_RUN
+    args = {"sampling": {"stop": ["\n"], "seed": 3}}
+    assert set_by_run_errors("grpo", args) == [
+        "grpo.sampling.stop is not taken by coscale run yet (RL, the measurements and the judge "
+        "must sample alike)"
+    ]
+    assert args == {"sampling": {"seed": 3}}  # GRPO's own seed stays its setting

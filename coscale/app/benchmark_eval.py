@@ -53,7 +53,7 @@ def evaluate(
         samples: n, completions per problem.
         ks: pass@k budgets, each <= n.
         sampling: Sampling settings; call j is seeded ``sampling.seed + j`` when seeded.
-        batch_size: Problems per backend call.
+        batch_size: Problems per backend call (one call at a time).
     """
     return [
         _evaluate_one(backend, prompts, name, problems, reward, samples, ks, sampling, batch_size)
@@ -72,10 +72,12 @@ def _evaluate_one(
         answers = [chunk[i].answer for i in rollouts.prompt_index.tolist()]
         return is_correct(reward(rollouts.texts, answers))
 
-    counted = sample_and_count(backend, chunks, texts, samples, samplings, verdicts)
+    counted = [  # chunk by chunk: a chunk's rollouts are let go before the next is sampled
+        sample_and_count(backend, [c], [t], samples, [s], verdicts)[0]
+        for c, t, s in zip(chunks, texts, samplings)
+    ]
     correct = [c for one in counted for c in one.correct]
-    tokens = sum(float(one.rollouts.lengths.sum()) for one in counted)
-    truncated = sum(r == "length" for one in counted for r in one.rollouts.finish_reasons)
+    tokens, truncated = sum(one.tokens for one in counted), sum(one.truncated for one in counted)
     total = max(1, len(problems) * samples)
     rates = pass_rates(samples, correct, ks)
     pass_at = {k: rates.get(f"pass@{k}", float("nan")) for k in ks}

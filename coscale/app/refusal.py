@@ -10,7 +10,6 @@ files given (``yaml.compose`` keeps each key's line) and compared with the parse
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import re
 import sys
@@ -18,6 +17,8 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import yaml
+
+from coscale.checks import imported
 
 _KEY_PATTERNS = (
     r"Group '(?P<group>[^']+)' does not accept option '(?P<key>[^']+)'",
@@ -126,11 +127,9 @@ def class_arguments(message: str, key: str) -> list[str]:
     found = re.search(r"class_path '([\w.]+)'", message)
     if not found or ".init_args." not in key:
         return []
-    module, _, name = found[1].rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
-        params = inspect.signature(cls).parameters
-    except (ImportError, AttributeError, TypeError, ValueError):
+        params = inspect.signature(imported(found[1], key)).parameters
+    except (TypeError, ValueError):
         return []
     group = key.rpartition(".")[0]
     return [f"{group}.{p}" for p in params if p not in ("self", "args", "kwargs")]

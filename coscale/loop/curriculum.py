@@ -183,7 +183,7 @@ class Curriculum:
 
     # ------------------------------------------------- computation scaling (RL)
     def use_schedule(self, schedule: NSchedule) -> NSchedule:
-        """Installs ``schedule`` unless the curriculum has one (built with it, or restored);
+        """Installs ``schedule`` unless the curriculum has one (built with it, or installed);
         returns the one in use. The one way a run or a callback attaches Rollout N."""
         if self.schedule is None:
             self.schedule = schedule

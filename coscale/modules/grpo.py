@@ -89,7 +89,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             (:mod:`coscale.modules.optimizer_choice`). None: coscale's AdamW.
         lr_scheduler: A scheduler class with its arguments, stepped every optimiser step;
             replaces ``optimizer.warmup_steps`` and ``decay``. None: theirs.
-        sampling: Token limit, temperature, top-p, top-k and seed of the rollouts.
+        sampling: Token limit, temperature, top-p, top-k, seed and stop strings of the
+            rollouts.
         update: Optimiser steps per batch, micro-batch size, clipping, advantage scaling.
         validation: Samples and temperature of validation on held-out problems (the token
             limit and temperature default to ``sampling``'s).

@@ -70,14 +70,15 @@ class PolicyMixin:
     ) -> None:
         """Keeps the ``load``, ``optimizer`` and ``validation`` of ``groups`` (the validation
         token limit and temperature those of ``rollouts``, a ``SamplingParams``, unless it sets
-        them) and loads the policy and its tokenizer;
+        them; its stop strings always) and loads the policy and its tokenizer;
         with ``adapter`` (a ``peft.PeftConfig``) the policy is the frozen base wrapped with a
         new adapter (:mod:`coscale.models.adapters`)."""
         load, v = groups["load"], groups["validation"]
         self.load_settings, self.optimizer_settings = load, groups["optimizer"]
         self.val_samples, tokens = v.samples, v.max_new_tokens or rollouts.max_new_tokens
         temperature = rollouts.temperature if v.temperature is None else v.temperature
-        self.val_sampling = SamplingParams(max_new_tokens=tokens, temperature=temperature)
+        stop = rollouts.stop  # the rollouts' stop strings end validation's samples too
+        self.val_sampling = SamplingParams(tokens, temperature, stop=stop)
         self.model_source = model if isinstance(model, (str, os.PathLike)) else None
         self.policy, self.tokenizer = load_policy(
             model, tokenizer, load.dtype, load.trust_remote_code, load.gradient_checkpointing
@@ -177,7 +178,7 @@ class PolicyMixin:
 
         counted = sample_and_count(self.backend, chunks, prompts, n, samplings, verdicts)
         for c in counted:
-            self.record_spend(c.rollouts.num_rollouts)
+            self.record_spend(c.rollouts)
         return [c.correct for c in counted]
 
     def record_spend(self, rollouts: int) -> None:

@@ -46,16 +46,41 @@ def sampling_errors(
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """How completions are sampled: the one sampling class of the backends, of ``GRPOModule``'s
-    ``sampling`` and of the run's ``pipeline.sampling`` (which adds the prompt), with one set of
-    defaults, so a module in a user's ``Trainer`` samples as ``coscale run`` does.
+class SamplingSettings:
+    """The sampling settings, defined once with one set of defaults: the backends' and
+    ``GRPOModule``'s :class:`SamplingParams` and the run's ``pipeline.sampling``
+    (:class:`~coscale.run.settings.RunSampling`) extend it, so a module in a user's ``Trainer``
+    samples as ``coscale run`` does with the same settings.
 
     Attributes:
         max_new_tokens: Most tokens generated per completion (>= 1).
         temperature: Softmax temperature (>= 0); 0 means greedy decoding.
         top_p: Nucleus sampling mass in (0, 1]; 1 disables it.
         top_k: Keep the k most likely tokens (>= 0); 0 disables it.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def errors(self, unset: bool = False) -> list[str]:
+        """Every bad setting, named (``unset``: None passes)."""
+        fields = (self.max_new_tokens, self.temperature, self.top_p, self.top_k)
+        return sampling_errors(*fields, unset=unset)
+
+    @property
+    def greedy(self) -> bool:
+        """Whether decoding is greedy (temperature 0)."""
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SamplingParams(SamplingSettings):
+    """How completions are sampled: :class:`SamplingSettings` with a seed and stop strings (a
+    backend call's, and ``GRPOModule``'s ``sampling``).
+
+    Attributes:
         seed: Makes sampling reproducible for the same call (same prompts, N and backend
             settings); None uses the ambient RNG. ``GRPOModule``'s is the base of every step's
             seed (``derive_seed("step", seed, step, rank)``; None: 0).
@@ -63,31 +88,22 @@ class SamplingParams:
             first one found (that token is kept). A list is turned into a tuple.
     """
 
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop", tuple(self.stop))
-        if problems := self.errors(unset=True):  # None: unset in a group the run fills in
+        object.__setattr__(self, "stop", tuple(self.stop or ()))
+        numbers = (self.max_new_tokens, self.temperature, self.top_p, self.top_k)
+        # all four None: a group whose values the run writes in (coscale run's parser builds it
+        # so); the run checks them then
+        if problems := self.errors(unset=all(v is None for v in numbers)):
             raise ValueError("sampling: " + "; ".join(problems))
 
     def errors(self, unset: bool = False) -> list[str]:
-        """Every bad setting, named (``unset``: None passes; a group's check does not)."""
-        fields = (self.max_new_tokens, self.temperature, self.top_p, self.top_k)
-        errors = sampling_errors(*fields, unset=unset)
-        errors += at_least(0, optional=True, seed=self.seed)
+        errors = super().errors(unset) + at_least(0, optional=True, seed=self.seed)
         if any(not isinstance(s, str) or not s for s in self.stop):
             errors.append(f"stop must hold non-empty strings, got {self.stop!r}")
         return errors
-
-    @property
-    def greedy(self) -> bool:
-        """Whether decoding is greedy (temperature 0)."""
-        return self.temperature == 0
 
 
 def normalize_n_per_prompt(n_per_prompt: int | Sequence[int], num_prompts: int) -> list[int]:

@@ -30,16 +30,15 @@ from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.measure.pass_rates import KEEP
 from coscale.models.prompting import PromptFormat, as_prompt_format
 from coscale.modules.optimizer_choice import CALLABLE_KEYS
-from coscale.rollout.base import SamplingParams
+from coscale.rollout.base import SamplingSettings
 from coscale.scoring.reward_set import default_verifier
 
 
 @dataclass(frozen=True)
-class RunSampling(SamplingParams):
-    """How the run's policy is prompted and sampled, for every sampler of the run: the one
-    sampling class (:class:`~coscale.rollout.base.SamplingParams`, its fields and defaults) with
-    the prompt and the judge's temperature. Its ``seed`` and ``stop`` are not the run's: the
-    run's seeds come from ``pipeline.seed`` (and ``pipeline.grpo.sampling.seed``).
+class RunSampling(SamplingSettings):
+    """How the run's policy is prompted and sampled, for every sampler of the run: the sampling
+    settings (:class:`~coscale.rollout.base.SamplingSettings`, their one set of defaults) with
+    the prompt and the judge's temperature.
 
     Attributes:
         prompt: How a question becomes the prompt (template, chat template, system message;
@@ -60,18 +59,11 @@ class RunSampling(SamplingParams):
     judge_temperature: float | None = None
 
     def __post_init__(self) -> None:  # checked with the rest of the run's settings (errors)
-        object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "prompt", as_prompt_format(_plain(self.prompt)))
 
-    def errors(self) -> list[str]:
+    def errors(self, unset: bool = False) -> list[str]:
         """Every out-of-range setting, named."""
-        errors = super().errors()
-        if self.seed is not None:
-            errors.append("seed is not set here: pipeline.seed seeds the run (RL's rollouts: "
-                          "pipeline.grpo.sampling.seed)")  # fmt: skip
-        if self.stop:
-            errors.append("stop is not taken by coscale run yet (RL, the measurements and the "
-                          "judge would need it alike)")  # fmt: skip
+        errors = super().errors(unset)
         return errors + at_least(0, float, optional=True, judge_temperature=self.judge_temperature)
 
     @property
@@ -98,6 +90,9 @@ class RunSampling(SamplingParams):
         return {**_given(args.get("validation")), **judged}
 
 
+NOT_TAKEN = "no key: RL, the measurements and the judge must sample alike"
+"""Where :data:`MOVED` sends a module setting the run cannot take yet."""
+
 MOVED = {
     "prompt": "pipeline.sampling.prompt",
     "rollout": "pipeline.rollout",
@@ -105,6 +100,7 @@ MOVED = {
     "sampling.temperature": "pipeline.sampling.temperature",
     "sampling.top_p": "pipeline.sampling.top_p",
     "sampling.top_k": "pipeline.sampling.top_k",
+    "sampling.stop": NOT_TAKEN,
     "validation.max_new_tokens": "pipeline.sampling.max_new_tokens",
     "validation.temperature": "pipeline.sampling.judge_temperature",
 }
@@ -150,7 +146,10 @@ def set_by_run_errors(group: str, args: dict[str, Any]) -> list[str]:
         name = inner or outer
         if name not in holder:
             continue
-        if holder[name] is not None:
+        given = holder[name] not in (None, ())  # () : stop strings unset, as a group holds them
+        if given and where == NOT_TAKEN:
+            errors.append(f"{group}.{key} is not taken by coscale run yet ({where[8:]})")
+        elif given:
             errors.append(f"{group}.{key} is set by the run for every stage: set {where} instead")
         if inner:  # a CLI default None, or the refused value: out of the module's settings
             args[outer] = {k: v for k, v in holder.items() if k != name}

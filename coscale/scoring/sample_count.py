@@ -9,6 +9,7 @@ benchmarks and the demo's report all count here, and aggregate with :func:`pass_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from coscale.clock import timed
 from coscale.rollout.base import SampleCall, SamplingParams
-from coscale.scoring.metrics import PassAtK
+from coscale.scoring.metrics import pass_at_k
 from coscale.scoring.reward_set import correct_per_prompt
 
 Verdicts = Callable[[list[Any], list[str], Any], Tensor]
@@ -26,10 +27,12 @@ Verdicts = Callable[[list[Any], list[str], Any], Tensor]
 
 @dataclass(frozen=True)
 class Counted:
-    """One chunk's outcome: correct samples per problem, and the rollouts they came from."""
+    """One chunk's outcome: correct samples per problem, and what its rollouts cost."""
 
     correct: list[int]
-    rollouts: Any
+    rollouts: int  # completions sampled
+    tokens: float  # completion tokens
+    truncated: int  # completions cut at the token limit
 
 
 def chunk_sampling(sampling: SamplingParams, j: int) -> SamplingParams:
@@ -48,15 +51,17 @@ def sample_and_count(
     """``n`` samples of every prompt of each chunk (``prompts[j]`` are ``chunks[j]``'s problems'
     prompts, sampled with ``samplings[j]``), in one backend call; each chunk's correct count per
     problem by ``verdicts``. The backend call counts as ``sampling`` on the stage's clock."""
+    if not chunks:
+        return []
     calls = [SampleCall(list(p), n, s) for p, s in zip(prompts, samplings)]
     with timed("sampling"):
         batches = backend.generate_many(calls)
     out = []
     for chunk, texts, rollouts in zip(chunks, prompts, batches):
         correct = verdicts(chunk, list(texts), rollouts)  # [R]
-        out.append(
-            Counted(correct_per_prompt(rollouts.prompt_index, correct, len(chunk)), rollouts)
-        )
+        counts = correct_per_prompt(rollouts.prompt_index, correct, len(chunk))
+        cut = sum(r == "length" for r in rollouts.finish_reasons)
+        out.append(Counted(counts, rollouts.num_rollouts, float(rollouts.lengths.sum()), cut))
     return out
 
 
@@ -65,6 +70,7 @@ def pass_rates(n: int, counts: Sequence[int], ks: Sequence[int] | None = None) -
     samples and ``counts`` correct; empty without problems."""
     if not counts:
         return {}
-    metric = PassAtK(k=sorted(set(ks or (1, n))), sync_on_compute=False)  # counts gathered already
-    metric.update([n] * len(counts), list(counts))
-    return {key: float(v) for key, v in metric.compute().items()}
+    return {
+        f"pass@{k}": math.fsum(pass_at_k(n, c, k) for c in counts) / len(counts)
+        for k in sorted(set(ks or (1, n)))
+    }

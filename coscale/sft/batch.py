@@ -67,8 +67,8 @@ def _pad_right(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str
 
 def token_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Cross-entropy averaged over the labelled tokens of the batch; also returns their count."""
-    shift_logits = logits[:, :-1]  # [B, L-1, V]
-    return token_mean_ce(shift_logits.flatten(0, 1), labels[:, 1:].flatten())  # [B*(L-1), V]
+    shift_logits = logits[:, :-1].float().flatten(0, 1)  # [B*(L-1), V]
+    return token_mean_ce(shift_logits, labels[:, 1:].flatten())
 
 
 def solution_loss(

@@ -1,0 +1,229 @@
+"""The simple recipes at CoScale-RL's problems and budget, scored on validation, seed by seed.
+
+For each seed with a finished shipped run of ``loop_study.py --variant full`` (its folder
+``<out>/full-shipped-s<seed>``), from the same base model, on that run's 256 training problems:
+
+* ``g``: SFT on every training problem with teacher solutions spread evenly, as many in all as
+  the run's bank holds; then GRPO with one fixed N on every problem.
+* ``h``: SFT on the run's own bank (the loop's data without its iterations); then the same GRPO.
+* ``grpo``: the same GRPO from the base.
+
+Every SFT spends the run's SFT examples (all its stages together), mixes in the demo's replay share
+(``data.sft_replay``, ``data.curriculum.replay_fraction``) and keeps its best step on validation
+(the demo's ``pipeline.selection``); every GRPO spends the run's rollouts (its measurements and
+selections included, so the recipes get more training rollouts than the loop) at N = the run's
+``pipeline.schedule.n_init``, fixed, with the demo's GRPO settings. Each model is scored on the
+validation problems as ``loop_study.py`` scores (``--k`` samples, the same seeded samples), so
+the rows stand beside its table; nothing reads the test side.
+
+Writes ``<out>/study-baselines.json`` (per-problem scores; resumes from it, and an arm's SFT model
+is kept) and ``study-baselines.md``: per arm and model, validation pass@1 over the seeds, and the
+shipped run's lead over each recipe, seed by seed (paired: the same problems and samples).
+
+Run: .venv/bin/python benchmarks/baselines_study.py --seeds 0,1,2 [--out runs/loop_study]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import lightning as L
+from loop_study import PRECISION, mean, pass_rates_of, run_dir, run_settings, save
+from lr_n_sweep import plain_grpo
+from paired import cpu_line
+
+from coscale.app.report_engine import ReportEngine
+from coscale.datamodules import ProblemDataModule
+from coscale.loop.schedule import NSchedule
+from coscale.modules import SFTModule
+from coscale.pipeline import instantiate
+from coscale.tasks import tiers
+
+ARMS = ("g", "h", "grpo")
+
+
+def shipped(out: str, seed: int):
+    """The finished shipped run of ``seed``: its parsed settings (data loaded, its curriculum
+    restored: the bank) and its spend over all stages."""
+    folder = run_dir(out, "full", "shipped", seed)
+    with open(os.path.join(folder, "pipeline_state.json")) as f:
+        state = json.load(f)
+    if "final" not in state["done"]:
+        raise SystemExit(f"{folder} is not finished: run loop_study.py --variant full first")
+    init = run_settings(folder, "full", "shipped")
+    init.data.load_state_dict({"curriculum": state["curriculum"]})
+    stages = state["results"]["spend"].values()
+    spent = {k: sum(s.get(k, 0) for s in stages) for k in ("sft_examples", "rollouts")}
+    return init, spent
+
+
+def bank_rows(data) -> list[dict]:
+    """``h``'s set: each training problem with the bank's solutions of it."""
+    bank = data.curriculum.bank
+    return [_row(p, bank.take(p.id, bank.count(p.id))) for p in data.problems.values()]
+
+
+def even_rows(data) -> list[dict]:
+    """``g``'s set: as many teacher solutions in all as the bank holds, spread evenly over every
+    training problem (the first ``total % problems`` get one more)."""
+    problems = list(data.problems.values())
+    share, extra = divmod(data.curriculum.bank.total(), len(problems))
+    return [
+        _row(p, list(tiers.solutions(p.question))[: share + (i < extra)])
+        for i, p in enumerate(problems)
+    ]
+
+
+def _row(problem, solutions: list[str]) -> dict:
+    return {**problem.to_dict(), "solutions": list(solutions)}
+
+
+def sft(init, rows: list[dict], examples: int, seed: int, folder: str) -> str:
+    """SFT from the base on ``rows``' solutions with the demo's replay share, about ``examples``
+    examples, its best step on validation kept; returns the model folder (kept: a restarted
+    study does not train it again)."""
+    out = os.path.join(folder, "model")
+    if os.path.isdir(out):
+        return out
+    cfg, data = init.pipeline, init.data
+    pairs = sum(len(r["solutions"]) for r in rows)
+    dm = ProblemDataModule(
+        train=rows,
+        bank_solutions=max(len(r["solutions"]) for r in rows),
+        sft_source="bank",
+        sft_batch_size=data.sft_batch_size,
+        sft_replay=data.replay_source,
+        curriculum={"replay_fraction": data.curriculum.settings.replay_fraction, "seed": seed},
+    )
+    share = 1 - data.curriculum.settings.replay_fraction
+    epochs = max(1, round(examples * share / pairs))  # replay adds the rest of each epoch
+    L.seed_everything(seed, workers=True)
+    module = SFTModule(model=cfg.model, **cfg.sampling.sft_args(instantiate(cfg.sft)))
+    select = cfg.selection.build(
+        cfg.selection.candidates(data.val_problems, data.curriculum),
+        os.path.join(folder, "select"),
+        seed,
+        os.path.basename(folder),
+    )
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        precision=PRECISION,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[select] if select is not None else [],
+    )
+    trainer.fit(module, datamodule=dm)
+    best = select.best_model() if select is not None else None
+    if best is None:
+        return module.export(out)
+    os.replace(best, out)
+    return out
+
+
+def grpo(init, start: str, rollouts: int, seed: int, folder: str) -> str:
+    """GRPO from ``start`` with the run's first N, fixed, on every training problem, for about
+    ``rollouts`` rollouts."""
+    out = os.path.join(folder, "model")
+    if os.path.isdir(out):
+        return out
+    cfg, data = init.pipeline, init.data
+    n = NSchedule(**cfg.schedule).n_init
+    args = cfg.sampling.grpo_args(instantiate(cfg.grpo))
+    problems = list(data.problems.values())
+    return plain_grpo(start, problems, rollouts, n, args, data.batch_size, out, seed, PRECISION)
+
+
+def arm_models(arm: str, init, spent: dict, seed: int, folder: str) -> dict[str, str]:
+    """The models one arm trains, in order (its SFT model, then its GRPO model)."""
+    base = init.pipeline.model
+    if arm == "grpo":
+        return {"grpo": grpo(init, base, spent["rollouts"], seed, os.path.join(folder, "grpo"))}
+    rows = even_rows(init.data) if arm == "g" else bank_rows(init.data)
+    start = sft(init, rows, spent["sft_examples"], seed, os.path.join(folder, "sft"))
+    end = grpo(init, start, spent["rollouts"], seed, os.path.join(folder, "grpo"))
+    return {"sft": start, "grpo": end}
+
+
+def summary(study: dict, shipped_scores: dict) -> str:
+    """Validation pass@1 per arm and model over the seeds, and the shipped run's lead."""
+    lines = ["| arm | model | val pass@1 % (mean, sd) | each seed | shipped ahead by, points |"]
+    lines.append("|---|---|---|---|---|")
+    for arm, runs in study["runs"].items():
+        seeds = sorted(runs, key=int)
+        for model in runs[seeds[0]]["scores"]:
+            per = [mean(runs[s]["scores"][model]) * 100 for s in seeds]
+            ours = [mean(shipped_scores[s]) * 100 for s in seeds if s in shipped_scores]
+            lead = [o - p for o, p in zip(ours, per)] if len(ours) == len(per) else []
+            lines.append(
+                f"| {arm} | {model} | {_mean_sd(per)} | {', '.join(f'{v:.1f}' for v in per)} "
+                f"| {_mean_sd(lead) if lead else 'n/a'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _mean_sd(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return f"{mean(values):.1f} (sd {sd:.1f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--k", type=int, default=8, help="samples per validation problem")
+    parser.add_argument("--out", default="runs/loop_study")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="a share of the budgets (a smoke run: 0.02)"
+    )
+    args = parser.parse_args()
+    path = os.path.join(args.out, "study-baselines.json")
+    study = {"runs": {}}
+    if os.path.exists(path):
+        with open(path) as f:
+            study = json.load(f)
+    study |= {"cpu": cpu_line(), "k": args.k, "precision": PRECISION, "scale": args.scale}
+    for seed in args.seeds.split(","):
+        init, spent = shipped(args.out, int(seed))
+        spent = {k: max(1, int(v * args.scale)) for k, v in spent.items()}
+        for arm in args.arms.split(","):
+            runs = study["runs"].setdefault(arm, {})
+            if seed in runs:
+                continue
+            folder = os.path.join(args.out, f"baseline-{arm}-s{seed}")
+            start = time.perf_counter()
+            models = arm_models(arm, init, spent, int(seed), folder)
+            seconds = time.perf_counter() - start
+            engine = ReportEngine(init.pipeline)
+            try:
+                scores = {
+                    m: pass_rates_of(p, init.data.val_problems, args.k, engine)
+                    for m, p in models.items()
+                }
+            finally:
+                engine.close()
+            runs[seed] = {"seconds": seconds, "spent": spent, "scores": scores}
+            save(path, study)
+            print(f"[baselines] {arm} seed {seed}: {seconds:.0f} s", flush=True)
+    full = os.path.join(args.out, "study-full.json")
+    ours = {}
+    if os.path.exists(full):
+        with open(full) as f:
+            ours = {s: r["scores"]["final"] for s, r in json.load(f)["runs"]["shipped"].items()}
+    text = summary(study, ours)
+    header = f"{study['cpu']}\n\nk {args.k}, {PRECISION}, budget scale {args.scale}"
+    with open(path.replace(".json", ".md"), "w") as f:
+        f.write(f"{header}\n\ncommand: {' '.join([sys.executable, *sys.argv])}\n\n{text}")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
