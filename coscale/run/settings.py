@@ -90,8 +90,9 @@ class RunSampling(SamplingSettings):
         return {**_given(args.get("validation")), **judged}
 
 
-NOT_TAKEN = "no key: RL, the measurements and the judge must sample alike"
-"""Where :data:`MOVED` sends a module setting the run cannot take yet."""
+NOT_TAKEN = "RL, the measurements and the judge must sample alike"
+"""What :data:`MOVED` holds, in place of a key, for a module setting the run cannot take yet:
+why."""
 
 MOVED = {
     "prompt": "pipeline.sampling.prompt",
@@ -148,7 +149,7 @@ def set_by_run_errors(group: str, args: dict[str, Any]) -> list[str]:
             continue
         given = holder[name] not in (None, ())  # () : stop strings unset, as a group holds them
         if given and where == NOT_TAKEN:
-            errors.append(f"{group}.{key} is not taken by coscale run yet ({where[8:]})")
+            errors.append(f"{group}.{key} is not taken by coscale run yet ({where})")
         elif given:
             errors.append(f"{group}.{key} is set by the run for every stage: set {where} instead")
         if inner:  # a CLI default None, or the refused value: out of the module's settings
