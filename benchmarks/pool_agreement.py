@@ -29,7 +29,7 @@ def compare(a: dict[str, dict], b: dict[str, dict]) -> dict[str, float | str]:
     """Same-pool share, mean |correct_a - correct_b| and each run's pool counts."""
     ids = sorted(set(a) & set(b))
     same = sum(a[i]["pool"] == b[i]["pool"] for i in ids)
-    gap = sum(abs(a[i]["c"] - b[i]["c"]) for i in ids) / max(len(ids), 1)
+    gap = sum(abs(a[i]["correct"] - b[i]["correct"]) for i in ids) / max(len(ids), 1)
     counts = [dict(sorted(Counter(run[i]["pool"] for i in ids).items())) for run in (a, b)]
     return {
         "problems": len(ids),

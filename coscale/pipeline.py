@@ -37,7 +37,7 @@ from coscale.loop import budget
 from coscale.loop.checkpoint_store import remove_all
 from coscale.loop.commit import commit_point, write_json
 from coscale.loop.schedule import NSchedule, schedule_errors
-from coscale.measure.selection import Selection
+from coscale.measure.selection import SelectionSettings
 from coscale.models.adapters import as_peft_config
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.artifacts import log_model_folder
@@ -45,12 +45,13 @@ from coscale.modules.grpo import settings_errors as grpo_settings_errors
 from coscale.modules.loggers import LoggerKind, finish, make_logger
 from coscale.modules.run_steps import at_stage
 from coscale.modules.sft import settings_errors as sft_settings_errors
+from coscale.renamed import old_names
 from coscale.rollout.factory import RolloutSettings
 from coscale.run.context import StageContext
 from coscale.run.plan import Stage, plan, state_config, upgrade_state
 from coscale.run.settings import (
     FinalSettings,
-    RunSampling,
+    RunSamplingSettings,
     instantiate,
     one_verifier,
     set_by_run_errors,
@@ -68,7 +69,7 @@ if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves th
 
 
 @dataclass
-class PipelineConfig:
+class PipelineSettings:
     """Settings of ``coscale run``.
 
     Attributes:
@@ -76,11 +77,11 @@ class PipelineConfig:
         run_dir: Where stage checkpoints, exported models, logs and the state file go.
         iterations: Outer CoScale-RL iterations.
         warmup_problems: Problems whose first solution forms the warm-up (format) SFT set.
-        measure_k: Samples per problem when measuring accuracy for the pools.
+        measure_samples: Samples per problem when measuring accuracy for the pools (K).
         measure_max_problems: Measure at most this many problems per measurement (None: all).
         rl_measure_every: Re-measure every problem (K samples) every this many RL epochs (1: the
             paper); 0: each epoch's rollouts relabel only what they drew (the pool drains).
-        eval_k, eval_max_problems, rl_eval_every: Deprecated names of the three above.
+        eval_k, measure_k, eval_max_problems, rl_eval_every: Earlier names of the three above.
         sft_epochs: Epochs of every SFT stage.
         sft_max_steps: Cap on the optimiser steps of every SFT stage, the re-distillation and
             final retrain included (None: the epochs alone decide). SFT sets grow with every
@@ -132,7 +133,7 @@ class PipelineConfig:
             also its KL reference. Every stage's ``model`` folder stays a merged Hugging Face
             folder with its adapter in ``model/adapter`` (``docs/peft.md``). None: full
             fine-tunes.
-        sampling: The run's one sampling definition (``RunSampling``: the prompt, the token
+        sampling: The run's one sampling definition (``RunSamplingSettings``: the prompt, the token
             limit and temperature of every sample the run takes); the modules' copies of it
             are refused.
         rollout: The run's one rollout engine per rank (``auto``, ``cached``, ``hf`` or
@@ -150,12 +151,12 @@ class PipelineConfig:
     run_dir: str = "runs/coscale"
     iterations: int = 2
     warmup_problems: int = 16
-    measure_k: int = 16
+    measure_samples: int = 16
     measure_max_problems: int | None = None
     rl_measure_every: int = 0
     sft_epochs: int = 2
     sft_max_steps: int | None = None
-    selection: Selection = field(default_factory=Selection)
+    selection: SelectionSettings = field(default_factory=SelectionSettings)
     distill_weight: float = 0.0
     rl_epochs: int = 2
     redistill_each_iteration: bool = True
@@ -168,28 +169,29 @@ class PipelineConfig:
     seed: int = 0
     trainer: dict[str, Any] = field(default_factory=dict)
     peft: PeftConfig | None = None
-    sampling: RunSampling = field(default_factory=RunSampling)
+    sampling: RunSamplingSettings = field(default_factory=RunSamplingSettings)
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings("auto"))
     sft: dict[str, Any] = field(default_factory=dict)
     grpo: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)
     eval_k: int | None = None
+    measure_k: int | None = None
     eval_max_problems: int | None = None
     rl_eval_every: int | None = None
 
     def __post_init__(self) -> None:
         """Every setting is checked here, before any work: all problems in one error."""
         take_renamed(self)
-        errors = at_least(1, iterations=self.iterations, measure_k=self.measure_k)
+        errors = at_least(1, iterations=self.iterations, measure_samples=self.measure_samples)
         errors += at_least(1, sft_epochs=self.sft_epochs, rl_epochs=self.rl_epochs)
         errors += at_least(1, checkpoint_every_n_steps=self.checkpoint_every_n_steps)
         errors += at_least(
             0, warmup_problems=self.warmup_problems, rl_measure_every=self.rl_measure_every
         )
         errors += at_least(1, optional=True, sft_max_steps=self.sft_max_steps)
-        self.selection = as_group(Selection, self.selection)
+        self.selection = as_group(SelectionSettings, self.selection)
         self.final = as_group(FinalSettings, self.final)
-        self.sampling = as_group(RunSampling, self.sampling)
+        self.sampling = as_group(RunSamplingSettings, self.sampling)
         self.rollout = as_group(RolloutSettings, self.rollout)
         errors += group_errors(
             selection=self.selection, final=self.final, sampling=self.sampling, rollout=self.rollout
@@ -199,9 +201,7 @@ class PipelineConfig:
         errors += at_least(1, optional=True, measure_max_problems=self.measure_max_problems)
         if not 0.0 <= self.distill_weight <= 1.0:
             errors.append(f"distill_weight must be in [0, 1]; got {self.distill_weight!r}")
-        self.peft = as_peft_config(
-            instantiate(self.peft, "pipeline.peft")
-        )  # YAML's class_path, a saved mapping
+        self.peft = as_peft_config(instantiate(self.peft, "pipeline.peft"))  # class_path, mapping
         errors += typed_errors("sft", SFTModule, self.sft, sft_settings_errors)
         errors += typed_errors("grpo", GRPOModule, self.grpo, grpo_settings_errors)
         errors += typed_errors("schedule", NSchedule, self.schedule, schedule_errors)
@@ -211,9 +211,9 @@ class PipelineConfig:
 
 
 class Pipeline:
-    """Runs (or resumes) the stages of :class:`PipelineConfig` on the data of one DataModule."""
+    """Runs (or resumes) the stages of :class:`PipelineSettings` on the data of one DataModule."""
 
-    def __init__(self, config: PipelineConfig, data: ProblemDataModule) -> None:
+    def __init__(self, config: PipelineSettings, data: ProblemDataModule) -> None:
         self.cfg, self.data = config, data
         self.curriculum = data.curriculum
         if self.curriculum.use_schedule(one := NSchedule(**config.schedule)) is not one:
@@ -392,3 +392,7 @@ class Pipeline:
         coscale_log.info(f"resuming after stages: {', '.join(self.done) or 'none'}")
         for name in self.done:
             self._drop_checkpoints(name)
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"PipelineConfig": PipelineSettings})

@@ -60,7 +60,7 @@ def main(strategy: str, guard: str, model_dir: str, out: str) -> None:
     redistill = ReDistillation(
         max_total=None, sft=sft, trainer=LOOP, export_dir=os.path.join(out, "redistilled")
     )
-    final = FinalRetrain(sft=sft, trainer=LOOP, judge_k=2)
+    final = FinalRetrain(sft=sft, trainer=LOOP, judge_samples=2)
     grpo = GRPOModule(
         model=model_dir,
         reward=HasDigit(),

@@ -26,7 +26,7 @@ from coscale.callbacks import (
     PassRateMeasurement,
     ReDistillation,
     RolloutNSchedule,
-    Selection,
+    SelectionSettings,
     copy_weights,
     run_sft,
 )
@@ -144,7 +144,12 @@ def test_pass_rate_records_fresh_counts_and_moves_problems_between_pools(restore
     cur = dm.curriculum
     pools = {pid: r["pool"] for pid, r in cb.results.items()}
     assert pools == {"a": "unsolvable", "b": "solvable", "c": "solved", "d": "solvable"}
-    assert [(r["n"], r["c"]) for r in cb.results.values()] == [(4, 0), (4, 2), (4, 4), (4, 1)]
+    assert [(r["samples"], r["correct"]) for r in cb.results.values()] == [
+        (4, 0),
+        (4, 2),
+        (4, 4),
+        (4, 1),
+    ]
     assert cur.pools.history("b") == [0.25, 0.5]  # the module's close of the epoch, then this
     assert cb.state_dict() == {"measured": 0}
     # each epoch is measured once: a second end of epoch 0, or a fit restored after it, is a no-op
@@ -157,7 +162,9 @@ def test_pass_rate_records_fresh_counts_and_moves_problems_between_pools(restore
     assert (s0.temperature, s0.max_new_tokens, s1.seed - s0.seed) == (0.5, 7, 1)
     # only the solvable pool, re-measured: b becomes solved, d falls back to unsolvable
     policy.correct.update(b=3, d=0)
-    again = PassRateMeasurement(k=4, pools=("solvable",)).evaluate(_trainer(dm, policy), policy)
+    again = PassRateMeasurement(samples=4, pools=("solvable",)).evaluate(
+        _trainer(dm, policy), policy
+    )
     assert {k: v["pool"] for k, v in again.items()} == {"b": "solved", "d": "unsolvable"}
     assert cur.pools.members(Pool.SOLVED) == ["b", "c"]
 
@@ -167,7 +174,7 @@ def test_pass_rate_closes_no_epoch_and_a_fresh_fit_measures_its_epochs_again():
     cur = dm.curriculum
     policy = StubPolicy({"a": 1, "b": 0})
     cur.record_rollouts(_outcomes("b", 4, 1), step=0)  # an open tally: the module's to close
-    cb = PassRateMeasurement(k=2)
+    cb = PassRateMeasurement(samples=2)
     trainer = _trainer(dm, policy, epoch=0)
     cb.setup(trainer, policy, "fit")
     cb.on_train_epoch_end(trainer, policy)
@@ -201,7 +208,7 @@ def test_pass_rate_logs_pool_sizes_pass_at_k_and_a_table(restored):
 def test_pass_rate_runs_at_chosen_epochs_and_at_a_fresh_fit_start():
     dm = _dm(["a", "b"])
     policy = StubPolicy({"a": 1, "b": 0})
-    cb = PassRateMeasurement(k=2, every_n_epochs=2, on_fit_start=True)
+    cb = PassRateMeasurement(samples=2, every_n_epochs=2, on_fit_start=True)
     cb.on_fit_start(_trainer(dm, policy, step=3), policy)  # a resumed fit: no evaluation
     cb.on_train_epoch_end(_trainer(dm, policy, epoch=0), policy)
     assert policy.calls == []
@@ -214,7 +221,7 @@ def test_pass_rate_runs_at_chosen_epochs_and_at_a_fresh_fit_start():
 def test_measure_without_a_fit_records_in_the_curriculum():
     # what the pipeline's measure stage calls (the callback's `datamodule=` is gone): no trainer
     dm, policy = _dm(["a", "b"]), StubPolicy({"a": 2, "b": 0})
-    results, metrics = pass_rates.measure(policy, dm.curriculum, k=2)
+    results, metrics = pass_rates.measure(policy, dm.curriculum, samples=2)
     assert {k: v["pool"] for k, v in results.items()} == {"a": "solved", "b": "unsolvable"}
     assert metrics["pool/pass@1"] == 0.5 and metrics["pool/solved"] == 1.0
     assert dm.curriculum.measurements == 1
@@ -224,7 +231,7 @@ def test_pass_rate_subset_and_seeds_follow_the_curriculum():
     ids = [f"p{i}" for i in range(6)]
     dms = [_dm(ids) for _ in range(2)]
     policy = StubPolicy(dict.fromkeys(ids, 1))
-    cb = PassRateMeasurement(k=2, max_problems=2, seed=5)
+    cb = PassRateMeasurement(samples=2, max_problems=2, seed=5)
     first = [set(cb.evaluate(_trainer(dm, policy), policy)) for dm in dms]
     assert len(first[0]) == 2 and first[0] == first[1]  # seeded: the same subset from one state
     # samples seeded with derive_seed("measure", seed, measurements) (+ the chunk's index)
@@ -238,8 +245,8 @@ def test_pass_rate_subset_and_seeds_follow_the_curriculum():
     picked = [set(cb.evaluate(_trainer(dm, policy), policy)) for dm in (dms[0], restored)]
     assert picked[0] == picked[1] and restored.curriculum.measurements == 4
     assert [s.seed for *_, s in policy.calls] == [derive_seed("measure", 5, 3)] * 2
-    with pytest.raises(ValueError, match=r"k must be an int >= 1, got 0.*pools must be"):
-        PassRateMeasurement(k=0, pools=("bogus",))
+    with pytest.raises(ValueError, match=r"samples must be an int >= 1, got 0.*pools must be"):
+        PassRateMeasurement(samples=0, pools=("bogus",))
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1 or None"):
         PassRateMeasurement(max_new_tokens=0)
 
@@ -523,7 +530,7 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
 
     each_chunk(policy, spy)
     before, trainer = _weights(policy), _trainer(dm, step=5)
-    cb = FinalRetrain(sft=SFT, judge_k=2)
+    cb = FinalRetrain(sft=SFT, judge_samples=2)
     results = cb.run(trainer, policy)
     assert measured == [["v0", "v1", "v2"]] * 2  # before, then after, on the val problems
     # ToyReward: every non-blank sample of a "yes" problem is correct
@@ -534,8 +541,8 @@ def test_final_retrain_measures_the_val_set_before_and_after_retraining(tiny_mod
     fresh = FinalRetrain()
     fresh.load_state_dict(state)
     assert fresh.state_dict() == {"runs": 1, "results": results}
-    with pytest.raises(ValueError, match=r"judge_k must be an int >= 1, got 0"):
-        FinalRetrain(judge_k=0)
+    with pytest.raises(ValueError, match=r"judge_samples must be an int >= 1, got 0"):
+        FinalRetrain(judge_samples=0)
 
 
 @pytest.mark.parametrize("after_correct", [False, True])
@@ -558,7 +565,7 @@ def test_final_retrain_keep_better_restores_the_fit_weights_when_the_retrain_is_
 
     each_chunk(policy, spy)
     fit_end = _weights(policy)
-    cb = FinalRetrain(sft=SFT, judge_k=2, keep="better")
+    cb = FinalRetrain(sft=SFT, judge_samples=2, keep="better")
     results = cb.run(_trainer(dm, step=1), policy)
     assert results["val/final_kept_retrained"] == float(after_correct)
     assert _same(fit_end, _weights(policy)) == (not after_correct)
@@ -581,7 +588,7 @@ def test_final_retrain_source_leaves_the_rollouts_out(tiny_model_dir, monkeypatc
         ),
     )
     for source in ("all", "bank"):
-        FinalRetrain(sft=SFT, judge_k=1, source=source).run(_trainer(dm), policy)
+        FinalRetrain(sft=SFT, judge_samples=1, source=source).run(_trainer(dm), policy)
     assert trained == [["a bank", "b rollout"], ["a bank"]]
     with pytest.raises(ValueError, match="source must be one of bank, redistill, all"):
         FinalRetrain(source="rollouts")
@@ -600,10 +607,10 @@ def _fit_with_all_callbacks(model_dir, ids):
     )
     stage = {"sft": SFT}
     callbacks = [
-        PassRateMeasurement(k=4, on_fit_start=True, max_new_tokens=8),
+        PassRateMeasurement(samples=4, on_fit_start=True, max_new_tokens=8),
         RolloutNSchedule(num_groups=2, n_init=4, n_max=8),
         ReDistillation(**stage),
-        FinalRetrain(judge_k=2, **stage),
+        FinalRetrain(judge_samples=2, **stage),
     ]
     logger = RecordingLogger()
     trainer = quiet_trainer(-1, max_epochs=1, devices=1, logger=logger, callbacks=callbacks)
@@ -655,7 +662,7 @@ def test_in_fit_sft_names_each_setting_it_does_not_take_before_training():
         ReDistillation(
             sft={"batch_size": 0, "model": "x"},
             trainer={"gradient_clip_val": 0.0, "precision": "16-mixed", "max_steps": 0},
-            selection=Selection(problems=2, every=0),
+            selection=SelectionSettings(problems=2, every=0),
         )
     msg = str(err.value)
     assert "sft must not set 'model'" in msg

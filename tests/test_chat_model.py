@@ -21,7 +21,7 @@ import torch
 from test_solution_sources import FakeBackend
 
 from coscale.loop.solution_sources import TeacherSolutions
-from coscale.models.prompting import PromptFormat, end_of_turn_id, generation_prompt
+from coscale.models.prompting import PromptSettings, end_of_turn_id, generation_prompt
 from coscale.modules.policy_mixin import PolicyMixin
 from coscale.rollout import CachedDecodeBackend, HFGenerateBackend, SamplingParams
 from coscale.scoring.reward_set import RewardSet
@@ -31,7 +31,7 @@ from coscale.tasks import Problem
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 IM_START, IM_END, ENDOFTEXT = 1, 2, 0  # the ids of SmolLM2's special tokens
-CHAT = PromptFormat(template="{question}", chat=True)
+CHAT = PromptSettings(template="{question}", chat=True)
 YES_NO = "Reply with one word: yes or no. Is 2 bigger than 1?"  # answered in ~3 tokens
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
 BACKENDS = [HFGenerateBackend, CachedDecodeBackend]
@@ -99,7 +99,7 @@ def test_the_template_gives_the_turn_end_and_the_generation_prompt(tok, base_tok
 
 
 def test_chat_prompt_is_the_user_turn_plus_the_generation_prompt(tok):
-    prompt = PromptFormat(template="Q: {question}", chat=True, system="Be brief.")("1+2?", tok)
+    prompt = PromptSettings(template="Q: {question}", chat=True, system="Be brief.")("1+2?", tok)
     assert prompt == (
         "<|im_start|>system\nBe brief.<|im_end|>\n"
         "<|im_start|>user\nQ: 1+2?<|im_end|>\n<|im_start|>assistant\n"
@@ -119,7 +119,7 @@ def test_sft_grpo_evaluation_and_teacher_build_prompts_through_prompt_format(tok
     recording = FakeBackend([{prompt: ["no"] for prompt in expected}])
     recording.tokenizer = tok
     teacher = TeacherSolutions(
-        "unused/teacher", prompt=CHAT, samples_per_problem=1, reward=lambda c, a: [0.0] * len(c)
+        "unused/teacher", prompt=CHAT, samples=1, reward=lambda c, a: [0.0] * len(c)
     )
     teacher._backend = recording
     requests = [(Problem("p", "1+2", "3"), 1), (Problem("q", "2+2", "4"), 1)]

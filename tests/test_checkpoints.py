@@ -94,12 +94,14 @@ def test_a_run_saved_before_versions_resumes_from_its_last_ckpt(tmp_path):
 
 def test_finished_stages_checkpoints_are_removed_unless_kept(tmp_path):
     from coscale.datamodules import ProblemDataModule
-    from coscale.pipeline import Pipeline, PipelineConfig
+    from coscale.pipeline import Pipeline, PipelineSettings
 
     rows = [{"id": i, "question": f"{i}+1", "answer": "2"} for i in "abc"]
     for keep in (False, True):
         run_dir = tmp_path / str(keep)
-        cfg = PipelineConfig(model="m", run_dir=str(run_dir), logger="none", keep_checkpoints=keep)
+        cfg = PipelineSettings(
+            model="m", run_dir=str(run_dir), logger="none", keep_checkpoints=keep
+        )
         pipe = Pipeline(cfg, ProblemDataModule(train=rows))
         ckpt = run_dir / "it1" / "sft" / "ckpt"
         (ckpt / "v000001.ckpt").mkdir(parents=True)

@@ -21,7 +21,7 @@ from coscale.app.cli import lightning_cli, pipeline_parser
 from coscale.datamodules import ProblemDataModule
 from coscale.models import gguf, policy
 from coscale.modules import GRPOModule, SFTModule
-from coscale.pipeline import Pipeline, PipelineConfig
+from coscale.pipeline import Pipeline, PipelineSettings
 from coscale.tasks.benchmarks import load_benchmark, parse_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ def _pipeline(*paths: Path) -> Any:
     return parser.instantiate(parser.parse_args([a for p in paths for a in ("--config", str(p))]))
 
 
-def _stage_modules(config: PipelineConfig, data: ProblemDataModule) -> list[Any]:
+def _stage_modules(config: PipelineSettings, data: ProblemDataModule) -> list[Any]:
     """The SFT and GRPO modules the stages build, from the arguments a `Pipeline` makes."""
     ctx = Pipeline(replace(config, logger="none"), data).ctx
     return [
@@ -200,7 +200,7 @@ def _check_prompt(module: Any) -> None:
 def _check_pipeline(path: Path) -> None:
     """``coscale run``'s parse and data load, then the stages' SFT and GRPO modules."""
     init = _pipeline(path)
-    assert isinstance(init.pipeline, PipelineConfig)
+    assert isinstance(init.pipeline, PipelineSettings)
     assert isinstance(init.data, ProblemDataModule)
     init.data.load()
     assert init.data.problems
@@ -221,11 +221,11 @@ def _check_fit(path: Path) -> None:
 
 def _check_eval(path: Path) -> None:
     """`run_eval`'s steps short of sampling: benchmarks, tokenizer, prompts."""
-    from coscale.app.evaluate import EvalConfig, eval_parser
+    from coscale.app.evaluate import EvalSettings, eval_parser
 
     parser = eval_parser()
     config = parser.instantiate(parser.parse_args(["--config", str(path)])).eval
-    assert isinstance(config, EvalConfig)
+    assert isinstance(config, EvalSettings)
     benchmarks = {parse_source(s).name: load_benchmark(s) for s in config.benchmarks}
     assert len(benchmarks) == len(config.benchmarks) and all(benchmarks.values())
     tokenizer = policy.load_tokenizer(config.tokenizer or config.model)

@@ -523,7 +523,7 @@ def test_plug_in_sft_then_grpo_in_a_plain_trainer(tiny_model_dir, tmp_path):
         sampling={"max_new_tokens": 6, "temperature": 1.0},
     )
     callbacks = [
-        PassRateMeasurement(k=2, every_n_epochs=1),
+        PassRateMeasurement(samples=2, every_n_epochs=1),
         RolloutNSchedule(num_groups=2, n_init=2, n_max=4),
     ]
     trainer = quiet_trainer(-1, max_epochs=2, callbacks=callbacks)

@@ -13,7 +13,7 @@ from trainers import quiet_trainer
 from coscale.models.tiny import build_tiny_model
 from coscale.modules import SFTModule
 from coscale.sft.batch import solution_logits, solution_loss, tokenize_pairs
-from coscale.sft.distill import Distillation, Teacher, distill_loss, kl_to_teacher
+from coscale.sft.distill import DistillationSettings, Teacher, distill_loss, kl_to_teacher
 
 PAIRS = [
     ("Q:12+7-3\nA:", "12+7=19, 19-3=16 \\boxed{16}"),
@@ -75,7 +75,7 @@ def test_distilling_pulls_the_student_to_the_teacher_and_leaves_it_alone(
     char_tokenizer.save_pretrained(teacher_dir)
     rows = [{"question": p[3:-3], "solution": s} for p, s in PAIRS]
     module = SFTModule(
-        model=str(tiny_model_dir), distill=Distillation(str(teacher_dir), weight=1.0),
+        model=str(tiny_model_dir), distill=DistillationSettings(str(teacher_dir), weight=1.0),
         optimizer={"lr": 1e-2}, prompt="Q:{question}\nA:",
     )  # fmt: skip
     teacher_before = {k: v.clone() for k, v in module.teacher.model.state_dict().items()}
@@ -97,7 +97,7 @@ def test_weight_zero_is_plain_sft(tiny_model_dir, tmp_path, char_tokenizer):
     char_tokenizer.save_pretrained(teacher_dir)
     rows = [{"question": p[3:-3], "solution": s} for p, s in PAIRS]
     weights = []
-    for distill in (None, Distillation(str(teacher_dir), weight=0.0)):
+    for distill in (None, DistillationSettings(str(teacher_dir), weight=0.0)):
         torch.manual_seed(0)
         module = SFTModule(model=str(tiny_model_dir), distill=distill, optimizer={"lr": 1e-2})
         _fit(module, rows, 2)
@@ -108,6 +108,6 @@ def test_weight_zero_is_plain_sft(tiny_model_dir, tmp_path, char_tokenizer):
 
 def test_bad_distillation_settings_name_the_setting(tiny_model_dir):
     with pytest.raises(ValueError, match=r"distill.weight must be in \[0, 1\], got 1.5"):
-        SFTModule(model=str(tiny_model_dir), distill=Distillation("t", weight=1.5))
+        SFTModule(model=str(tiny_model_dir), distill=DistillationSettings("t", weight=1.5))
     with pytest.raises(ValueError, match=r"distill\.temperature must be > 0, got 0"):
         SFTModule(model=str(tiny_model_dir), distill={"teacher": "t", "temperature": 0})

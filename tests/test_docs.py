@@ -265,7 +265,7 @@ def test_the_rollout_n_table_in_method_md_holds():
 
     from coscale.callbacks import RolloutNSchedule
     from coscale.loop.schedule import N_INIT
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
 
     text = (ROOT / "docs" / "method.md").read_text()
     assert f"every problem gets N = {N_INIT}, the one default" in " ".join(text.split())
@@ -275,7 +275,7 @@ def test_the_rollout_n_table_in_method_md_holds():
     assert len(rows) == 2
     for run_yaml, trainer_code in rows:
         in_run = yaml.safe_load(run_yaml)["pipeline"]["schedule"]
-        PipelineConfig(model="m", schedule=in_run)  # nothing refused
+        PipelineSettings(model="m", schedule=in_run)  # nothing refused
         call = re.search(r"RolloutNSchedule\((.*?)\)", trainer_code).group(1)
         in_trainer = eval(f"dict({call})")  # the page's own arguments
         assert in_run == in_trainer and RolloutNSchedule(**in_trainer).schedule.n_init == 4

@@ -93,7 +93,7 @@ def test_pass_at_k_per_benchmark_matches_hand_computation():
 
 def test_eval_config_collects_every_bad_setting():
     with pytest.raises(ValueError) as err:
-        ev.EvalConfig(model="m", samples=0, k=[1, 4], benchmarks=[], device="tpu", batch_size=0)
+        ev.EvalSettings(model="m", samples=0, k=[1, 4], benchmarks=[], device="tpu", batch_size=0)
     for part in ("samples must be an int >= 1", "batch_size must be an int >= 1", "k must be", "benchmarks must",
                  "device must be one of"):  # fmt: skip
         assert part in str(err.value)
@@ -134,7 +134,7 @@ def test_wandb_offline_gets_metrics_and_the_table(tmp_path, monkeypatch, wandb_l
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     rows = [{"benchmark": "b1", "problems": 2, "samples": 4, "pass@1": 0.25, "truncated": 0.5}]
-    ev.log_to_wandb(rows, ev.EvalConfig(model="m", k=[1], run_name="t"))
+    ev.log_to_wandb(rows, ev.EvalSettings(model="m", k=[1], run_name="t"))
     runs = list(tmp_path.glob("wandb/offline-run-*"))
     assert len(runs) == 1
     records = wandb_log(tmp_path / "wandb", [b"eval/b1/pass@1", b"eval/b1/truncated"])
@@ -167,7 +167,7 @@ def test_eval_config_runs_with_model_and_data_mocked(tmp_path, monkeypatch):
         "coscale.tasks.benchmarks.load_benchmark",
         lambda spec: [Problem("a", "1", "1"), Problem("b", "2", "2")],
     )
-    monkeypatch.setattr(ev.PromptFormat, "__call__", lambda self, q, tok=None: f"Q:{q}")
+    monkeypatch.setattr(ev.PromptSettings, "__call__", lambda self, q, tok=None: f"Q:{q}")
     quick = replace(
         config, logger="none", output=str(tmp_path / "r.json"), reward={"num_workers": 0}
     )
@@ -211,8 +211,8 @@ def test_eval_closes_the_backend_it_built(monkeypatch, fail):
         "coscale.tasks.benchmarks.load_benchmark",
         lambda spec: [Problem("a", "1", "1"), Problem("b", "2", "2")],
     )
-    monkeypatch.setattr(ev.PromptFormat, "__call__", lambda self, q, tok=None: f"Q:{q}")
-    config = ev.EvalConfig(model="some/model", benchmarks=["math500"], samples=2, k=[1, 2],
+    monkeypatch.setattr(ev.PromptSettings, "__call__", lambda self, q, tok=None: f"Q:{q}")
+    config = ev.EvalSettings(model="some/model", benchmarks=["math500"], samples=2, k=[1, 2],
                            backend="vllm", backend_options={"seed": 1}, logger="none",
                            output=None, reward={"num_workers": 0})  # fmt: skip
     if fail:
@@ -271,18 +271,18 @@ def test_grpo_steps_keep_a_colocated_engine_in_sync(tiny_model_dir):
 
 
 def test_a_runs_models_are_evaluated_with_the_runs_sampling_definition(tmp_path):
-    from coscale.app.evaluate import EvalConfig
+    from coscale.app.evaluate import EvalSettings
 
     sampling = {"prompt": {"template": "Q:{question}\nA:", "chat": False, "system": None},
                 "max_new_tokens": 40, "temperature": 1.0, "top_p": 0.9, "judge_temperature": 0.5}  # fmt: skip
     state = {"config": {"sampling": sampling, "rollout": {"backend": "cached", "options": {}}}}
     (tmp_path / "pipeline_state.json").write_text(json.dumps(state))
-    cfg = EvalConfig(model="m", run=str(tmp_path), logger="none")
+    cfg = EvalSettings(model="m", run=str(tmp_path), logger="none")
     assert cfg.prompt.template == "Q:{question}\nA:" and cfg.max_new_tokens == 40
     assert (cfg.temperature, cfg.top_p, cfg.backend) == (0.5, 0.9, "cached")  # the judge's
-    mine = EvalConfig(model="m", run=str(tmp_path), max_new_tokens=8, backend="hf", logger="none")
+    mine = EvalSettings(model="m", run=str(tmp_path), max_new_tokens=8, backend="hf", logger="none")
     assert (mine.max_new_tokens, mine.backend, mine.temperature) == (8, "hf", 0.5)
-    plain = EvalConfig(model="m", logger="none")  # no run: the defaults
+    plain = EvalSettings(model="m", logger="none")  # no run: the defaults
     assert (plain.max_new_tokens, plain.temperature, plain.backend) == (4096, 0.6, "auto")
     with pytest.raises(ValueError, match=r"eval\.run=.* holds no pipeline_state\.json"):
-        EvalConfig(model="m", run=str(tmp_path / "nothing"))
+        EvalSettings(model="m", run=str(tmp_path / "nothing"))

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from coscale.tasks import BadRow, FieldMap, LoadResult, Problem, as_field_map, load_problems
+from coscale.tasks import BadRow, FieldSettings, LoadResult, Problem, as_field_map, load_problems
 from coscale.tasks.benchmarks import load_benchmark
 
 # One JSONL file with every kind of bad row; the line numbers are the ones an editor shows.
@@ -116,7 +116,7 @@ def test_parquet_with_openmath_style_fields(tmp_path):
     )
     path = tmp_path / "openmath.parquet"
     pq.write_table(table, path)
-    fields = FieldMap("problem", "expected_answer", "generated_solutions", id=None)
+    fields = FieldSettings("problem", "expected_answer", "generated_solutions", id=None)
     result = load_quietly(path, fields=fields)
     assert [p.id for p in result.problems] == ["openmath-0", "openmath-1", "openmath-3"]
     assert result.problems[0].solutions == ("6*7=42",)
@@ -127,7 +127,7 @@ def test_parquet_with_openmath_style_fields(tmp_path):
         "openmath-3", "Sum 1..3?", "6", ("1+2+3=6", "3*4/2=6"), meta
     )
     assert result.bad_rows == [BadRow(f"{path} row 2", "missing answer (field 'expected_answer')")]
-    # The default FieldMap does not fit: raised from the schema, before any row is read.
+    # The default FieldSettings does not fit: raised from the schema, before any row is read.
     with pytest.raises(ValueError, match=r"fields.question='question' and fields.answer='answer'"):
         load_problems(path)
 
@@ -177,7 +177,7 @@ def test_in_memory_rows_numbers_as_answers_and_summary():
 def test_wrong_question_field_raises_at_once_naming_the_mapping(tmp_path):
     path = write_jsonl(tmp_path / "om.jsonl", [{"problem": "p", "expected_answer": "1"}] * 3)
     with pytest.raises(ValueError) as info:
-        load_problems(path, fields=FieldMap(answer="expected_answer"), on_bad_row="raise")
+        load_problems(path, fields=FieldSettings(answer="expected_answer"), on_bad_row="raise")
     message = str(info.value)
     assert "fields.question='question'" in message and "fields.answer" not in message
     assert str(path) in message and "['problem', 'expected_answer']" in message
@@ -344,8 +344,8 @@ def test_fields_as_a_plain_dict(tmp_path):
     rows = [{"problem": "1+1?", "answer": "2", "sols": ["1+1=2"], "id": "a"}]
     result = load_problems(rows, fields={"question": "problem", "solutions": "sols"})
     assert result.problems == [Problem("a", "1+1?", "2", ("1+1=2",), {})]
-    assert as_field_map({"question": "problem", "id": None}) == FieldMap("problem", id=None)
-    mapping = FieldMap("q", "a")
+    assert as_field_map({"question": "problem", "id": None}) == FieldSettings("problem", id=None)
+    mapping = FieldSettings("q", "a")
     assert as_field_map(mapping) is mapping
     path = write_jsonl(tmp_path / "p.jsonl", [{"problem": "p", "expected_answer": "1"}])
     by_dict = load_problems(path, fields={"question": "problem", "answer": "expected_answer"})
@@ -361,7 +361,7 @@ def test_bad_fields_and_settings_are_listed_in_one_error():
         "fields.answer must be a non-empty str or null (a column name), got ' '; "
         "fields.id must be a non-empty str or null (a column name), got 3"
     )
-    with pytest.raises(ValueError, match=r"^fields must be a FieldMap or a dict with keys"):
+    with pytest.raises(ValueError, match=r"^fields must be a FieldSettings or a dict with keys"):
         as_field_map(["question"])
     with pytest.raises(ValueError) as info:
         load_problems([{"question": "q", "answer": "1"}], {"sol": "s"}, on_bad_row="x", limit=0)

@@ -21,7 +21,7 @@ The TRL settings that give coscale's numbers (TRL -> coscale):
 - ``beta > 0`` needs ``use_bias_correction_kl=False``: TRL's default (True) multiplies the KL by
   the ratio, coscale never does;
 - ``vllm_importance_sampling_mode="<level>_<mode>"``, ``vllm_importance_sampling_clip_max=C``,
-  ``clip_min=None`` -> ``Mismatch(mode, level, cap=C)``, the old log-probs being the trainer's.
+  ``clip_min=None`` -> ``MismatchSettings(mode, level, cap=C)``, the old log-probs being the trainer's.
 
 Advantages (TRL's ``scale_rewards``) are not part of the loss: both get the same ones. TRL's
 ``GRPOConfig`` defaults (``loss_type="dapo"``, ``sequence_mask`` at 3.0) are coscale's
@@ -49,7 +49,7 @@ from coscale.rl.losses import (
     DrGRPOLoss,
     GRPOLoss,
     GSPOLoss,
-    Mismatch,
+    MismatchSettings,
 )
 
 ATOL = 1e-6
@@ -76,7 +76,9 @@ TERMS = {"plain": (0.0, 0.0), "kl+entropy": (0.04, 0.01)}  # (beta, entropy_coef
 SHAPES = {"4x7": [7, 3, 0, 5], "6x12": [12, 1, 9, 4, 12, 6]}
 
 
-def _trl_self(loss: str, beta: float, entropy_coef: float, mismatch: Mismatch | None = None):
+def _trl_self(
+    loss: str, beta: float, entropy_coef: float, mismatch: MismatchSettings | None = None
+):
     """A stub ``self`` for TRL's methods: one process, no gradient accumulation, the settings
     of ``LOSSES[loss]`` (TRL's ``epsilon=0.2, epsilon_high=0.28`` unless it sets its own)."""
     settings = {"importance_sampling_level": "token", "epsilon_high": 0.28} | LOSSES[loss][0]
@@ -154,7 +156,7 @@ def _grads(loss, logp, entropy):
     return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, (logp, entropy))]
 
 
-def _coscale(loss: str, beta: float, entropy_coef: float, mismatch=Mismatch()):
+def _coscale(loss: str, beta: float, entropy_coef: float, mismatch=MismatchSettings()):
     _, cls, kwargs = LOSSES[loss]
     return cls(beta=beta, entropy_coef=entropy_coef, mismatch=mismatch, **kwargs)
 
@@ -208,7 +210,7 @@ def test_mismatch_correction_equals_trls(loss, mode, level):
     the trainer's recomputed ones), its loss from ``_compute_loss`` on that method's output."""
     lengths = [6, 2, 5, 6, 3, 4]  # 3 prompts x 2 generations, no empty completion
     x = _batch(lengths, seed=7)
-    mismatch = Mismatch(mode=mode, level=level, cap=2.0)
+    mismatch = MismatchSettings(mode=mode, level=level, cap=2.0)
     stub = _trl_self(loss, 0.04, 0.01, mismatch)
     no_grad_passes = {id(stub.model): x["old"], id(stub.ref_model): x["ref"]}
 
@@ -261,5 +263,7 @@ def test_trl_defaults_are_coscales_dapo_defaults():
     assert (loss.beta, loss.entropy_coef) == (defaults["beta"], defaults["entropy_coef"])
     assert defaults["vllm_importance_sampling_correction"] is True
     level, mode = defaults["vllm_importance_sampling_mode"].split("_")
-    assert loss.mismatch == Mismatch(mode, level, defaults["vllm_importance_sampling_clip_max"])
+    assert loss.mismatch == MismatchSettings(
+        mode, level, defaults["vllm_importance_sampling_clip_max"]
+    )
     assert defaults["vllm_importance_sampling_clip_min"] is None  # coscale has no lower bound

@@ -15,7 +15,7 @@ from coscale.rl.losses import (
     GRPOLoss,
     GSPOLoss,
     LossOutput,
-    Mismatch,
+    MismatchSettings,
     PolicyLoss,
     as_loss,
 )
@@ -338,7 +338,7 @@ MISMATCH = {
 def test_mismatch_by_hand(mode, level):
     logp, old, adv, mask = _inputs()
     engine = old - torch.tensor(RHO, dtype=F64).log()
-    loss_fn = GRPOLoss(mismatch=Mismatch(mode=mode, level=level, cap=3.0))
+    loss_fn = GRPOLoss(mismatch=MismatchSettings(mode=mode, level=level, cap=3.0))
     out = loss_fn(logp, old, adv, mask, sampling_logprobs=engine)
     loss, ratio_mean, capped = MISMATCH[mode, level]
     _close(out.loss, loss)
@@ -364,8 +364,8 @@ def test_mismatch_weights_scale_the_gradient_but_never_receive_it():
 
 
 def test_mismatch_defaults_are_trls():
-    assert Mismatch() == Mismatch(mode="mask", level="sequence", cap=3.0)
-    assert GRPOLoss().mismatch == Mismatch()
+    assert MismatchSettings() == MismatchSettings(mode="mask", level="sequence", cap=3.0)
+    assert GRPOLoss().mismatch == MismatchSettings()
 
 
 # ------------------------------------------------------------------ entropy bonus by hand
@@ -403,7 +403,7 @@ def test_new_losses_are_picked_by_class_path_with_their_settings():
         built.append(parser.instantiate_classes(parser.parse_object({"loss": value})).loss)
     gspo, cispo = built
     assert type(gspo) is GSPOLoss and gspo.epsilon == 3e-4
-    assert gspo.mismatch == Mismatch(mode="truncate", level="sequence", cap=3.0)
+    assert gspo.mismatch == MismatchSettings(mode="truncate", level="sequence", cap=3.0)
     assert type(cispo) is CISPOLoss and (cispo.max_weight, cispo.entropy_coef) == (4.0, 0.01)
 
 

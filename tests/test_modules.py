@@ -14,7 +14,7 @@ from trainers import quiet_trainer
 from coscale.datamodules import ProblemDataModule
 from coscale.loop.pools import Pool
 from coscale.modules import GRPOModule, SFTModule
-from coscale.rl.losses import GRPOLoss, GSPOLoss, Mismatch
+from coscale.rl.losses import GRPOLoss, GSPOLoss, MismatchSettings
 from coscale.rollout import CachedDecodeBackend, SamplingParams
 from coscale.tasks import arithmetic
 
@@ -218,7 +218,7 @@ def test_grpo_mask_truncated_leaves_cut_rollouts_out_of_the_loss(tiny_model_dir)
 
 
 def test_modules_with_the_default_prompt_log_their_hparams_to_csv(tiny_model_dir, tmp_path):
-    # Lightning's loggers write hparams as YAML and refuse a frozen dataclass (PromptFormat)
+    # Lightning's loggers write hparams as YAML and refuse a frozen dataclass (PromptSettings)
     from lightning.pytorch.loggers import CSVLogger
 
     dm = ProblemDataModule(train=_rows(), sft_batch_size=4, bank_solutions=2)
@@ -282,7 +282,7 @@ class _EngineRollouts(CachedDecodeBackend):
         return ro
 
 
-def _engine_fit(model_dir, mismatch: Mismatch, iterations: int):
+def _engine_fit(model_dir, mismatch: MismatchSettings, iterations: int):
     """One GRPO step on two problems x 2 rollouts from `_EngineRollouts`, micro-batches of 2:
     the engine's rollouts, each loss call's (log-probs, old log-probs, engine log-probs, mask)
     and the logged metrics."""
@@ -310,7 +310,7 @@ def _engine_fit(model_dir, mismatch: Mismatch, iterations: int):
 
 def test_grpo_corrects_engine_logprobs_against_the_trainers_old_logprobs(tiny_model_dir):
     cap = 1.5  # token truncate: weight min(2, 1.5) = 1.5 on even rows, 0.5 on odd rows
-    ro, calls, metrics = _engine_fit(tiny_model_dir, Mismatch("truncate", "token", cap), 2)
+    ro, calls, metrics = _engine_fit(tiny_model_dir, MismatchSettings("truncate", "token", cap), 2)
     assert len(calls) == 4  # 2 iterations x 2 micro-batches
     for logp, old, engine, mask in calls[:2]:
         # first iteration: no step taken yet, the pass's own log-probs are the trainer's old ones
@@ -329,7 +329,7 @@ def test_grpo_corrects_engine_logprobs_against_the_trainers_old_logprobs(tiny_mo
 
 
 def test_grpo_without_correction_takes_the_engine_logprobs_as_old(tiny_model_dir):
-    ro, calls, metrics = _engine_fit(tiny_model_dir, Mismatch(mode="none"), 1)
+    ro, calls, metrics = _engine_fit(tiny_model_dir, MismatchSettings(mode="none"), 1)
     for logp, old, engine, mask in calls:
         assert engine is None  # nothing to weight
         gap = (logp - old)[mask].abs()  # the old log-probs are the engine's, off by log 2

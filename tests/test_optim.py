@@ -13,11 +13,11 @@ from reward_examples import HasDigit
 from trainers import quiet_trainer
 from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
 
-from coscale.callbacks.sft_in_fit import SFTLoop, sft_in_fit
+from coscale.callbacks.sft_in_fit import SFTLoopSettings, sft_in_fit
 from coscale.datamodules import ProblemDataModule
 from coscale.modules import GRPOModule, SFTModule
 from coscale.modules.optim import LRFactor, adamw_with_warmup
-from coscale.modules.settings import AdamW
+from coscale.modules.settings import AdamWSettings
 from coscale.tasks import arithmetic
 
 HF = {"linear": get_linear_schedule_with_warmup, "cosine": get_cosine_schedule_with_warmup}
@@ -57,8 +57,8 @@ def test_after_the_warm_up_the_factor_is_hugging_faces_schedule(decay):
 def test_a_decay_needs_the_fits_length_and_names_the_setting():
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match=r"optimizer.decay='cosine' needs the fit's number"):
-        adamw_with_warmup(model, AdamW(decay="cosine"), total_steps=None)
-    assert "lr_scheduler" not in adamw_with_warmup(model, AdamW())  # constant, no warm-up
+        adamw_with_warmup(model, AdamWSettings(decay="cosine"), total_steps=None)
+    assert "lr_scheduler" not in adamw_with_warmup(model, AdamWSettings())  # constant, no warm-up
     with pytest.raises(ValueError, match=r"optimizer\.decay must be one of constant, linear"):
         SFTModule(model="unused", optimizer={"decay": "step"})
 
@@ -101,7 +101,9 @@ def test_the_in_fit_sft_loop_plans_its_steps(tiny_model_dir):
     items = [{"question": r["question"], "solution": s} for r in _rows(5) for s in r["solutions"]]
     module = SFTModule(model=tiny_model_dir, optimizer={"lr": 0.01, "decay": "linear"})
     fabric = L.Fabric(accelerator="cpu", devices=1)
-    sft_in_fit(fabric, module, items, SFTLoop(max_epochs=3, batch_size=4), seed=0)
+    sft_in_fit(fabric, module, items, SFTLoopSettings(max_epochs=3, batch_size=4), seed=0)
     assert module.planned_steps == math.ceil(len(items) / 4) * 3 > 4
-    sft_in_fit(fabric, module, items, SFTLoop(max_epochs=3, max_steps=4, batch_size=4), seed=0)
+    sft_in_fit(
+        fabric, module, items, SFTLoopSettings(max_epochs=3, max_steps=4, batch_size=4), seed=0
+    )
     assert module.planned_steps == 4

@@ -86,7 +86,7 @@ def test_the_modules_take_a_mapping_or_a_partial_and_refuse_what_they_would_over
         "GRPOModule: lr_scheduler.class_path='torch.optim.nope.Sched' cannot be imported "
         "(No module named 'torch.optim.nope'); "
         "custom_optimizer replaces the optimizer group (coscale's AdamW): leave optimizer at its "
-        "default, got AdamW(lr=0.0001, betas=(0.9, 0.999), weight_decay=0.0, warmup_steps=0, "
+        "default, got AdamWSettings(lr=0.0001, betas=(0.9, 0.999), weight_decay=0.0, warmup_steps=0, "
         "decay='cosine')"
     )
 

@@ -13,7 +13,7 @@ peft = pytest.importorskip("peft", reason="install coscale[peft]")
 
 from coscale.app.cli import main  # noqa: E402
 from coscale.models.adapters import ADAPTER_FOLDER  # noqa: E402
-from coscale.pipeline import PipelineConfig  # noqa: E402
+from coscale.pipeline import PipelineSettings  # noqa: E402
 from coscale.run.plan import state_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ LORA_FLAG = json.dumps({**LORA, "init_args": {**LORA["init_args"], "target_modul
 def test_peft_under_a_module_group_is_refused_naming_pipeline_peft(group, tmp_path, capsys):
     refused = rf"{group}\.peft is set by the run for every stage: set pipeline\.peft instead"
     with pytest.raises(ValueError, match=refused):
-        PipelineConfig(model="m", **{group: {"peft": LORA}})  # Python
+        PipelineSettings(model="m", **{group: {"peft": LORA}})  # Python
     yaml = tmp_path / "peft.yaml"
     yaml.write_text(json.dumps({"pipeline": {group: {"peft": LORA}}}))
     for extra in ([f"--pipeline.{group}.peft", LORA_FLAG], ["--config", str(yaml)]):  # CLI, YAML
@@ -36,12 +36,12 @@ def test_peft_under_a_module_group_is_refused_naming_pipeline_peft(group, tmp_pa
 
 
 def test_pipeline_peft_is_a_class_path_and_the_state_file_holds_its_fields():
-    cfg = PipelineConfig(model="m", peft=LORA)
+    cfg = PipelineSettings(model="m", peft=LORA)
     assert isinstance(cfg.peft, peft.LoraConfig) and cfg.peft.r == 4
     saved = json.loads(json.dumps(state_config(cfg), default=str))["peft"]
     assert saved["peft_type"] == "LORA" and saved["r"] == 4
-    assert PipelineConfig(model="m", peft=saved).peft.lora_alpha == 8  # read back
-    assert PipelineConfig(model="m").peft is None  # the default: full fine-tunes
+    assert PipelineSettings(model="m", peft=saved).peft.lora_alpha == 8  # read back
+    assert PipelineSettings(model="m").peft is None  # the default: full fine-tunes
 
 
 def test_run_help_lists_pipeline_peft_and_no_module_group_peft(capsys):

@@ -13,7 +13,7 @@ import pytest
 from coscale.app.cli import main
 from coscale.run.plan import plan, upgrade_state
 from coscale.run.settings import FinalSettings
-from coscale.sft.distill import Distillation
+from coscale.sft.distill import DistillationSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "run" / "tiny.yaml"
@@ -53,7 +53,10 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capfd, caplog, recwarn, wandb_
     # each measurement's per-problem counts and labels, as the pools took them
     measured = json.loads((run_dir / "it1" / "measure" / "pass_rates.json").read_text())
     assert 0 < len(measured) <= 48
-    assert all(set(r) == {"n", "c", "pool", "solutions", "rl_rounds"} for r in measured.values())
+    assert all(
+        set(r) == {"samples", "correct", "pool", "solutions", "rl_rounds"}
+        for r in measured.values()
+    )
     # the W&B offline run holds pool sizes, pass rates, N per group and a completions table
     keys = [
         b"pool/solvable",
@@ -85,10 +88,10 @@ def test_tiny_pipeline_runs_every_stage(tmp_path, capfd, caplog, recwarn, wandb_
 
 def _pipeline(tmp_path, data=None, **settings):
     from coscale.datamodules import ProblemDataModule
-    from coscale.pipeline import Pipeline, PipelineConfig
+    from coscale.pipeline import Pipeline, PipelineSettings
 
     rows = [{"id": i, "question": f"{i}+1", "answer": "2"} for i in "abc"]
-    cfg = PipelineConfig(model="unused", run_dir=str(tmp_path), logger="none", **settings)
+    cfg = PipelineSettings(model="unused", run_dir=str(tmp_path), logger="none", **settings)
     return Pipeline(cfg, ProblemDataModule(train=rows, **(data or {})))
 
 
@@ -179,10 +182,10 @@ def test_final_sft_epochs_reach_only_the_final_retrain(tmp_path, monkeypatch):
     plain.curriculum.bank.record_rollout("a", "2", True, 0)
     plain.sft("final/retrain")
     assert seen[0]["epochs"] == 3
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
 
     with pytest.raises(ValueError, match=r"final\.epochs must be an int >= 1 or None"):
-        PipelineConfig(model="m", final={"epochs": 0})
+        PipelineSettings(model="m", final={"epochs": 0})
 
 
 def test_final_sft_source_shapes_only_the_final_retrain(tmp_path, monkeypatch):
@@ -195,10 +198,10 @@ def test_final_sft_source_shapes_only_the_final_retrain(tmp_path, monkeypatch):
     pipe.sft("final/retrain")
     texts = [sorted(item["solution"] for item in fit["items"]) for fit in seen]
     assert texts == [["a-bank", "b-rl"], ["a-bank"]]  # the rollouts stay out of the final set
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
 
     with pytest.raises(ValueError, match=r"final\.source must be one of bank, redistill, all"):
-        PipelineConfig(model="m", final={"source": "rollouts"})
+        PipelineSettings(model="m", final={"source": "rollouts"})
 
 
 def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
@@ -214,7 +217,7 @@ def test_sft_after_rl_distils_from_the_latest_rl_model(tmp_path, monkeypatch):
     pipe.sft("it2/redistill")
     first, redistill, later = _StubSFT.built
     assert "distill" not in first
-    assert redistill["distill"] == Distillation("runs/x/it1/rl/model", weight=0.4)
+    assert redistill["distill"] == DistillationSettings("runs/x/it1/rl/model", weight=0.4)
     assert later["distill"].teacher == "runs/x/it2/rl/model"
     pipe.sft(
         "final/retrain"
@@ -304,12 +307,12 @@ def test_eval_max_problems_measures_a_seeded_subset_each_time(tmp_path):
     """A measurement of a large problem set can take a subset: ``measure_max_problems`` of the
     unfailed problems get K samples, a new seeded subset at each measurement."""
     from coscale.datamodules import ProblemDataModule
-    from coscale.pipeline import Pipeline, PipelineConfig
+    from coscale.pipeline import Pipeline, PipelineSettings
 
     rows = [{"id": f"p{i}", "question": f"{i}+1", "answer": str(i + 1)} for i in range(6)]
     model = "builtin:tiny?hidden_size=32&num_layers=1&seed=0"
-    settings = {"run_dir": str(tmp_path), "logger": "none", "measure_k": 1}
-    cfg = PipelineConfig(model=model, measure_max_problems=2, **settings)
+    settings = {"run_dir": str(tmp_path), "logger": "none", "measure_samples": 1}
+    cfg = PipelineSettings(model=model, measure_max_problems=2, **settings)
     pipe = Pipeline(cfg, ProblemDataModule(train=rows))
     pipe.data.load()
     pools = pipe.curriculum.pools
@@ -319,21 +322,21 @@ def test_eval_max_problems_measures_a_seeded_subset_each_time(tmp_path):
         measured.append({p for p in pipe.curriculum.problems if pools.history(p)})
     sizes = [len(m) for m in measured]
     assert sizes[0] == 2 and sizes[0] < sizes[1] <= sizes[2] <= 6  # 2 more problems each time
-    every = Pipeline(PipelineConfig(model=model, **settings), ProblemDataModule(train=rows))
+    every = Pipeline(PipelineSettings(model=model, **settings), ProblemDataModule(train=rows))
     every.data.load()
     every.measure("it1/measure")
     assert all(every.curriculum.pools.history(p) for p in every.curriculum.problems)
 
 
 def test_settings_are_checked_before_any_work():
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
 
     with pytest.raises(ValueError, match="sft_max_steps must be an int >= 1"):
-        PipelineConfig(model="m", sft_max_steps=0)
+        PipelineSettings(model="m", sft_max_steps=0)
     with pytest.raises(ValueError, match=r"final\.keep must be one of"):
-        PipelineConfig(model="m", final={"keep": "newest"})
+        PipelineSettings(model="m", final={"keep": "newest"})
     with pytest.raises(ValueError) as err:
-        PipelineConfig(
+        PipelineSettings(
             model="m", grpo={"lrr": 1e-3}, sft={"optimizer": {"lr": 1e-3}},
             schedule={"n_init": -4},
         )  # fmt: skip
@@ -341,36 +344,36 @@ def test_settings_are_checked_before_any_work():
     assert "grpo: Option 'lrr' is not accepted (GRPOModule takes: " in msg and "sft" not in msg
     assert "schedule.n_init must be an int >= 1, got -4" in msg
     with pytest.raises(ValueError) as err:  # wrong types, and ranges the modules check
-        PipelineConfig(model="m", grpo={"optimizer": {"lr": "fast"}}, sft={"max_length": 1})
+        PipelineSettings(model="m", grpo={"optimizer": {"lr": "fast"}}, sft={"max_length": 1})
     msg = str(err.value)
     assert "grpo: Parser key \"optimizer.lr\": Expected a <class 'float'>. Got value: fast" in msg
     assert "sft.max_length must be an int >= 2, got 1" in msg
 
 
 def test_trainer_keys_are_lightning_trainer_arguments_the_stages_leave_to_the_user():
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
 
     with pytest.raises(ValueError) as err:
-        PipelineConfig(model="m", trainer={"max_epoch": 3, "acelerator": "cpu", "zzz": 1})
+        PipelineSettings(model="m", trainer={"max_epoch": 3, "acelerator": "cpu", "zzz": 1})
     msg = str(err.value)
     assert "trainer.max_epoch is not a lightning.Trainer argument (did you mean max_epochs" in msg
     assert "trainer.acelerator is not a lightning.Trainer argument (did you mean accelerator" in msg
     assert "trainer.zzz is not a lightning.Trainer argument;" in msg + ";"
     with pytest.raises(ValueError, match=r"trainer\.max_epochs is set by each stage: use pipe"):
-        PipelineConfig(model="m", trainer={"max_epochs": 3})
+        PipelineSettings(model="m", trainer={"max_epochs": 3})
     # Trainer's own arguments, and the run's precision: auto
-    PipelineConfig(model="m", trainer={"accelerator": "cpu", "precision": "auto", "devices": 2})
+    PipelineSettings(model="m", trainer={"accelerator": "cpu", "precision": "auto", "devices": 2})
     with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\]; got 2"):
-        PipelineConfig(model="m", distill_weight=2)
+        PipelineSettings(model="m", distill_weight=2)
     with pytest.raises(ValueError, match=r"sft\.distill is set by the run .* pipeline\.distill_w"):
-        PipelineConfig(model="m", sft={"distill": {"teacher": "other"}})
+        PipelineSettings(model="m", sft={"distill": {"teacher": "other"}})
     with pytest.raises(ValueError, match=r"grpo\.model is set by the run .* set pipeline\.model"):
-        PipelineConfig(model="m", grpo={"model": "other"})
+        PipelineSettings(model="m", grpo={"model": "other"})
     ok = {"loss": {"class_path": "coscale.rl.losses.DAPOLoss", "init_args": {"epsilon": 0.2}}}
-    PipelineConfig(model="m", grpo=ok, sampling={"prompt": {"template": "Q:{question}"}})
+    PipelineSettings(model="m", grpo=ok, sampling={"prompt": {"template": "Q:{question}"}})
     # the run's one sampling definition: a module's own copy is refused, naming where it goes
     with pytest.raises(ValueError) as err:
-        PipelineConfig(
+        PipelineSettings(
             model="m",
             sft={"prompt": "Q:{question}", "validation": {"max_new_tokens": 9}},
             grpo={"rollout": {"backend": "vllm"}, "sampling": {"temperature": 0.5, "seed": 3}},
@@ -385,9 +388,9 @@ def test_trainer_keys_are_lightning_trainer_arguments_the_stages_leave_to_the_us
         assert f"{key} is set by the run for every stage: set {where} instead" in msg
     assert "seed" not in msg  # GRPO's own sampling seed stays its setting
     with pytest.raises(ValueError, match=r"sampling\.max_new_tokens must be an int >= 1"):
-        PipelineConfig(model="m", sampling={"max_new_tokens": 0})
+        PipelineSettings(model="m", sampling={"max_new_tokens": 0})
     with pytest.raises(ValueError, match=r"rollout\.backend must be one of auto, cached"):
-        PipelineConfig(model="m", rollout={"backend": "fast"})
+        PipelineSettings(model="m", rollout={"backend": "fast"})
 
 
 class _StubGRPO:
@@ -529,19 +532,22 @@ def test_a_state_file_of_an_earlier_release_resumes_under_todays_stage_names():
     }
     assert new["seconds"] == {"it1/measure": 1.5} and new["timing"] == {}
     assert new["models"] == old["models"] and upgrade_state(new) == new
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
 
-    assert "it1/measure" in plan(PipelineConfig(model="m"))  # the names the plan runs
+    assert "it1/measure" in plan(PipelineSettings(model="m"))  # the names the plan runs
 
 
 def test_the_settings_renamed_to_measure_keep_their_old_names_for_one_release():
     from coscale.callbacks import FinalRetrain
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
 
-    with pytest.warns(
-        FutureWarning, match=r"pipeline\.eval_k is deprecated .* pipeline\.measure_k"
-    ):
-        cfg = PipelineConfig(model="m", eval_k=4, rl_eval_every=2)
-    assert (cfg.measure_k, cfg.rl_measure_every, cfg.eval_k) == (4, 2, None)
-    with pytest.warns(FutureWarning, match=r"eval_k=\.\.\.\) is deprecated: use judge_k"):
-        assert FinalRetrain(eval_k=3).judge_k == 3
+    with pytest.warns(FutureWarning, match=r"pipeline\.eval_k is now pipeline\.measure_samples"):
+        cfg = PipelineSettings(model="m", eval_k=4, rl_eval_every=2)
+    assert (cfg.measure_samples, cfg.rl_measure_every, cfg.eval_k) == (4, 2, None)
+    with pytest.warns(FutureWarning, match=r"measure_k is now pipeline\.measure_samples"):
+        assert PipelineSettings(model="m", measure_k=3).measure_samples == 3
+    for old in ("eval_k", "judge_k"):
+        with pytest.warns(
+            FutureWarning, match=rf"FinalRetrain\({old}=\.\.\.\) is now judge_samples="
+        ):
+            assert FinalRetrain(**{old: 3}).judge_samples == 3

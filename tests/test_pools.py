@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from coscale.loop.pools import Pool, PoolRules, ProblemPools
+from coscale.loop.pools import Pool, PoolSettings, ProblemPools
 
 _PER_ID = ("pool_of", "history", "accuracy", "solutions_used", "rl_rounds")
 
@@ -72,7 +72,7 @@ def test_record_auto_registers_and_keeps_history_in_order() -> None:
 
 
 def test_solution_budget_reached_exactly_fails() -> None:
-    pools = ProblemPools(PoolRules(max_solutions=3))
+    pools = ProblemPools(PoolSettings(max_solutions=3))
     pools.record("p", 8, 0)
     assert pools.note_solutions("p", 2) is Pool.UNSOLVABLE  # 2 < 3
     assert pools.note_solutions("p", 3) is Pool.FAILED  # 3 >= 3
@@ -80,18 +80,18 @@ def test_solution_budget_reached_exactly_fails() -> None:
 
 
 def test_solution_budget_without_measurement_fails() -> None:
-    pools = ProblemPools(PoolRules(max_solutions=1))
+    pools = ProblemPools(PoolSettings(max_solutions=1))
     assert pools.note_solutions("new", 1) is Pool.FAILED  # never measured counts as acc < low
 
 
 def test_solution_budget_does_not_fail_solvable() -> None:
-    pools = ProblemPools(PoolRules(max_solutions=2))
+    pools = ProblemPools(PoolSettings(max_solutions=2))
     pools.record("p", 10, 1)
     assert pools.note_solutions("p", 5) is Pool.SOLVABLE
 
 
 def test_rl_budget_reached_exactly_fails_unsolvable_and_solvable() -> None:
-    pools = ProblemPools(PoolRules(max_rl_rounds=2))
+    pools = ProblemPools(PoolSettings(max_rl_rounds=2))
     pools.record("u", 10, 0)
     pools.record("s", 10, 5)
     pools.record("d", 10, 9)
@@ -109,7 +109,7 @@ def test_rl_budget_reached_exactly_fails_unsolvable_and_solvable() -> None:
 
 
 def test_failed_problem_measured_solvable_returns() -> None:
-    pools = ProblemPools(PoolRules(max_solutions=4, max_rl_rounds=3))
+    pools = ProblemPools(PoolSettings(max_solutions=4, max_rl_rounds=3))
     pools.record("p", 16, 0)
     assert pools.note_solutions("p", 4) is Pool.FAILED
     assert pools.record("p", 16, 2) is Pool.SOLVABLE  # 0.125 in [0.05, 0.70), RL budget left
@@ -118,7 +118,7 @@ def test_failed_problem_measured_solvable_returns() -> None:
 
 
 def test_failed_by_rl_budget_can_still_be_solved() -> None:
-    pools = ProblemPools(PoolRules(max_rl_rounds=1))
+    pools = ProblemPools(PoolSettings(max_rl_rounds=1))
     pools.record("p", 10, 3)
     assert pools.note_rl_round("p") is Pool.FAILED
     assert pools.record("p", 10, 6) is Pool.FAILED  # still not solved, budget spent
@@ -150,12 +150,12 @@ def test_members_and_counts_follow_registration_order() -> None:
 )
 def test_bad_config(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
-        ProblemPools(PoolRules(**kwargs))
+        ProblemPools(PoolSettings(**kwargs))
 
 
 def test_bad_config_names_every_problem_at_once() -> None:
     with pytest.raises(ValueError, match="max_solutions") as info:
-        ProblemPools(PoolRules(low=0.9, high=0.1, max_solutions=0, max_rl_rounds=-1))
+        ProblemPools(PoolSettings(low=0.9, high=0.1, max_solutions=0, max_rl_rounds=-1))
     assert "low" in str(info.value) and "max_rl_rounds" in str(info.value)
 
 
@@ -198,7 +198,7 @@ def test_unknown_id_raises_key_error_naming_it(query: str) -> None:
 
 
 def _busy_pools() -> ProblemPools:
-    pools = ProblemPools(PoolRules(low=0.1, high=0.8, max_solutions=3, max_rl_rounds=2))
+    pools = ProblemPools(PoolSettings(low=0.1, high=0.8, max_solutions=3, max_rl_rounds=2))
     pools.add("z")
     pools.record("m", 7, 1)  # 1/7: not a short decimal, checks float round trip
     pools.record("m", 3, 1)
@@ -212,7 +212,7 @@ def _busy_pools() -> ProblemPools:
 def test_state_dict_json_round_trip_is_exact() -> None:
     pools = _busy_pools()
     state = json.loads(json.dumps(pools.state_dict()))
-    restored = ProblemPools(PoolRules(low=0.1, high=0.8, max_solutions=3, max_rl_rounds=2))
+    restored = ProblemPools(PoolSettings(low=0.1, high=0.8, max_solutions=3, max_rl_rounds=2))
     restored.add("stale")  # load replaces, never merges
     restored.load_state_dict(state)
     assert _all_queries(restored) == _all_queries(pools)
@@ -242,12 +242,12 @@ def test_load_rejects_bad_state() -> None:
     state["problems"][0]["pool"] = "easy"
     with pytest.raises(ValueError):
         ProblemPools(
-            PoolRules(low=0.1, high=0.8, max_solutions=3, max_rl_rounds=2)
+            PoolSettings(low=0.1, high=0.8, max_solutions=3, max_rl_rounds=2)
         ).load_state_dict(state)
 
 
 def test_each_move_is_counted_by_the_rule_that_made_it() -> None:
-    pools = ProblemPools(PoolRules(low=0.25, high=0.75, max_solutions=2, max_rl_rounds=1))
+    pools = ProblemPools(PoolSettings(low=0.25, high=0.75, max_solutions=2, max_rl_rounds=1))
     pools.add("a")
     pools.add("b")
     assert pools.record("a", 4, 2) is Pool.SOLVABLE  # a measurement
@@ -262,6 +262,6 @@ def test_each_move_is_counted_by_the_rule_that_made_it() -> None:
         "solvable->failed by rl_budget": 1,
         "unsolvable->failed by solutions_budget": 1,
     }
-    again = ProblemPools(PoolRules(low=0.25, high=0.75, max_solutions=2, max_rl_rounds=1))
+    again = ProblemPools(PoolSettings(low=0.25, high=0.75, max_solutions=2, max_rl_rounds=1))
     again.load_state_dict(json.loads(json.dumps(pools.state_dict())))
     assert again.moves == pools.moves  # saved with the rest: a resumed stage counts them all

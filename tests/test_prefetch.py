@@ -9,7 +9,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from coscale.modules.grpo_settings import Update
+from coscale.modules.grpo_settings import UpdateSettings
 from coscale.modules.prefetch import Prefetch, batch_ids, sample_ahead
 from coscale.rollout.base import Rollouts
 
@@ -94,14 +94,16 @@ def test_batch_ids_hold_the_problems_and_their_n_in_order():
 
 
 def test_max_staleness_must_be_a_non_negative_int():
-    assert Update(max_staleness=-1).errors() == ["max_staleness must be an int >= 0, got -1"]
-    assert Update(max_staleness=2).errors() == []
+    assert UpdateSettings(max_staleness=-1).errors() == [
+        "max_staleness must be an int >= 0, got -1"
+    ]
+    assert UpdateSettings(max_staleness=2).errors() == []
 
 
 def test_a_backend_that_cannot_sample_in_the_background_is_refused_naming_the_setting():
     class Module:
         backend = type("Cached", (), {"name": "cached"})()
-        update_settings = Update(max_staleness=1)
+        update_settings = UpdateSettings(max_staleness=1)
 
     with pytest.raises(ValueError, match=r"update\.max_staleness=1 needs .*vllm-server.*'cached'"):
         sample_ahead(Module(), _batch("a"))

@@ -164,7 +164,7 @@ def test_checkpoint_after_an_epochs_last_step_resumes_closed_and_measures_it_onc
 
 
 def _measure() -> PassRateMeasurement:
-    return PassRateMeasurement(k=2, log_table=False)
+    return PassRateMeasurement(samples=2, log_table=False)
 
 
 class _EpochStart(L.Callback):

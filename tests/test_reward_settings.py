@@ -14,7 +14,7 @@ from coscale.app.run_config import build_run
 from coscale.datamodules import ProblemDataModule
 from coscale.loop.solution_sources import TeacherSolutions
 from coscale.modules import GRPOModule, SFTModule
-from coscale.pipeline import Pipeline, PipelineConfig
+from coscale.pipeline import Pipeline, PipelineSettings
 from coscale.scoring.rewards import MathReward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_without_a_verifier_the_pipeline_shares_the_default_one(tmp_path):
     rows = [{"id": "a", "question": "1+1", "answer": "2"}]
     teacher = TeacherSolutions(model="unused/teacher")
     data = ProblemDataModule(train=rows, teacher=teacher)
-    pipe = Pipeline(PipelineConfig(model="m", run_dir=str(tmp_path), logger="none"), data)
+    pipe = Pipeline(PipelineSettings(model="m", run_dir=str(tmp_path), logger="none"), data)
     verifier = pipe.ctx.grpo_args["verifier"]
     assert isinstance(verifier, MathReward) and pipe.ctx.sft_args["verifier"] is verifier
     assert teacher.reward is verifier  # the bank's solutions are verified by it too
@@ -65,7 +65,9 @@ def test_without_a_verifier_the_pipeline_shares_the_default_one(tmp_path):
     one = {"reward": {"class_path": "reward_examples.HasDigit"}}
     own = TeacherSolutions(model="unused/teacher", reward=reward_examples.HasDigit())
     data = ProblemDataModule(train=rows, teacher=own)
-    pipe = Pipeline(PipelineConfig(model="m", run_dir=str(tmp_path), logger="none", grpo=one), data)
+    pipe = Pipeline(
+        PipelineSettings(model="m", run_dir=str(tmp_path), logger="none", grpo=one), data
+    )
     assert isinstance(pipe.ctx.sft_args["verifier"], reward_examples.HasDigit)
     assert own.reward is not pipe.ctx.sft_args["verifier"]  # a teacher's own verifier stays
 
@@ -84,7 +86,7 @@ def test_bad_reward_settings_are_refused_before_any_work_naming_them(capsys):
     with pytest.raises(
         ValueError, match=r"sft\.verifier is set by the run .* pipeline\.grpo\.verif"
     ):
-        PipelineConfig(model="m", sft={"verifier": reward_examples.HasDigit()})
+        PipelineSettings(model="m", sft={"verifier": reward_examples.HasDigit()})
 
 
 def test_run_help_documents_the_reward_settings(capsys):

@@ -9,27 +9,27 @@ import copy
 import pytest
 import torch
 
-from coscale.models.prompting import PromptFormat
+from coscale.models.prompting import PromptSettings
 from coscale.rollout.base import SamplingParams
 from coscale.rollout.cached.backend import CachedDecodeBackend
 from coscale.rollout.factory import RolloutSettings, resolve_backend
 from coscale.rollout.run_engine import RunEngine
-from coscale.run.settings import RunSampling, set_by_run_errors
+from coscale.run.settings import RunSamplingSettings, set_by_run_errors
 
 
 def test_one_definition_is_written_into_both_modules_settings():
-    run = RunSampling(prompt="Q:{question}\nA:", max_new_tokens=40, temperature=0.7)
-    assert run.prompt == PromptFormat(template="Q:{question}\nA:")
+    run = RunSamplingSettings(prompt="Q:{question}\nA:", max_new_tokens=40, temperature=0.7)
+    assert run.prompt == PromptSettings(template="Q:{question}\nA:")
     sft = run.sft_args({"max_length": 96, "validation": {"samples": 4}})
     grpo = run.grpo_args({"sampling": {"seed": 3}})
     assert sft["prompt"] == grpo["prompt"] == run.prompt and sft["max_length"] == 96
     assert sft["validation"] == {"samples": 4, "max_new_tokens": 40, "temperature": 0.7}
     rollouts = {"max_new_tokens": 40, "temperature": 0.7, "top_p": 1.0, "top_k": 0}
     assert grpo["sampling"] == {"seed": 3, **rollouts}
-    judged = RunSampling(temperature=1.0, judge_temperature=0.2)
+    judged = RunSamplingSettings(temperature=1.0, judge_temperature=0.2)
     assert judged.grpo_args({})["validation"]["temperature"] == 0.2  # selection and the judge
     assert judged.grpo_args({})["sampling"]["temperature"] == 1.0  # RL and the measurements
-    assert RunSampling(max_new_tokens=0, top_p=0).errors() == [
+    assert RunSamplingSettings(max_new_tokens=0, top_p=0).errors() == [
         "max_new_tokens must be an int >= 1, got 0",
         "top_p must be in (0, 1], got 0",
     ]
@@ -111,11 +111,13 @@ def test_a_grpo_module_alone_samples_as_the_run_does_with_the_same_settings(tiny
     `pipeline.sampling` (which the run writes into the module it builds) agree when unset, and
     when set the same way."""
     from coscale.modules import GRPOModule
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
     from coscale.run.settings import instantiate
 
     def built(module_args: dict, run_sampling: dict) -> tuple[GRPOModule, GRPOModule]:
-        cfg = PipelineConfig(model=str(tiny_model_dir), sampling=RunSampling(**run_sampling))
+        cfg = PipelineSettings(
+            model=str(tiny_model_dir), sampling=RunSamplingSettings(**run_sampling)
+        )
         run_args = cfg.sampling.grpo_args(instantiate({**cfg.grpo}))
         in_run = {k: run_args[k] for k in ("sampling", "validation")}
         alone = GRPOModule(model=str(tiny_model_dir), **module_args)
@@ -141,11 +143,11 @@ def test_one_definition_of_the_sampling_settings_for_the_module_the_run_and_the_
 
     assert GROUPS["sampling"] is SamplingParams
     assert issubclass(SamplingParams, SamplingSettings) and issubclass(
-        RunSampling, SamplingSettings
+        RunSamplingSettings, SamplingSettings
     )
-    assert RunSampling().errors() == [] and RunSampling(temperature=-1).errors() == [
-        "temperature must be a number >= 0, got -1"
-    ]
+    assert RunSamplingSettings().errors() == [] and RunSamplingSettings(
+        temperature=-1
+    ).errors() == ["temperature must be a number >= 0, got -1"]
     with pytest.raises(ValueError, match=r"sampling: temperature must be a number >= 0, got None"):
         SamplingParams(temperature=None)  # strict, but for the run parser's all-unset group
     assert SamplingParams(None, None, None, None, seed=3).seed == 3

@@ -13,7 +13,7 @@ from trainers import quiet_trainer
 
 from coscale.datamodules import ProblemDataModule
 from coscale.loop.problem import Problem
-from coscale.measure.selection import Selection, SelectOnProblems, selection_slice
+from coscale.measure.selection import SelectionSettings, SelectOnProblems, selection_slice
 from coscale.modules import SFTModule
 from coscale.tasks import arithmetic
 
@@ -101,20 +101,22 @@ def test_selection_slice_is_seeded_and_bounded():
 def test_selection_reads_validation_unless_told_to_read_the_training_problems():
     dm = _data()
     val = [Problem("v1", "1+1", "2")]
-    assert Selection(problems=4).candidates(val, dm.curriculum) == [val[0].to_dict()]
-    train = Selection(problems=4, source="train").candidates(val, dm.curriculum)
+    assert SelectionSettings(problems=4).candidates(val, dm.curriculum) == [val[0].to_dict()]
+    train = SelectionSettings(problems=4, source="train").candidates(val, dm.curriculum)
     assert [p["id"] for p in train] == list(dm.problems)
-    assert [p["id"] for p in Selection(problems=4).candidates([], dm.curriculum)] == list(
+    assert [p["id"] for p in SelectionSettings(problems=4).candidates([], dm.curriculum)] == list(
         dm.problems
     )
-    assert Selection(source="test").errors() == ["source must be one of val, train; got 'test'"]
+    assert SelectionSettings(source="test").errors() == [
+        "source must be one of val, train; got 'test'"
+    ]
 
 
 def test_pipeline_refuses_bad_selection_settings():
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
 
     with pytest.raises(ValueError, match=r"selection\.every"):
-        PipelineConfig(model="m", selection={"problems": 8, "every": 0})
+        PipelineSettings(model="m", selection={"problems": 8, "every": 0})
 
 
 @pytest.mark.slow

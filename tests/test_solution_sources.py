@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from coscale.loop.solution_sources import DatasetSolutions, TeacherSolutions
-from coscale.models.prompting import PromptFormat
+from coscale.models.prompting import PromptSettings
 from coscale.rollout.base import Rollouts, normalize_n_per_prompt
 from coscale.tasks import Problem
 
@@ -59,7 +59,7 @@ def test_dataset_solutions_never_proposes_a_repeat_of_its_own_list():
 class FakeBackend:
     """Returns, per generate call, the next script: prompt -> its completions (N of them)."""
 
-    tokenizer = None  # PromptFormat without chat never uses it
+    tokenizer = None  # PromptSettings without chat never uses it
 
     def __init__(self, scripts: list[dict[str, list[str]]]) -> None:
         self.scripts = scripts
@@ -98,7 +98,7 @@ class BoxedReward:
         return [float(f"\\boxed{{{a}}}" in c) for c, a in zip(completions, answers)]
 
 
-FMT = PromptFormat(template="Q:{question}\nA:")
+FMT = PromptSettings(template="Q:{question}\nA:")
 PP, PQ = "Q:1+2\nA:", "Q:2+2\nA:"
 ROUND_1 = {
     PP: [
@@ -117,7 +117,7 @@ def _teacher(scripts, rounds: int) -> tuple[TeacherSolutions, FakeBackend, Boxed
     teacher = TeacherSolutions(
         "unused/teacher",
         prompt=FMT,
-        samples_per_problem=4,
+        samples=4,
         rounds=rounds,
         max_new_tokens=32,
         temperature=0.5,
@@ -165,7 +165,7 @@ def test_teacher_without_need_does_not_sample():
 @pytest.mark.parametrize(
     ("kwargs", "names"),
     [
-        ({"samples_per_problem": 0}, ["samples_per_problem", "got 0 and 1"]),
+        ({"samples": 0}, ["samples", "got 0 and 1"]),
         ({"rounds": 0}, ["rounds", "got 16 and 0"]),
         ({"max_new_tokens": 0}, ["max_new_tokens must be an int >= 1, got 0"]),
         ({"temperature": -0.5}, ["temperature must be a number >= 0", "got -0.5"]),
@@ -181,7 +181,7 @@ def test_teacher_rejects_bad_settings(kwargs, names):
 def test_teacher_loads_its_model_lazily():
     teacher = TeacherSolutions("no/such-model-anywhere")  # not loaded: no error yet
     assert teacher.model_name == "no/such-model-anywhere"
-    assert teacher.prompt == PromptFormat()
+    assert teacher.prompt == PromptSettings()
 
 
 class OneTextReward:
@@ -200,7 +200,7 @@ def test_teacher_on_the_tiny_model(tiny_model_dir):
     reward = OneTextReward()
     teacher = TeacherSolutions(
         str(tiny_model_dir),
-        samples_per_problem=2,
+        samples=2,
         rounds=2,
         max_new_tokens=6,
         temperature=0.0,
@@ -227,7 +227,7 @@ def test_the_teachers_sampler_comes_from_the_backend_factory(tiny_model_dir):
     default = TeacherSolutions(str(tiny_model_dir), prompt=FMT, max_new_tokens=8)
     assert isinstance(default._load(), HFGenerateBackend)
     cached = TeacherSolutions(
-        str(tiny_model_dir), prompt=FMT, max_new_tokens=8, samples_per_problem=3,
+        str(tiny_model_dir), prompt=FMT, max_new_tokens=8, samples=3,
         rollout={"backend": "cached", "options": {"batch_size": 4}},
     )  # fmt: skip
     known, _ = _known({})

@@ -340,12 +340,12 @@ def test_sft_loss_from_solution_logits_only_equals_the_full_pass(tiny_model, cha
 
 def test_fused_adamw_is_chosen_on_cpu_and_updates_like_the_loop(tiny_model):
     from coscale.modules.optim import adamw_with_warmup
-    from coscale.modules.settings import AdamW
+    from coscale.modules.settings import AdamWSettings
 
     def three_steps(fused: bool | None) -> torch.Tensor:
         model = copy.deepcopy(tiny_model)
         if fused is None:
-            settings = AdamW(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.01)
+            settings = AdamWSettings(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.01)
             opt = adamw_with_warmup(model, settings)["optimizer"]
             assert opt.defaults["fused"] is True
         else:

@@ -250,7 +250,7 @@ if __name__ == "__main__":  # writes the table into the page (between its first 
 def test_a_translated_config_becomes_a_coscale_run_pipeline():
     from coscale.integrations.trl import from_grpo_config
     from coscale.integrations.trl_pipeline import pipeline_settings
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
 
     given = {"max_completion_length": 64, "temperature": 0.8, "top_p": 0.9, "num_generations": 4}
     kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -261,7 +261,7 @@ def test_a_translated_config_becomes_a_coscale_run_pipeline():
     assert prompt["chat_template_kwargs"] == {"enable_thinking": False}
     pipe["sampling"]["prompt"] = prompt
     assert pipe["grpo"]["sampling"] == {"seed": 42} and "validation" not in pipe["grpo"]
-    cfg = PipelineConfig(model="m", **pipe)  # nothing refused: each setting stated once
+    cfg = PipelineSettings(model="m", **pipe)  # nothing refused: each setting stated once
     assert cfg.sampling.max_new_tokens == 64 and cfg.schedule == {"n_init": 4}
     assert cfg.sampling.prompt.chat_template_kwargs == {"enable_thinking": False}
     assert settings["grpo"]["sampling"]["max_new_tokens"] == 64  # the input is left as it was

@@ -25,7 +25,7 @@ from trl.rewards import accuracy_reward
 from trl_reference import stand_in, trl_rewards
 
 from coscale.datamodules import ProblemDataModule
-from coscale.models.prompting import PromptFormat
+from coscale.models.prompting import PromptSettings
 from coscale.modules import GRPOModule, SFTModule
 from coscale.rollout import SamplingParams
 from coscale.scoring.reward_set import RewardSet
@@ -90,12 +90,12 @@ def test_conversational_jsonl_renders_as_trl_renders_it_on_smollm2(smollm2_tok, 
     problems = load_problems(_jsonl(tmp_path / "chat.jsonl", rows), FIELDS).problems
     assert [list(p.question) for p in problems] == [row["prompt"] for row in rows]
     assert [p.meta for p in problems] == [{"solution": row["solution"]} for row in rows]
-    for fmt in (PromptFormat(), PromptFormat(chat=True)):  # chat=false: a conversation still is
+    for fmt in (PromptSettings(), PromptSettings(chat=True)):  # chat=false: a conversation still is
         for problem, row in zip(problems, rows):
             trl = maybe_apply_chat_template({"prompt": row["prompt"]}, smollm2_tok)["prompt"]
             assert fmt(problem.question, smollm2_tok) == trl
     # the backends' token ids are TRL's: tokenizer(text) == apply_chat_template(tokenize=True)
-    text = PromptFormat()(problems[0].question, smollm2_tok)
+    text = PromptSettings()(problems[0].question, smollm2_tok)
     trl_ids = smollm2_tok.apply_chat_template(
         rows[0]["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True
     )["input_ids"]
@@ -118,31 +118,31 @@ def test_conversational_jsonl_renders_as_trl_renders_it_on_smollm2(smollm2_tok, 
 
 def test_a_rows_system_message_wins_and_the_template_fills_the_last_user_turn(chat_tok):
     question = (SYSTEM, *SHOT, _user("2+3?"))
-    fmt = PromptFormat(template="Q: {question}", system="other")
+    fmt = PromptSettings(template="Q: {question}", system="other")
     assert fmt.messages(question) == [SYSTEM, *SHOT, _user("Q: 2+3?")]  # few-shot turn kept
     assert fmt.messages((_user("2+3?"),)) == [
         {"role": "system", "content": "other"},
         _user("Q: 2+3?"),
     ]
-    assert PromptFormat(chat=True, system="S").messages("2+3?") == [
+    assert PromptSettings(chat=True, system="S").messages("2+3?") == [
         {"role": "system", "content": "S"},
         _user("2+3?"),
     ]
-    assert PromptFormat().conversations(["a", "b"]) is None  # text prompts: text for rewards
+    assert PromptSettings().conversations(["a", "b"]) is None  # text prompts: text for rewards
     rendered = f"s:{SYSTEM['content']}<s>u:1+1?<s>a:\\boxed{{2}}<s>u:Q: 2+3?<s>a:"
     assert fmt(question, chat_tok) == rendered
 
 
 def test_chat_template_kwargs_reach_the_template_for_text_and_conversations(chat_tok):
-    quiet = PromptFormat(chat=True, chat_template_kwargs={"enable_thinking": False})
+    quiet = PromptSettings(chat=True, chat_template_kwargs={"enable_thinking": False})
     assert quiet("2+3?", chat_tok) == "u:2+3?<s>a:[no think]"
-    assert PromptFormat(chat=True)("2+3?", chat_tok) == "u:2+3?<s>a:"
+    assert PromptSettings(chat=True)("2+3?", chat_tok) == "u:2+3?<s>a:"
     conversation = [SYSTEM, _user("2+3?")]
     trl = maybe_apply_chat_template({"prompt": conversation}, chat_tok, enable_thinking=False)
     assert quiet(tuple(conversation), chat_tok) == trl["prompt"]
     assert trl["prompt"].endswith("a:[no think]")
     with pytest.raises(ValueError, match=r"prompt\.chat_template_kwargs must be a dict"):
-        PromptFormat(chat_template_kwargs=["enable_thinking"])
+        PromptSettings(chat_template_kwargs=["enable_thinking"])
 
 
 def test_trls_accuracy_reward_scores_conversational_completions_as_trl(chat_tok):
@@ -153,7 +153,7 @@ def test_trls_accuracy_reward_scores_conversational_completions_as_trl(chat_tok)
         ["\\boxed{\\frac{1}{3}}", "1/2"],
         ["\\boxed{3}"] * 2,
     ]
-    fmt = PromptFormat()
+    fmt = PromptSettings()
     prompts = [fmt(p["question"], chat_tok) for p in problems]
     backend = FakeBackend([dict(zip(prompts, completions))] * 2)
     host = Host(
@@ -205,7 +205,7 @@ def test_sft_prompt_completion_and_messages_rows_become_bank_solutions(
     assert "completion" not in problems[0].meta  # a mapped column is not passed on twice
     # SFT encodes each pair as the prompt is sampled, then the solution and the end of its
     # turn: the chat template's (<s>) after a conversation, EOS (</s>) after a text prompt
-    module = SFTModule(model=str(chat_model_dir), prompt=PromptFormat(template="Q:{question}"))
+    module = SFTModule(model=str(chat_model_dir), prompt=PromptSettings(template="Q:{question}"))
     batch = [{"question": p.question, "solution": p.solutions[0]} for p in problems]
     enc = module.encode(batch)
     for row, pair, ids, labels in zip(problems, batch, enc["input_ids"], enc["labels"]):
@@ -255,7 +255,7 @@ def test_grpo_fit_on_conversational_rows_hands_rewards_messages(chat_model_dir, 
         model=str(chat_model_dir),
         reward=messages_reward,
         verifier=messages_reward,
-        prompt=PromptFormat(chat_template_kwargs={"enable_thinking": False}),
+        prompt=PromptSettings(chat_template_kwargs={"enable_thinking": False}),
         optimizer={"lr": 0.01},
         sampling={"max_new_tokens": 6, "temperature": 1.0},
     )

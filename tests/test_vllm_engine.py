@@ -37,7 +37,7 @@ def model32_dir(model_folder, policy32, char_tokenizer):
 
 
 def _backend(model_dir, tokenizer, policy, **engine):
-    """A float32 engine on `model_dir`; ``engine`` adds `vllm_settings.Engine` fields."""
+    """A float32 engine on `model_dir`; ``engine`` adds `vllm_settings.EngineSettings` fields."""
     from coscale.rollout.vllm.backend import VLLMBackend
 
     return VLLMBackend(str(model_dir), tokenizer, policy, engine={"dtype": "float32", **engine})

@@ -42,7 +42,7 @@ from coscale.rollout.vllm.requests import (
     logprobs_trusted,
     sampled_logprobs,
 )
-from coscale.rollout.vllm.settings import Engine, Parity, Sync, with_dtype
+from coscale.rollout.vllm.settings import EngineSettings, ParitySettings, SyncSettings, with_dtype
 from coscale.rollout.vllm.sync import (
     ParityError,
     SyncBook,
@@ -66,7 +66,7 @@ from coscale.rollout.weights import (
 from coscale.seeds import derive_seed
 
 PROMPTS = ["Compute 2+3.", "What is 7*6?\n", "x"]
-F32 = Engine(dtype="float32")
+F32 = EngineSettings(dtype="float32")
 EOS = (2,)
 
 
@@ -397,7 +397,7 @@ def test_untrusted_engine_logprobs_are_recomputed_by_the_trainer(policy, char_to
 
 
 def test_greedy_and_unseeded_requests(policy, char_tokenizer):
-    backend = _backend(policy, char_tokenizer, parity=Parity(every=0))
+    backend = _backend(policy, char_tokenizer, parity=ParitySettings(every=0))
     greedy = backend.generate(PROMPTS, [2, 3, 1], SamplingParams(max_new_tokens=4, temperature=0))
     for i in range(3):
         rows = greedy.input_ids[greedy.prompt_index == i]
@@ -489,12 +489,14 @@ def test_the_engine_dtype_follows_the_trainer_precision(tiny_model_dir):
 
 def test_stale_policy_is_synced_or_refused(policy, char_tokenizer):
     sampling = SamplingParams(max_new_tokens=4, seed=0)
-    strict = _backend(policy, char_tokenizer, sync=Sync(on_stale="error"), parity=Parity(every=0))
+    strict = _backend(
+        policy, char_tokenizer, sync=SyncSettings(on_stale="error"), parity=ParitySettings(every=0)
+    )
     strict.generate(PROMPTS, 1, sampling)
     _perturb(policy, 0.01)  # an optimiser step without update_weights
     with pytest.raises(WeightSyncError, match="changed since the last weight sync"):
         strict.generate(PROMPTS, 1, sampling)
-    auto = _backend(policy, char_tokenizer, parity=Parity(every=0))
+    auto = _backend(policy, char_tokenizer, parity=ParitySettings(every=0))
     _perturb(policy, 0.01)
     auto.generate(PROMPTS, 1, sampling)
     assert auto.book.version == 1 and _same_weights(auto.fake().model, policy)
@@ -502,7 +504,9 @@ def test_stale_policy_is_synced_or_refused(policy, char_tokenizer):
 
 def test_sleep_levels_free_and_restore_the_engine(policy, char_tokenizer):
     sampling = SamplingParams(max_new_tokens=4, seed=0)
-    one = _backend(policy, char_tokenizer, engine=Engine(sleep_level=1), parity=Parity(every=0))
+    one = _backend(
+        policy, char_tokenizer, engine=EngineSettings(sleep_level=1), parity=ParitySettings(every=0)
+    )
     one.generate(PROMPTS, 1, sampling)
     one.update_weights(policy)
     one.generate(PROMPTS, 1, sampling)
@@ -511,7 +515,9 @@ def test_sleep_levels_free_and_restore_the_engine(policy, char_tokenizer):
         ("sleep", 1), ("wake", ("weights",)), ("load", n), ("reset",), ("wake", ("kv_cache",)),
         ("sleep", 1),
     ]  # fmt: skip
-    two = _backend(policy, char_tokenizer, engine=Engine(sleep_level=2), parity=Parity(every=0))
+    two = _backend(
+        policy, char_tokenizer, engine=EngineSettings(sleep_level=2), parity=ParitySettings(every=0)
+    )
     two.generate(PROMPTS, 1, sampling)
     assert two.needs_sync and not _same_weights(two.fake().model, policy)
     two.generate(PROMPTS, 1, sampling)  # one process: synced from the policy first
@@ -569,7 +575,7 @@ def _fake_ranks(monkeypatch, rank: int, world: int) -> None:
 def test_build_engine_defaults_and_old_vllm_fallback(monkeypatch):
     built = _fake_vllm(monkeypatch, reject_logprobs_mode=True)
     args = ve.engine_args(
-        "m", None, Engine(sleep_level=1, kwargs={"enforce_eager": True, "seed": 3})
+        "m", None, EngineSettings(sleep_level=1, kwargs={"enforce_eager": True, "seed": 3})
     )
     assert args == {
         "model": "m", "tokenizer": "m", "dtype": "auto", "gpu_memory_utilization": 0.3,
@@ -582,7 +588,7 @@ def test_build_engine_defaults_and_old_vllm_fallback(monkeypatch):
     assert engine.logprobs_mode is None  # this fake says nothing: log-probs get recomputed
     assert engine.version is None  # nor its version: never trusted
     _fake_ranks(monkeypatch, rank=3, world=4)
-    replica = ve.engine_args("m", engine=Engine(seed=5))
+    replica = ve.engine_args("m", engine=EngineSettings(seed=5))
     assert replica["distributed_executor_backend"] == "external_launcher" and replica["seed"] == 8
 
 
@@ -633,13 +639,13 @@ def test_bad_settings_and_choices_are_named(char_tokenizer, tiny_model):
     with pytest.raises(ValueError) as err:
         VLLMBackend("m", char_tokenizer, logprobs="x", engine_factory=object,
                     engine={"gpu_memory_utilization": 1.5, "sleep_level": 3},
-                    parity=Parity(tokens=0, every=-1, atol=float("nan")),
+                    parity=ParitySettings(tokens=0, every=-1, atol=float("nan")),
                     sync={"timeout_s": 0, "on_stale": "maybe"})  # fmt: skip
     for name in ("engine.gpu_memory_utilization", "logprobs", "engine.sleep_level", "parity.tokens",
                  "parity.every", "parity.atol", "sync.timeout_s", "sync.on_stale"):  # fmt: skip
         assert f"rollout.options.{name} must" in str(err.value)
     with pytest.raises(ValueError, match=r"rollout\.options\.parity\.evry is not a parity setting "
-                       r"\(it takes: every, samples, tokens, atol, recompute_batch_size\)"):  # fmt: skip
+                       r"\(it takes: every, prompts, tokens, atol, recompute_batch_size\)"):  # fmt: skip
         VLLMBackend("m", char_tokenizer, parity={"evry": 2}, engine_factory=object)
     with pytest.raises(
         ValueError,
@@ -669,7 +675,7 @@ def test_grpo_rollout_options_are_checked_by_group_and_flat_ones_refused(tiny_mo
     assert "rollout.options.sync.deadline is not a sync setting" in refused(
         {"sync": {"deadline": 3}}
     )
-    ok = {"engine": {"max_model_len": 256}, "sync": Sync(), "parity": {"every": 0}}
+    ok = {"engine": {"max_model_len": 256}, "sync": SyncSettings(), "parity": {"every": 0}}
     assert GRPOModule(model=str(tiny_model_dir), rollout={"backend": "vllm", "options": ok})
 
 
@@ -677,7 +683,7 @@ def test_settings_default_once_and_the_engine_dtype_follows_the_policy(policy, c
     backend = _backend(policy, char_tokenizer)  # no engine.dtype: the float32 policy's
     assert backend._args["dtype"] == "float32" and backend.parity_atol == 0.01
     assert (backend.engine_settings.gpu_memory_utilization, backend.sync_settings, backend.parity_settings) == (
-        0.3, Sync(), Parity()
+        0.3, SyncSettings(), ParitySettings()
     )  # fmt: skip
     assert VLLMBackend("m", char_tokenizer, engine_factory=object)._args["dtype"] == "auto"
     # the GRPO module fills in the trainer's compute dtype where the options leave it unset
@@ -790,7 +796,7 @@ def test_external_launcher_gets_its_ranks_without_torchrun(monkeypatch):
     built = _fake_vllm(monkeypatch, version="0.33.0", LOCAL_RANK="1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _fake_ranks(monkeypatch, rank=1, world=2)
-    engine = ve.build_engine(**ve.engine_args("m", engine=Engine(seed=5)))
+    engine = ve.build_engine(**ve.engine_args("m", engine=EngineSettings(seed=5)))
     assert built[0]["distributed_executor_backend"] == "external_launcher"
     assert built[0]["_ranks"] == (1, 1) and built[0]["seed"] == 6
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("1", "2")
@@ -817,14 +823,16 @@ def test_launcher_env_from_torchrun_lightning_and_slurm():
 def test_tensor_parallel_engines_are_refused_across_ranks(monkeypatch, char_tokenizer):
     tp2 = {"tensor_parallel_size": 2}
     assert (
-        ve.engine_args("m", engine=Engine(kwargs=tp2))["tensor_parallel_size"] == 2
+        ve.engine_args("m", engine=EngineSettings(kwargs=tp2))["tensor_parallel_size"] == 2
     )  # one process: vLLM's own
     _fake_ranks(monkeypatch, rank=0, world=2)
     with pytest.raises(ValueError, match=r"rollout\.options\.engine\.kwargs\.tensor_parallel_size"):
-        ve.engine_args("m", engine=Engine(kwargs=tp2))
+        ve.engine_args("m", engine=EngineSettings(kwargs=tp2))
     with pytest.raises(ValueError, match=r"must be 1 under torch\.distributed, got 2"):
         VLLMBackend("m", char_tokenizer, engine={"kwargs": tp2}, engine_factory=object)
-    assert ve.engine_args("m", engine=Engine(kwargs={"tensor_parallel_size": 1}))["seed"] == 0
+    assert (
+        ve.engine_args("m", engine=EngineSettings(kwargs={"tensor_parallel_size": 1}))["seed"] == 0
+    )
 
 
 # --- shutdown at the end of a stage (issue 15, item 7) --------------------------------------
@@ -848,7 +856,7 @@ def test_close_shuts_the_engine_down_and_frees_it(policy, char_tokenizer):
         return ve.VLLMEngine(llm, FakeSamplingParams, "0.33.0")
 
     backend = VLLMBackend("unused/path", char_tokenizer, policy, engine_factory=factory,
-                          parity=Parity(every=0))  # fmt: skip
+                          parity=ParitySettings(every=0))  # fmt: skip
     sampling = SamplingParams(max_new_tokens=4, seed=0)
     try:
         backend.generate(PROMPTS, 1, sampling)
@@ -991,7 +999,7 @@ def test_only_the_expected_failed_to_load_lines_are_dropped(caplog):
 def test_generate_many_sends_every_call_in_one_engine_call_with_each_calls_own_seeds(
     policy, char_tokenizer
 ):
-    backend = _backend(policy, char_tokenizer, parity=Parity(every=0))
+    backend = _backend(policy, char_tokenizer, parity=ParitySettings(every=0))
     fake = backend.fake()
     calls = [
         SampleCall(PROMPTS[:2], [2, 1], SamplingParams(max_new_tokens=5, seed=10)),

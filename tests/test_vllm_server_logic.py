@@ -32,7 +32,7 @@ from coscale.rollout.vllm.server.launch import (
     server_environment,
     server_module,
 )
-from coscale.rollout.vllm.server.settings import Server, as_server, server_errors
+from coscale.rollout.vllm.server.settings import ServerSettings, as_server, server_errors
 from coscale.rollout.vllm.server.worker import PING
 
 
@@ -52,7 +52,7 @@ def test_server_settings_name_every_bad_value():
         "port, request_timeout_s, start_timeout_s, sync_dir, transfer, transfer_address, "
         "transfer_port, url)"
     ]
-    assert as_server({"cores": [1]}) == Server(cores=(1,))
+    assert as_server({"cores": [1]}) == ServerSettings(cores=(1,))
     with pytest.raises(ValueError, match=r"rollout\.options\.server\.port must be"):
         as_server({"port": -1})
 
@@ -72,12 +72,12 @@ def test_the_rollout_choice_checks_the_server_group_and_the_engine_groups():
 
 def test_colocated_only_settings_are_refused_naming_them():
     from coscale.rollout.vllm.server.backend import refuse_colocated_only
-    from coscale.rollout.vllm.settings import Engine, Sync
+    from coscale.rollout.vllm.settings import EngineSettings, SyncSettings
 
     with pytest.raises(ValueError, match=r"engine\.sleep_level must be 0 with backend vllm-server"):
-        refuse_colocated_only(Engine(sleep_level=1), Sync())
+        refuse_colocated_only(EngineSettings(sleep_level=1), SyncSettings())
     with pytest.raises(ValueError, match=r"sync\.adapter must be 'merged'"):
-        refuse_colocated_only(Engine(), Sync(adapter="lora"))
+        refuse_colocated_only(EngineSettings(), SyncSettings(adapter="lora"))
 
 
 def test_serve_argv_turns_engine_arguments_into_flags():

@@ -25,7 +25,7 @@ from coscale.rollout.vllm.server.launch import (
     serve_argv,
     server_module,
 )
-from coscale.rollout.vllm.server.settings import Server, server_errors
+from coscale.rollout.vllm.server.settings import ServerSettings, server_errors
 
 FLAG = "--weight-transfer-config"
 """vLLM's engine argument that gives a server its weight transfer engine."""
@@ -101,9 +101,12 @@ def test_vllm_s_own_server_parser_reads_the_flag_as_its_nccl_weight_transfer():
 def test_the_rendezvous_address_is_local_for_a_started_server_else_this_host():
     from coscale.rollout.vllm.server.nccl import rendezvous_address
 
-    assert rendezvous_address(Server(transfer="nccl"), started_here=True) == "127.0.0.1"
-    assert rendezvous_address(Server(transfer="nccl"), started_here=False) == socket.gethostname()
-    given = Server(transfer="nccl", transfer_address="10.0.0.2")
+    assert rendezvous_address(ServerSettings(transfer="nccl"), started_here=True) == "127.0.0.1"
+    assert (
+        rendezvous_address(ServerSettings(transfer="nccl"), started_here=False)
+        == socket.gethostname()
+    )
+    given = ServerSettings(transfer="nccl", transfer_address="10.0.0.2")
     assert rendezvous_address(given, started_here=True) == "10.0.0.2"
 
 
@@ -164,7 +167,7 @@ def test_a_sync_over_nccl_sends_every_bucket_in_one_update_between_pause_and_res
 
     client, sync = ServerClient(fake_server), _SyncClient()
     workers = check_extension(client)
-    settings = Server(transfer="nccl", transfer_port=29555)
+    settings = ServerSettings(transfer="nccl", transfer_port=29555)
     transport = NcclTransport(
         fake_server, settings, workers, True, client=sync, engine_class=_Trainer, device="cpu"
     )
@@ -268,7 +271,7 @@ def _engine(url: str) -> ServerEngine:
 
     client = ServerClient(url)
     workers = check_extension(client)
-    settings = Server(transfer="nccl", transfer_port=29555)
+    settings = ServerSettings(transfer="nccl", transfer_port=29555)
     transport = NcclTransport(url, settings, workers, started_here=True, device="cpu")
     return ServerEngine(client, "tiny", transport=transport)
 

@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 from coscale.app.report_engine import ReportEngine
-from coscale.models.prompting import PromptFormat
+from coscale.models.prompting import PromptSettings
 from coscale.modules.artifacts import log_files
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.stats import Estimate, mean_of_sets, paired_difference, pass_at_k_estimate
@@ -29,7 +29,7 @@ QUICK = [
     "1",
     "--pipeline.final.epochs",
     "1",
-    "--pipeline.measure_k",
+    "--pipeline.measure_samples",
     "8",
     "--data.train",
     "builtin:tiers?T3=4&T3v=4&T3w=4&T3x=4",
@@ -89,7 +89,7 @@ def run_demo(rest: list[str]) -> dict[str, Any]:
     pipeline = Pipeline(init.pipeline, init.data)
     try:
         results = pipeline.run(close_logger=False)
-        report = evaluate_stages(init.pipeline, results, n_test, k=8)
+        report = evaluate_stages(init.pipeline, results, n_test, samples=8)
         report["sets"] = sets_line(init.data.val_source, n_test)
         write_report(init.pipeline.run_dir, results, report)
         log_to_wandb(pipeline.logger, init.pipeline.run_dir, report)
@@ -116,18 +116,19 @@ def stage_models(cfg: Any, results: dict[str, Any]) -> dict[str, str]:
     return models
 
 
-def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, k: int) -> dict[str, Any]:
-    """The table: base and final model, pass@1 and pass@k with intervals on every set. The
-    curve: pass@1 of every stage's model (intermediate ones on half the problems, k/2 samples)."""
+def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, samples: int) -> dict[str, Any]:
+    """The table: base and final model, pass@1 and pass@<samples> with intervals on every set.
+    The curve: pass@1 of every stage's model (intermediate ones on half the problems and half
+    the samples)."""
     sets = test_sets(n_test)
     halves = {name: probs[: n_test // 2] for name, probs in sets.items()}
     engine = ReportEngine(cfg)  # the run's engine kind and sampling definition
-    report: dict[str, Any] = {"k": k, "n_test": n_test, "models": {}, "curve": {}}
+    report: dict[str, Any] = {"k": samples, "n_test": n_test, "models": {}, "curve": {}}
     report["temperature"] = engine.temperature
     try:
         for label, path in stage_models(cfg, results).items():
             full = label in ("base", "final")
-            kk, use = (k, sets) if full else (max(1, k // 2), halves)
+            kk, use = (samples, sets) if full else (max(1, samples // 2), halves)
             row = {n: evaluate_model(path, probs, kk, engine=engine) for n, probs in use.items()}
             if full:
                 report["models"][label] = row
@@ -145,29 +146,29 @@ def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, k: int) -> d
 def evaluate_model(
     path: str,
     problems: list,
-    k: int,
-    fmt: PromptFormat | None = None,
+    samples: int,
+    fmt: PromptSettings | None = None,
     max_new_tokens: int | None = None,
     engine: ReportEngine | None = None,
 ) -> dict[str, Estimate]:
-    """pass@1 and pass@k of the model at ``path`` on ``problems`` (a set the report shows),
-    from :func:`count_correct`'s ``k`` samples per problem."""
+    """pass@1 and pass@<samples> of the model at ``path`` on ``problems`` (a set the report
+    shows), from :func:`count_correct`'s ``samples`` per problem."""
     correct = count_correct(
-        path, problems, k, fmt=fmt, max_new_tokens=max_new_tokens, engine=engine
+        path, problems, samples, fmt=fmt, max_new_tokens=max_new_tokens, engine=engine
     )
-    return {f"pass@{m}": pass_at_k_estimate(k, correct, m) for m in (1, k)}
+    return {f"pass@{m}": pass_at_k_estimate(samples, correct, m) for m in (1, samples)}
 
 
 def count_correct(
     path: str,
     problems: list,
-    k: int,
+    samples: int,
     seed: int = 0,
-    fmt: PromptFormat | None = None,
+    fmt: PromptSettings | None = None,
     max_new_tokens: int | None = None,
     engine: ReportEngine | None = None,
 ) -> list[int]:
-    """Correct samples out of ``k`` of the model at ``path`` per problem, sampled with
+    """Correct samples out of ``samples`` of the model at ``path`` per problem, sampled with
     ``engine`` (default: ``ReportEngine()``, the demo task's); ``fmt`` and ``max_new_tokens``
     override its prompt and limit (a chat format uses the model's own chat template)."""
     from coscale.app.benchmark_eval import evaluate
@@ -184,7 +185,9 @@ def count_correct(
             return [fmt(q, tok) for q in questions]
 
         with MathReward() as reward:
-            (result,) = evaluate(backend, prompts, {"": problems}, reward, k, [1], sampling, 64)
+            (result,) = evaluate(
+                backend, prompts, {"": problems}, reward, samples, [1], sampling, 64
+            )
     finally:
         if own:
             engine.close()

@@ -7,7 +7,7 @@ a run's own verifier); pass@k is the unbiased estimator of
 stdout, a JSON file, and (``logger: wandb``) ``eval/<benchmark>/pass@<k>`` metrics plus a
 results table in W&B (offline without an API key). Lightning-free: plain PyTorch.
 
-The YAML has one ``eval`` section, the fields of `EvalConfig`.
+The YAML has one ``eval`` section, the fields of `EvalSettings`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from typing import Any, Literal
 
 from coscale.app.benchmark_eval import evaluate, format_table, result_rows
 from coscale.checks import at_least, one_of
-from coscale.models.prompting import PromptFormat
+from coscale.models.prompting import PromptSettings
+from coscale.renamed import old_names
 from coscale.rollout.base import RolloutBackend, SamplingParams
 
 
 @dataclass
-class EvalConfig:
+class EvalSettings:
     """Settings of ``coscale eval``.
 
     Attributes:
@@ -66,7 +67,7 @@ class EvalConfig:
     tokenizer: str | None = None
     benchmarks: list[str] = field(default_factory=lambda: ["math500"])
     run: str | None = None
-    prompt: PromptFormat | None = None
+    prompt: PromptSettings | None = None
     samples: int = 16
     k: list[int] = field(default_factory=lambda: [1, 8, 16])
     max_new_tokens: int | None = None
@@ -89,7 +90,7 @@ class EvalConfig:
             if getattr(self, name) is None:  # the run's first, then the defaults
                 setattr(self, name, value)
         if isinstance(self.prompt, dict):
-            self.prompt = PromptFormat(**self.prompt)
+            self.prompt = PromptSettings(**self.prompt)
         errors = at_least(1, samples=self.samples, max_new_tokens=self.max_new_tokens)
         errors += at_least(1, batch_size=self.batch_size)
         if not self.k or any(not 1 <= k <= self.samples for k in self.k):
@@ -102,7 +103,7 @@ class EvalConfig:
 
 
 UNSET_DEFAULTS = {
-    "prompt": PromptFormat(),
+    "prompt": PromptSettings(),
     "max_new_tokens": 4096,
     "temperature": 0.6,
     "top_p": 1.0,
@@ -126,7 +127,7 @@ def _run_sampling(run: str | None) -> dict[str, Any]:
                          "eval.prompt, eval.max_new_tokens and eval.temperature")  # fmt: skip
     judge = sampling.get("judge_temperature")
     found = {
-        "prompt": PromptFormat(**sampling["prompt"]),
+        "prompt": PromptSettings(**sampling["prompt"]),
         "max_new_tokens": sampling["max_new_tokens"],
         "temperature": sampling["temperature"] if judge is None else judge,
         "top_p": sampling["top_p"],
@@ -134,7 +135,7 @@ def _run_sampling(run: str | None) -> dict[str, Any]:
     return found | ({"backend": rollout["backend"]} if rollout.get("backend") else {})
 
 
-def log_to_wandb(rows: Sequence[dict[str, Any]], config: EvalConfig) -> None:
+def log_to_wandb(rows: Sequence[dict[str, Any]], config: EvalSettings) -> None:
     """``eval/<benchmark>/<metric>`` values and an ``eval/results`` table in one W&B run."""
     import wandb
 
@@ -159,7 +160,7 @@ def log_to_wandb(rows: Sequence[dict[str, Any]], config: EvalConfig) -> None:
     run.finish()
 
 
-def run_eval(config: EvalConfig) -> list[dict[str, Any]]:
+def run_eval(config: EvalSettings) -> list[dict[str, Any]]:
     """Loads the model and benchmarks, evaluates, prints, writes and logs; returns the rows.
 
     The backend is closed (`RolloutBackend.close`) as soon as the samples are scored, and when
@@ -201,7 +202,7 @@ def run_eval(config: EvalConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def build_eval_backend(config: EvalConfig) -> tuple[RolloutBackend, Any]:
+def build_eval_backend(config: EvalSettings) -> tuple[RolloutBackend, Any]:
     """The backend and tokenizer of `config` (vLLM loads the weights itself, no HF copy).
 
     The caller closes the backend when done with it (`RolloutBackend.close`).
@@ -242,7 +243,7 @@ def eval_parser():
         ),
     )
     parser.add_argument("--config", action=ActionConfigFile, help="YAML with an eval section")
-    parser.add_class_arguments(EvalConfig, "eval")
+    parser.add_class_arguments(EvalSettings, "eval")
     return parser
 
 
@@ -251,3 +252,7 @@ def eval_command(argv: list[str]) -> list[dict[str, Any]]:
     parser = eval_parser()
     init = parser.instantiate(parser.parse_args(argv))
     return run_eval(init.eval)
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"EvalConfig": EvalSettings})

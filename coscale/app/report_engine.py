@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from coscale.models.prompting import PromptFormat
+from coscale.models.prompting import PromptSettings
 from coscale.tasks import tiers
 
 
 class ReportEngine:
-    """The run's rollout engine and sampling definition (``cfg``: its ``PipelineConfig``; None:
+    """The run's rollout engine and sampling definition (``cfg``: its ``PipelineSettings``; None:
     the machine's ``auto`` backend, the demo task's plain prompt, 96 tokens, temperature 1.0)."""
 
     def __init__(self, cfg: Any = None) -> None:
@@ -30,7 +30,9 @@ class ReportEngine:
             cfg.rollout if cfg is not None else RolloutSettings("auto"), cuda=cuda
         )
         sampling = getattr(cfg, "sampling", None)
-        self.fmt = sampling.prompt if sampling is not None else PromptFormat(template=tiers.PROMPT)
+        self.fmt = (
+            sampling.prompt if sampling is not None else PromptSettings(template=tiers.PROMPT)
+        )
         self.max_new_tokens = sampling.max_new_tokens if sampling is not None else 96
         self.temperature = sampling.judging_temperature if sampling is not None else 1.0
 

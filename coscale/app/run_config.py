@@ -1,7 +1,7 @@
 """The settings of ``coscale run`` / ``coscale demo``: a ``pipeline`` and a ``data`` section.
 
 Parsing checks every key and type (jsonargparse against the typed signatures) and every value
-range (``PipelineConfig`` and the DataModule check theirs when built), before any work starts.
+range (``PipelineSettings`` and the DataModule check theirs when built), before any work starts.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTIO
     from coscale.datamodules import ProblemDataModule
     from coscale.loop.schedule import NSchedule
     from coscale.modules import GRPOModule, SFTModule
-    from coscale.pipeline import PipelineConfig
+    from coscale.pipeline import PipelineSettings
 
     parser = RunParser(prog=prog, parser_mode="omegaconf", description=description)
     parser.add_argument(
@@ -49,9 +49,9 @@ def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTIO
         action=merging_config_file(MAPPINGS),
         help="YAML with pipeline and data sections; a later file's mappings add to an earlier's",
     )
-    # PipelineConfig fields that are groups of a class's typed arguments in the parser
+    # PipelineSettings fields that are groups of a class's typed arguments in the parser
     groups = {"sft": SFTModule, "grpo": GRPOModule, "schedule": NSchedule}
-    parser.add_class_arguments(PipelineConfig, "pipeline", skip=set(groups))
+    parser.add_class_arguments(PipelineSettings, "pipeline", skip=set(groups))
     unset = []
     for key, cls in groups.items():
         skip, fields = _set_by_the_run(key)
@@ -64,7 +64,7 @@ def pipeline_parser(prog: str = "coscale run", description: str = RUN_DESCRIPTIO
 
 
 def build_run(argv: list[str]) -> tuple[Any, Any]:
-    """Parses ``argv`` and builds (PipelineConfig, ProblemDataModule), loading the data, so
+    """Parses ``argv`` and builds (PipelineSettings, ProblemDataModule), loading the data, so
     that a bad setting or an unreadable source is refused before the first stage."""
     config, data, _ = resolved_run(argv)
     return config, data

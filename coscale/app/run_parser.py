@@ -1,6 +1,6 @@
 """The parser class of ``coscale run``: ``pipeline.sft``, ``pipeline.grpo`` and
 ``pipeline.schedule`` are groups of their class's typed arguments (so ``--help`` shows each one,
-documented, and a later ``--config`` sets only the keys it names), and ``PipelineConfig``
+documented, and a later ``--config`` sets only the keys it names), and ``PipelineSettings``
 receives each group as one mapping of those arguments."""
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ def _set_by() -> dict[tuple[str, str], str]:
 
 
 class RunParser(OneLineRefusals, ArgumentParser):
-    """jsonargparse's parser, building ``PipelineConfig`` through :func:`regrouped`."""
+    """jsonargparse's parser, building ``PipelineSettings`` through :func:`regrouped`."""
 
     def instantiate(self, namespace: Namespace, instantiate_groups: bool = True, **kwargs: Any):
-        from coscale.pipeline import PipelineConfig
+        from coscale.pipeline import PipelineSettings
 
-        kwargs.setdefault("instantiators", [(regrouped, PipelineConfig, False)])
+        kwargs.setdefault("instantiators", [(regrouped, PipelineSettings, False)])
         return super().instantiate(namespace, instantiate_groups, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):

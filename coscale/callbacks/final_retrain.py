@@ -10,7 +10,6 @@ before and after, on the held-out problems or, without any, the training problem
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -21,8 +20,9 @@ from coscale.callbacks.retrain import RetrainCallback, datamodule_or_warn, retra
 from coscale.checks import at_least, one_of
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.measure.pass_rates import KEEP, judge, judged_problems, keep_retrained
-from coscale.measure.selection import Selection
+from coscale.measure.selection import SelectionSettings
 from coscale.modules.loggers import log_to_loggers
+from coscale.renamed import old_keyword
 
 CALLBACK_KEEP = KEEP[:2]
 """``best`` also weighs every earlier iteration's model, which only the pipeline holds."""
@@ -32,7 +32,7 @@ class FinalRetrain(RetrainCallback):
     """At ``on_fit_end``: judge -> SFT from the initial weights on the datamodule's ``source``
     set -> load it into the policy in place -> judge again.
 
-    Logs ``val/final_before_pass@1``, ``val/final_after_pass@1`` (and ``@judge_k``) to the
+    Logs ``val/final_before_pass@1``, ``val/final_after_pass@1`` (and ``@judge_samples``) to the
     loggers, prints them, and keeps them in :attr:`results`.
 
     Args:
@@ -42,7 +42,7 @@ class FinalRetrain(RetrainCallback):
             (strategy and precision are the running Trainer's).
         selection: Keep the weights with the best pass@1 on a slice of the training problems.
         initial_model: Name or folder of the initial weights (default: ``model_source``).
-        judge_k: Samples per problem in the before / after judging.
+        judge_samples: Samples per problem in the before / after judging.
         export_dir: Save the retrained policy here in HF format.
         seed: Seed of the judging samples (the same before and after).
         keep: ``retrained`` (the paper) keeps the retrained weights; ``better`` keeps them only
@@ -50,29 +50,29 @@ class FinalRetrain(RetrainCallback):
             with (``val/final_kept_retrained`` says which was kept).
         source: The retrain's set (plus the replay share): ``all`` (the paper: bank solutions
             and the latest correct RL rollouts), ``bank`` or ``redistill``.
-        eval_k: Deprecated name of ``judge_k`` (a warning names it).
+        judge_k, eval_k: Earlier names of ``judge_samples`` (a warning names it).
     """
 
     def __init__(
         self,
         sft: dict[str, Any] | None = None,
         trainer: dict[str, Any] | None = None,
-        selection: Selection | None = None,
+        selection: SelectionSettings | None = None,
         initial_model: str | None = None,
-        judge_k: int = 8,
+        judge_samples: int = 8,
         export_dir: str | None = None,
         seed: int = 0,
         keep: str = "retrained",
         source: SFTSource = "all",
+        judge_k: int | None = None,
         eval_k: int | None = None,
     ) -> None:
-        if eval_k is not None:
-            warnings.warn("FinalRetrain(eval_k=...) is deprecated: use judge_k", FutureWarning, 2)
-            judge_k = eval_k
-        errors = at_least(0, seed=seed) + at_least(1, judge_k=judge_k)
+        for old, given in (("judge_k", judge_k), ("eval_k", eval_k)):
+            judge_samples = old_keyword("FinalRetrain", old, "judge_samples", given, judge_samples)
+        errors = at_least(0, seed=seed) + at_least(1, judge_samples=judge_samples)
         errors += one_of(CALLBACK_KEEP, keep=keep) + one_of(SFT_SOURCES, source=source)
         super().__init__(errors, sft, trainer, selection, initial_model, export_dir)
-        self.judge_k, self.seed, self.keep, self.source = judge_k, seed, keep, source
+        self.judge_samples, self.seed, self.keep, self.source = judge_samples, seed, keep, source
         self.results: dict[str, float] = {}  # val/final_{before,after}_pass@k of the last run
         self._device: torch.device | None = None
 
@@ -95,7 +95,7 @@ class FinalRetrain(RetrainCallback):
         back_to = pl_module.device
         pl_module.to(self._device or back_to)  # sample on the training device, not the CPU
         try:
-            self.results = judge(pl_module, problems, "before", self.judge_k, self.seed)
+            self.results = judge(pl_module, problems, "before", self.judge_samples, self.seed)
             if items := dm.curriculum.sft_pairs(self.source):
                 self._retrain(trainer, pl_module, items, dm, problems)
             else:
@@ -115,7 +115,7 @@ class FinalRetrain(RetrainCallback):
         guard = retrain_from_initial(self, trainer, pl_module, items, dm.curriculum)
         self.results |= {f"final/{k}": v for k, v in guard.items()}
         self.runs += 1
-        self.results |= judge(pl_module, problems, "after", self.judge_k, self.seed)
+        self.results |= judge(pl_module, problems, "after", self.judge_samples, self.seed)
         if problems and not keep_retrained(self.results, self.keep):  # only with keep: better
             pl_module.policy.load_state_dict(fit_end)
             rank_zero_info("FinalRetrain: the retrain lowered pass@1; the fit's weights are kept")

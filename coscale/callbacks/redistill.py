@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from coscale.callbacks.retrain import RetrainCallback, datamodule_or_warn, retrain_from_initial
 from coscale.checks import at_least
-from coscale.measure.selection import Selection
+from coscale.measure.selection import SelectionSettings
 from coscale.modules.loggers import log_to_loggers
 
 
@@ -44,7 +44,7 @@ class ReDistillation(RetrainCallback):
         include_bank: bool = True,
         sft: dict[str, Any] | None = None,
         trainer: dict[str, Any] | None = None,
-        selection: Selection | None = None,
+        selection: SelectionSettings | None = None,
         initial_model: str | None = None,
         export_dir: str | None = None,
     ) -> None:

@@ -12,7 +12,7 @@ from typing_extensions import override
 from coscale.callbacks.sft_in_fit import copy_weights, fabric_for, loop_from, sft_in_fit
 from coscale.checks import as_group
 from coscale.loop.curriculum import Curriculum
-from coscale.measure.selection import Selection
+from coscale.measure.selection import SelectionSettings
 from coscale.modules.fit_data import warn_no_curriculum
 from coscale.modules.sft import SFTModule, check_guard_strategy
 from coscale.seeds import seeded
@@ -32,7 +32,9 @@ class RetrainSettings:
         selection: Keep the best-scoring weights of the retrain instead of its last ones.
     """
 
-    def __init__(self, owner: str, sft: Any, trainer: Any, selection: Selection | None) -> None:
+    def __init__(
+        self, owner: str, sft: Any, trainer: Any, selection: SelectionSettings | None
+    ) -> None:
         pairs = (("sft", sft), ("trainer", trainer))
         bad = [(k, v) for k, v in pairs if not isinstance(v, dict | None)]
         errors = [f"{k} must be a dict or None, got {v!r}" for k, v in bad]

@@ -32,11 +32,12 @@ from coscale.measure.selection import SelectOnProblems
 from coscale.models.full_state import full_state_dict, load_full_state_dict
 from coscale.modules.policy_mixin import shard_policy
 from coscale.modules.sft import SFTModule
+from coscale.renamed import old_names
 from coscale.seeds import seeded
 
 
 @dataclass(frozen=True)
-class SFTLoop:
+class SFTLoopSettings:
     """How long an in-fit SFT trains, and its batches.
 
     Attributes:
@@ -64,15 +65,17 @@ LOOP_KEYS = ("max_epochs", "max_steps", "gradient_clip_val")
 """The ``trainer`` keys a callback's in-fit SFT takes; strategy and precision are the fit's own."""
 
 
-def loop_from(trainer_kwargs: Mapping[str, Any], batch_size: int) -> tuple[SFTLoop, list[str]]:
-    """A callback's ``trainer`` dict and ``sft.batch_size`` as an :class:`SFTLoop`, and every
+def loop_from(
+    trainer_kwargs: Mapping[str, Any], batch_size: int
+) -> tuple[SFTLoopSettings, list[str]]:
+    """A callback's ``trainer`` dict and ``sft.batch_size`` as an :class:`SFTLoopSettings`, and every
     key it cannot take, named."""
     errors = [
         f"trainer.{key} is not an in-fit SFT setting (it takes {', '.join(LOOP_KEYS)}; strategy "
         "and precision are those of the running Trainer)"
         for key in sorted(set(trainer_kwargs) - set(LOOP_KEYS))
     ]
-    loop = SFTLoop(
+    loop = SFTLoopSettings(
         batch_size=batch_size, **{k: v for k, v in trainer_kwargs.items() if k in LOOP_KEYS}
     )
     return loop, errors + loop.errors()
@@ -157,7 +160,7 @@ def sft_in_fit(
     fabric: L.Fabric,
     module: SFTModule,
     items: Sequence[Mapping[str, str]],
-    loop: SFTLoop,
+    loop: SFTLoopSettings,
     seed: int,
     select: SelectOnProblems | None = None,
 ) -> SFTModule:
@@ -188,7 +191,7 @@ def sft_in_fit(
     return module
 
 
-def _step(fabric, wrapped, module, opt, sched, batch, index: int, loop: SFTLoop) -> None:
+def _step(fabric, wrapped, module, opt, sched, batch, index: int, loop: SFTLoopSettings) -> None:
     loss = wrapped.training_step(batch, index)  # under the precision's autocast
     fabric.backward(loss)
     module.on_before_optimizer_step(opt)
@@ -249,3 +252,7 @@ def run_sft(
     with seeded(seed):
         module = SFTModule(model=initial_model, **kwargs)
         return sft_in_fit(fabric_for(None, precision), module, items, loop, seed)
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"SFTLoop": SFTLoopSettings})

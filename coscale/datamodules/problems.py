@@ -15,7 +15,8 @@ from coscale.checks import as_group, at_least, group_errors, one_of
 from coscale.datamodules.serving import CurriculumDataModule, serving_errors
 from coscale.loop.curriculum import Curriculum, CurriculumSettings, SFTSource
 from coscale.loop.solution_sources import SolutionSource
-from coscale.tasks import BAD_ROW_CHOICES, FieldMap, load_problems
+from coscale.renamed import old_names
+from coscale.tasks import BAD_ROW_CHOICES, FieldSettings, load_problems
 from coscale.tasks.benchmarks import SOURCE_PREFIX, source_rows
 from coscale.tasks.builtin import builtin_rows, is_builtin
 
@@ -23,7 +24,7 @@ Source = str | list[dict[str, Any]] | None
 
 
 @dataclass(frozen=True)
-class ReadOptions:
+class ReadSettings:
     """How the problem sources are read.
 
     Attributes:
@@ -50,7 +51,7 @@ class ProblemDataModule(CurriculumDataModule):
         train: Training problems: a JSONL / Parquet file, a ``save_to_disk`` folder, a HF
             ``datasets`` name, a ``builtin:`` / ``source:`` spec, or a list of row dicts.
         val: Held-out problems for validation (same kinds as ``train``), optional.
-        fields: Column names of question, answer, solutions and id (a FieldMap or a dict).
+        fields: Column names of question, answer, solutions and id (a FieldSettings or a dict).
         val_fields: Column names in ``val`` when they differ from ``fields``.
         read: Splits, bad-row handling and a limit for the sources.
         bank_solutions: Each problem's own solutions put in the bank when the data loads:
@@ -73,9 +74,9 @@ class ProblemDataModule(CurriculumDataModule):
         self,
         train: Source = None,
         val: Source = None,
-        fields: FieldMap | dict[str, str | None] = FieldMap(),
-        val_fields: FieldMap | dict[str, str | None] | None = None,
-        read: ReadOptions = ReadOptions(),
+        fields: FieldSettings | dict[str, str | None] = FieldSettings(),
+        val_fields: FieldSettings | dict[str, str | None] | None = None,
+        read: ReadSettings = ReadSettings(),
         bank_solutions: int | None = None,
         batch_size: int = 8,
         sft_batch_size: int = 16,
@@ -85,7 +86,7 @@ class ProblemDataModule(CurriculumDataModule):
         sft_replay: Source = None,
         curriculum: CurriculumSettings = CurriculumSettings(),
     ) -> None:
-        read, settings = as_group(ReadOptions, read), as_group(CurriculumSettings, curriculum)
+        read, settings = as_group(ReadSettings, read), as_group(CurriculumSettings, curriculum)
         errors = group_errors(read=read, curriculum=settings)
         errors += at_least(0, optional=True, bank_solutions=bank_solutions)
         errors += serving_errors(sft_source, batch_size, sft_batch_size, val_batch_size)
@@ -146,3 +147,7 @@ def _rows_of(source: Any) -> Any:
     if isinstance(source, str) and source.startswith(SOURCE_PREFIX):
         return source_rows(source)
     return builtin_rows(source) if is_builtin(source) else source
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"ReadOptions": ReadSettings})

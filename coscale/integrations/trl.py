@@ -15,7 +15,7 @@
   :class:`~coscale.callbacks.RolloutNSchedule` arguments (``coscale run`` takes ``n_init`` as
   ``pipeline.schedule``'s start N and raises N per difficulty group from there);
 * ``prompt``: ``{"chat_template_kwargs": ...}``, fields of the run's prompt definition
-  (:class:`~coscale.models.prompting.PromptFormat`): ``GRPOModule(prompt=settings["prompt"])``,
+  (:class:`~coscale.models.prompting.PromptSettings`): ``GRPOModule(prompt=settings["prompt"])``,
   or ``pipeline.sampling.prompt`` of a ``coscale run`` config (with its other fields);
 * ``seed_everything``: TRL's ``seed``.
 

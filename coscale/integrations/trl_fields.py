@@ -43,7 +43,7 @@ TRANSLATED: dict[str, str] = {
     "temperature": "`grpo.sampling.temperature` and `grpo.validation.temperature`",
     "top_p": "`grpo.sampling.top_p`",
     "top_k": "`grpo.sampling.top_k`",
-    "chat_template_kwargs": "`prompt.chat_template_kwargs`: `PromptFormat`'s (`pipeline.sampling."
+    "chat_template_kwargs": "`prompt.chat_template_kwargs`: `PromptSettings`'s (`pipeline.sampling."
     "prompt` of `coscale run`), passed to the chat template of every chat-rendered prompt",
     "seed": "`seed_everything` and `grpo.sampling.seed` (and `data.curriculum.seed` without "
     "`data_seed`)",

@@ -26,7 +26,7 @@ def pipeline_settings(settings: dict[str, Any]) -> dict[str, Any]:
     validation = {k: v for k, v in grpo.pop("validation", {}).items() if k == "samples"}
     if validation:
         grpo["validation"] = validation
-    if settings.get("prompt"):  # PromptFormat fields (chat_template_kwargs): the run's prompt
+    if settings.get("prompt"):  # PromptSettings fields (chat_template_kwargs): the run's prompt
         run["prompt"] = dict(settings["prompt"])
     # the start N; the run's schedule raises N per difficulty group from there (TRL's is fixed)
     out = {"sampling": run, "grpo": grpo, "schedule": {"n_init": settings["schedule"]["n_init"]}}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from coscale.checks import at_least, one_of
-from coscale.loop.pools import Pool, PoolRules, ProblemPools
+from coscale.loop.pools import Pool, PoolSettings, ProblemPools
 from coscale.loop.problem import Problem
 from coscale.loop.schedule import N_INIT, NSchedule
 from coscale.loop.solution_sources import DatasetSolutions, SolutionSource
@@ -33,8 +33,8 @@ SFT_SOURCES = ("bank", "redistill", "all")
 
 
 @dataclass(frozen=True)
-class CurriculumSettings(PoolRules):
-    """The loop's rules: pool thresholds and budgets (:class:`~coscale.loop.pools.PoolRules`),
+class CurriculumSettings(PoolSettings):
+    """The loop's rules: pool thresholds and budgets (:class:`~coscale.loop.pools.PoolSettings`),
     set sizes (``data.curriculum:`` in YAML). Rollout N is the schedule's (``RolloutNSchedule`` in
     a ``Trainer``, ``pipeline.schedule`` in ``coscale run``).
 

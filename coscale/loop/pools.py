@@ -25,6 +25,7 @@ from enum import Enum
 from typing import Any
 
 from coscale.checks import at_least, within
+from coscale.renamed import old_names
 
 _FORMAT = 1
 
@@ -84,7 +85,7 @@ def _config_errors(low: Any, high: Any, max_solutions: Any, max_rl_rounds: Any) 
 
 
 @dataclass(frozen=True)
-class PoolRules:
+class PoolSettings:
     """The pools' thresholds and budgets (part of ``data.curriculum:`` in YAML).
 
     Attributes:
@@ -105,15 +106,15 @@ class ProblemPools:
     """Pool membership, accuracy history and spent budgets of every training problem.
 
     Args:
-        rules: The thresholds and budgets (any :class:`PoolRules`, e.g. the curriculum's
+        rules: The thresholds and budgets (any :class:`PoolSettings`, e.g. the curriculum's
             settings).
 
     Raises:
         ValueError: Naming every bad rule at once.
     """
 
-    def __init__(self, rules: PoolRules = PoolRules()) -> None:
-        config = {f.name: getattr(rules, f.name) for f in fields(PoolRules)}
+    def __init__(self, rules: PoolSettings = PoolSettings()) -> None:
+        config = {f.name: getattr(rules, f.name) for f in fields(PoolSettings)}
         self._apply_config(config, "ProblemPools")
         self._records: dict[str, _Record] = {}  # insertion order == registration order
         self.moves: dict[str, int] = {}  # move_key(old, new, cause) -> problems moved so far
@@ -244,7 +245,7 @@ class ProblemPools:
         self.max_solutions, self.max_rl_rounds = config["max_solutions"], config["max_rl_rounds"]
 
     def _config(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(PoolRules)}
+        return {f.name: getattr(self, f.name) for f in fields(PoolSettings)}
 
     def _ensure(self, problem_id: str) -> _Record:
         check_id(problem_id)
@@ -275,3 +276,7 @@ class ProblemPools:
         if rl_spent or rec.solutions >= self.max_solutions:
             return Pool.FAILED
         return Pool.UNSOLVABLE
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"PoolRules": PoolSettings})

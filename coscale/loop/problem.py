@@ -7,7 +7,7 @@ Anything else the source row held travels in ``meta`` (e.g. a difficulty level).
 
 A question is a text, or a conversation (TRL's conversational format): a tuple of
 ``{"role", "content"}`` messages, system and few-shot turns included, ending with the user turn
-the policy answers. :class:`~coscale.models.prompting.PromptFormat` renders either.
+the policy answers. :class:`~coscale.models.prompting.PromptSettings` renders either.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coscale.loop.problem import Problem
-from coscale.models.prompting import PromptFormat, as_prompt_format
+from coscale.models.prompting import PromptSettings, as_prompt_format
+from coscale.renamed import old_keyword
 from coscale.rollout.base import SamplingParams
 from coscale.rollout.factory import RolloutSettings
 from coscale.scoring.answers import check_answers, reward_inputs
@@ -66,10 +67,11 @@ class TeacherSolutions(SolutionSource):
 
     Args:
         model: Hub name or local path of the teacher.
-        prompt: How a question becomes the teacher's prompt (a ``PromptFormat`` or a bare
-            template); ``PromptFormat(chat=True)`` for an instruct teacher, whose completions
+        prompt: How a question becomes the teacher's prompt (a ``PromptSettings`` or a bare
+            template); ``PromptSettings(chat=True)`` for an instruct teacher, whose completions
             then end at its chat template's end-of-turn token.
-        samples_per_problem: Rollouts drawn per problem per round.
+        samples: Samples drawn per problem per round.
+        samples_per_problem: Earlier name of ``samples`` (a warning names it).
         rounds: Rounds of sampling before giving up on a problem for this call.
         max_new_tokens: Token limit of one teacher solution.
         temperature: Sampling temperature (diverse solutions need > 0).
@@ -88,8 +90,8 @@ class TeacherSolutions(SolutionSource):
     def __init__(
         self,
         model: str,
-        prompt: PromptFormat | str | None = None,
-        samples_per_problem: int = 16,
+        prompt: PromptSettings | str | None = None,
+        samples: int = 16,
         rounds: int = 1,
         max_new_tokens: int = 1024,
         temperature: float = 0.8,
@@ -97,15 +99,16 @@ class TeacherSolutions(SolutionSource):
         trust_remote_code: bool = False,
         reward: Callable[..., Any] | None = None,
         rollout: RolloutSettings | dict[str, Any] | None = None,
+        samples_per_problem: int | None = None,
     ) -> None:
-        if samples_per_problem < 1 or rounds < 1:
-            raise ValueError(
-                f"teacher samples_per_problem and rounds must be >= 1, got "
-                f"{samples_per_problem} and {rounds}"
-            )
+        samples = old_keyword(
+            "TeacherSolutions", "samples_per_problem", "samples", samples_per_problem, samples
+        )
+        if samples < 1 or rounds < 1:
+            raise ValueError(f"teacher samples and rounds must be >= 1, got {samples} and {rounds}")
         self.rollout = _teacher_rollout(rollout)
         self.model_name, self.prompt = model, as_prompt_format(prompt)
-        self.samples_per_problem, self.rounds = samples_per_problem, rounds
+        self.samples, self.rounds = samples, rounds
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
         self.dtype, self.trust_remote_code = dtype, trust_remote_code
         self._reward = reward
@@ -129,7 +132,7 @@ class TeacherSolutions(SolutionSource):
         check_answers(problems, [reward], FIX)  # before the teacher's model is loaded
         backend = self._load()
         prompts = [self.prompt(p.question, backend.tokenizer) for p in problems]
-        rollouts = backend.generate(prompts, self.samples_per_problem, self.sampling)
+        rollouts = backend.generate(prompts, self.samples, self.sampling)
         inputs = reward_inputs(problems, prompts, rollouts, self.prompt, [reward], FIX)
         correct = is_correct(reward.score(inputs))
         for i, text, ok in zip(rollouts.prompt_index.tolist(), rollouts.texts, correct.tolist()):

@@ -22,6 +22,7 @@ from coscale.measure.pass_rates import measure
 from coscale.modules.fit_data import curriculum_of, epoch_finished, warn_no_curriculum
 from coscale.modules.growing_table import add_rows, table_loggers
 from coscale.modules.loggers import log_to_loggers
+from coscale.renamed import old_keyword
 
 _POOLS = [p.value for p in Pool]
 _COLUMNS = ("stage", "measurement", "id", "pool", "acc", "evaluations")
@@ -30,14 +31,14 @@ TABLE_ROWS = 8192
 
 
 class PassRateMeasurement(Callback):
-    """Samples ``k`` completions per problem of ``pools`` and records the accuracy.
+    """Samples ``samples`` completions per problem of ``pools`` and records the accuracy.
 
-    Logs ``pool/<name>`` of all four pools, ``pool/pass@1`` and ``pool/pass@<k>`` over the
+    Logs ``pool/<name>`` of all four pools, ``pool/pass@1`` and ``pool/pass@<samples>`` over the
     evaluated problems, and every problem's row (stage, measurement tag, id, pool, acc,
     evaluations) added to one ``pool/problems`` table on loggers that have ``log_table`` (W&B).
 
     Args:
-        k: Samples per problem.
+        samples: Samples per problem (the method's K).
         every_n_epochs: Evaluate when ``(epoch + 1) % every_n_epochs == 0``.
         pools: Pools whose problems are evaluated.
         max_problems: At most this many problems, a new seeded subset each time; None: all.
@@ -49,11 +50,12 @@ class PassRateMeasurement(Callback):
         seed: Base seed of the samples.
         top_p: Nucleus sampling (1: off), as the RL rollouts sample.
         top_k: Keep the k most likely tokens (0: off), as the RL rollouts sample.
+        k: Earlier name of ``samples`` (a warning names it).
     """
 
     def __init__(
         self,
-        k: int = 16,
+        samples: int = 16,
         every_n_epochs: int = 1,
         pools: tuple[str, ...] = ("unsolvable", "solvable", "solved"),
         max_problems: int | None = None,
@@ -65,10 +67,12 @@ class PassRateMeasurement(Callback):
         seed: int = 0,
         top_p: float = 1.0,
         top_k: int = 0,
+        k: int | None = None,
     ) -> None:
         super().__init__()
+        samples = old_keyword("PassRateMeasurement", "k", "samples", k, samples)
         pools = (pools,) if isinstance(pools, str) else tuple(pools)
-        errors = at_least(1, k=k, every_n_epochs=every_n_epochs, batch_size=batch_size)
+        errors = at_least(1, samples=samples, every_n_epochs=every_n_epochs, batch_size=batch_size)
         errors += at_least(1, optional=True, max_problems=max_problems)
         errors += at_least(1, optional=True, max_new_tokens=max_new_tokens)
         errors += at_least(0, float, temperature=temperature) + at_least(0, seed=seed)
@@ -76,7 +80,7 @@ class PassRateMeasurement(Callback):
             errors.append(f"pools must be a non-empty list from {_POOLS}, got {list(pools)}")
         if errors:
             raise ValueError("PassRateMeasurement: " + "; ".join(errors))
-        self.k, self.every_n_epochs, self.pools = k, every_n_epochs, pools
+        self.samples, self.every_n_epochs, self.pools = samples, every_n_epochs, pools
         self.max_problems, self.max_new_tokens = max_problems, max_new_tokens
         self.temperature, self.batch_size, self.seed = temperature, batch_size, seed
         self.at_fit_start, self.log_table = on_fit_start, log_table
@@ -123,7 +127,8 @@ class PassRateMeasurement(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(k=self.k, every_n_epochs=self.every_n_epochs)
+        # named k, as before the rename: a checkpoint's callback state is found under this key
+        return self._generate_state_key(k=self.samples, every_n_epochs=self.every_n_epochs)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -137,7 +142,7 @@ class PassRateMeasurement(Callback):
         """Measures the chosen problems now and records them in the fit's curriculum.
 
         Returns:
-            ``{problem_id: {"n", "c", "pool"}}`` of the evaluated problems ({} without one).
+            ``{problem_id: {"samples", "correct", "pool", ...}}`` of the evaluated problems ({} without one).
         """
         if (cur := curriculum_of(pl_module)) is None:
             warn_no_curriculum(self)
@@ -145,7 +150,7 @@ class PassRateMeasurement(Callback):
         results, self.last_metrics = measure(
             pl_module,
             cur,
-            self.k,
+            self.samples,
             self.pools,
             self.max_problems,
             self.temperature,

@@ -21,7 +21,7 @@ from coscale.seeds import derive_seed
 def measure(
     module: Any,
     curriculum: Curriculum,
-    k: int,
+    samples: int,
     pools: tuple[str, ...] = ("unsolvable", "solvable", "solved"),
     max_problems: int | None = None,
     temperature: float = 1.0,
@@ -31,10 +31,10 @@ def measure(
     top_p: float = 1.0,
     top_k: int = 0,
 ) -> tuple[dict[str, dict], dict[str, float]]:
-    """Samples ``k`` completions of every chosen problem and records the accuracy.
+    """Samples ``samples`` completions of every chosen problem and records the accuracy.
 
     Returns:
-        ``{id: {"n", "c", "pool", "solutions", "rl_rounds"}}`` of the measured problems (the
+        ``{id: {"samples", "correct", "pool", "solutions", "rl_rounds"}}`` of the measured (the
         budgets spent on each: what its pool may depend on), and the ``pool/`` metrics (pool
         sizes, pass@1 and pass@k over the measured problems).
     """
@@ -49,18 +49,18 @@ def measure(
         top_k=top_k,
         seed=derive_seed("measure", seed, curriculum.measurements),
     )
-    counts = sample_counts(module, problems, k, sampling, batch_size)
+    counts = sample_counts(module, problems, samples, sampling, batch_size)
     labels = curriculum.record_measurement(
-        {pid: (k, c) for pid, c in zip(ids, counts)}, lr=getattr(module, "lr", None)
+        {pid: (samples, c) for pid, c in zip(ids, counts)}, lr=getattr(module, "lr", None)
     )
     spent = curriculum.pools
     results = {
-        pid: {"n": k, "c": c, "pool": labels[pid]}
+        pid: {"samples": samples, "correct": c, "pool": labels[pid]}
         | {"solutions": spent.solutions_used(pid), "rl_rounds": spent.rl_rounds(pid)}
         for pid, c in zip(ids, counts)
     }
     metrics = {f"pool/{name}": float(n) for name, n in curriculum.pools.counts().items()}
-    metrics |= {f"pool/{key}": v for key, v in pass_rates(k, counts).items()}
+    metrics |= {f"pool/{key}": v for key, v in pass_rates(samples, counts).items()}
     return results, metrics
 
 
@@ -106,14 +106,14 @@ def judged_problems(held_out: list[Any], curriculum: Curriculum) -> list[dict]:
     return [p.to_dict() for p in (held_out or list(curriculum.problems.values()))]
 
 
-def judge(module: Any, problems: list[dict], tag: str, k: int, seed: int) -> dict[str, float]:
-    """``val/final_<tag>_pass@1`` and ``@k`` of ``module`` on ``problems``: every model judged
+def judge(module: Any, problems: list[dict], tag: str, samples: int, seed: int) -> dict[str, float]:
+    """``val/final_<tag>_pass@1`` and ``@<samples>`` of ``module`` on ``problems``: every model
     gets the same seeded samples, so two models are compared on equal terms."""
     if not problems:
         return {}
     sampling = replace(getattr(module, "val_sampling", None) or SamplingParams(), seed=seed)
-    counts = sample_counts(module, problems, k, sampling, 16)
-    return {f"val/final_{tag}_{key}": v for key, v in pass_rates(k, counts).items()}
+    counts = sample_counts(module, problems, samples, sampling, 16)
+    return {f"val/final_{tag}_{key}": v for key, v in pass_rates(samples, counts).items()}
 
 
 KEEP = ("retrained", "better", "best")

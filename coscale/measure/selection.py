@@ -27,12 +27,13 @@ from coscale.log import logger
 from coscale.loop.commit import commit_point
 from coscale.measure.pass_rates import judged_problems, sample_counts
 from coscale.modules.loggers import log_to_loggers
+from coscale.renamed import old_names
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.sample_count import pass_rates
 
 
 @dataclass(frozen=True)
-class Selection:
+class SelectionSettings:
     """Checkpoint selection of an SFT from the initial model (:class:`SelectOnProblems`).
 
     Attributes:
@@ -187,3 +188,7 @@ def _fit_ends(trainer: Any) -> bool:
     steps_done = 0 < trainer.max_steps <= trainer.global_step
     epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else None
     return steps_done or (epochs is not None and trainer.current_epoch + 1 >= epochs)
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"Selection": SelectionSettings})

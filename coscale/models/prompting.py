@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 
+from coscale.renamed import old_names
+
 
 @dataclass(frozen=True)
-class PromptFormat:
+class PromptSettings:
     """Turns a question, a text or a conversation, into a prompt string.
 
     A text question is ``template`` filled in, or with ``chat`` that text as a user turn (after
@@ -150,28 +152,34 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return set(tokenizer.all_special_ids) | {i for i, tok in added.items() if tok.special}
 
 
-# Module hyper-parameters (saved in Lightning checkpoints) hold a PromptFormat; allow it in
+# Module hyper-parameters (saved in Lightning checkpoints) hold a PromptSettings; allow it in
 # torch.load's safe (weights_only) unpickler so checkpoints load without trusting arbitrary code.
-torch.serialization.add_safe_globals([PromptFormat])
+torch.serialization.add_safe_globals(
+    [PromptSettings, (PromptSettings, "coscale.models.prompting.PromptFormat")]  # its old name
+)
 
 
-def as_prompt_format(value: PromptFormat | dict[str, Any] | str | None) -> PromptFormat:
-    """Accepts a PromptFormat, its fields as a dict (from YAML), or a bare template string."""
+def as_prompt_format(value: PromptSettings | dict[str, Any] | str | None) -> PromptSettings:
+    """Accepts a PromptSettings, its fields as a dict (from YAML), or a bare template string."""
     if value is None:
-        return PromptFormat()
-    if isinstance(value, PromptFormat):
+        return PromptSettings()
+    if isinstance(value, PromptSettings):
         return value
     if isinstance(value, str):
-        return PromptFormat(template=value)
+        return PromptSettings(template=value)
     if isinstance(value, dict):
-        return PromptFormat(**value)
-    raise ValueError(f"prompt must be a PromptFormat, a dict or a template string; got {value!r}")
+        return PromptSettings(**value)
+    raise ValueError(f"prompt must be a PromptSettings, a dict or a template string; got {value!r}")
 
 
-def prompt_fields(value: PromptFormat | dict[str, Any] | str | None) -> dict[str, Any]:
-    """`value` as the dict of its `PromptFormat` fields: how a module's hyperparameters keep it.
+def prompt_fields(value: PromptSettings | dict[str, Any] | str | None) -> dict[str, Any]:
+    """`value` as the dict of its `PromptSettings` fields: how a module's hyperparameters keep it.
 
     Lightning's loggers write hyperparameters as YAML through ``apply_to_collection``, which
     refuses a frozen dataclass; `as_prompt_format` turns the dict back into the format.
     """
     return dataclasses.asdict(as_prompt_format(value))
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"PromptFormat": PromptSettings})

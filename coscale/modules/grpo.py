@@ -25,15 +25,15 @@ from typing_extensions import override
 from coscale.checks import as_group, group_errors
 from coscale.distributed import all_gather_objects, max_over_ranks, sum_over_ranks
 from coscale.models.adapters import as_peft_config
-from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
+from coscale.models.prompting import PromptSettings, as_prompt_format, prompt_fields
 from coscale.modules.curriculum_table import log_module_curriculum
 from coscale.modules.fit_data import curriculum_of, epoch_finished
-from coscale.modules.grpo_settings import Update
+from coscale.modules.grpo_settings import UpdateSettings
 from coscale.modules.kl_reference import frozen_copy, reference_logprobs
 from coscale.modules.optimizer_choice import choice_errors
 from coscale.modules.policy_mixin import PolicyMixin, source_fields
 from coscale.modules.prefetch import Prefetch, sample_ahead
-from coscale.modules.settings import AdamW, PolicyLoad, Validation
+from coscale.modules.settings import AdamWSettings, PolicyLoadSettings, ValidationSettings
 from coscale.modules.step_log import log_step, reward_context
 from coscale.rl.advantages import group_advantages
 from coscale.rl.logprobs import sequence_logprobs
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves th
     from peft import PeftConfig
 
 
-DEFAULT_OPTIMIZER = AdamW(lr=1e-6)
+DEFAULT_OPTIMIZER = AdamWSettings(lr=1e-6)
 """The ``optimizer`` group's default."""
 
 
@@ -119,18 +119,18 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self,
         model: str | Any,
         tokenizer: str | None = None,
-        prompt: PromptFormat | str = PromptFormat(),
+        prompt: PromptSettings | str = PromptSettings(),
         reward: RewardSpec | list[RewardSpec | str] | str | None = None,
         reward_weights: list[float] | None = None,
         verifier: RewardSpec | None = None,
         loss: PolicyLoss | None = None,
-        load: PolicyLoad = PolicyLoad(),
-        optimizer: AdamW = DEFAULT_OPTIMIZER,
+        load: PolicyLoadSettings = PolicyLoadSettings(),
+        optimizer: AdamWSettings = DEFAULT_OPTIMIZER,
         custom_optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         sampling: SamplingParams = SamplingParams(),
-        update: Update = Update(),
-        validation: Validation = Validation(),
+        update: UpdateSettings = UpdateSettings(),
+        validation: ValidationSettings = ValidationSettings(),
         rollout: RolloutSettings = RolloutSettings(),
         log_completions_every: int = 0,
         peft: PeftConfig | None = None,
@@ -389,11 +389,11 @@ def settings_errors(**args: Any) -> list[str]:
 
 
 GROUPS = {
-    "load": PolicyLoad,
-    "optimizer": AdamW,
+    "load": PolicyLoadSettings,
+    "optimizer": AdamWSettings,
     "sampling": SamplingParams,
-    "update": Update,
-    "validation": Validation,
+    "update": UpdateSettings,
+    "validation": ValidationSettings,
     "rollout": RolloutSettings,
 }
 """The settings groups of :class:`GRPOModule`, by argument name."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coscale.checks import at_least, one_of
+from coscale.renamed import old_names
 from coscale.rl.advantages import SCALES
 
 
 @dataclass(frozen=True)
-class Update:
+class UpdateSettings:
     """How one batch of rollouts updates the policy.
 
     Attributes:
@@ -46,3 +47,7 @@ class Update:
         errors += at_least(1, micro_batch_size=self.micro_batch_size)
         errors += at_least(0, float, max_grad_norm=self.max_grad_norm)
         return errors + one_of(SCALES, scale_rewards=self.scale_rewards)
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"Update": UpdateSettings})

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from coscale.modules.settings import AdamW
+from coscale.modules.settings import AdamWSettings
 
 
 @dataclass
@@ -48,7 +48,7 @@ class LRFactor:
 
 
 def adamw_with_warmup(
-    model: torch.nn.Module, settings: AdamW, total_steps: int | None = None
+    model: torch.nn.Module, settings: AdamWSettings, total_steps: int | None = None
 ) -> dict[str, Any]:
     """AdamW over the trainable parameters with ``settings``' warm-up and decay; a decay needs
     ``total_steps``, the fit's optimiser steps."""

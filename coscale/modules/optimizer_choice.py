@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from coscale.checks import as_group, imported
-from coscale.modules.settings import AdamW
+from coscale.modules.settings import AdamWSettings
 
 CALLABLE_KEYS = ("custom_optimizer", "lr_scheduler")
 """The module arguments that hold a class to be called later, not an object to build now."""
@@ -47,11 +47,11 @@ def as_callable(value: Any, setting: str) -> Callable[..., Any] | None:
 
 
 def choice_errors(
-    optimizer: Any, custom_optimizer: Any, lr_scheduler: Any, default: AdamW
+    optimizer: Any, custom_optimizer: Any, lr_scheduler: Any, default: AdamWSettings
 ) -> list[str]:
     """What is wrong with a module's choice, named: a class that cannot be imported, or settings
     of the ``optimizer`` group that the chosen optimiser or scheduler would silently override.
-    ``optimizer`` is the group as given (an ``AdamW``, a mapping, or None for ``default``)."""
+    ``optimizer`` is the group as given (an ``AdamWSettings``, a mapping, or None for ``default``)."""
     errors, chosen = [], {}
     for name, value in (("custom_optimizer", custom_optimizer), ("lr_scheduler", lr_scheduler)):
         try:
@@ -59,7 +59,7 @@ def choice_errors(
         except ValueError as err:
             errors.append(str(err))
             chosen[name] = None
-    settings = default if optimizer is None else as_group(AdamW, optimizer)
+    settings = default if optimizer is None else as_group(AdamWSettings, optimizer)
     if chosen["custom_optimizer"] is not None and settings != default:
         errors.append(
             "custom_optimizer replaces the optimizer group (coscale's AdamW): leave optimizer "

@@ -21,10 +21,10 @@ from coscale.loop.problem import Question
 from coscale.models.adapter_checkpoint import drop_frozen_base, restore_frozen_base
 from coscale.models.adapters import config_fields, export_with_adapter, has_adapter, with_adapter
 from coscale.models.policy import export_policy, load_policy
-from coscale.models.prompting import PromptFormat
+from coscale.models.prompting import PromptSettings
 from coscale.modules.optim import adamw_with_warmup
 from coscale.modules.optimizer_choice import as_callable, describe, peak_lr, with_scheduler
-from coscale.modules.settings import AdamW
+from coscale.modules.settings import AdamWSettings
 from coscale.rollout import build_backend
 from coscale.rollout.base import RolloutBackend, Rollouts, SamplingParams
 from coscale.rollout.dtype import precision_dtype
@@ -45,11 +45,11 @@ class PolicyMixin:
 
     policy: Any
     tokenizer: Any
-    prompt: PromptFormat
+    prompt: PromptSettings
     rewards: RewardSet
     val_sampling: SamplingParams
     val_samples: int
-    optimizer_settings: AdamW
+    optimizer_settings: AdamWSettings
     custom_optimizer: Any = None
     lr_scheduler: Any = None
 

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 from coscale.checks import at_least, one_of
 from coscale.models.capabilities import DTYPES
+from coscale.renamed import old_names
 
 DECAYS = ("constant", "linear", "cosine")
-"""The learning rate after the warm-up (``AdamW.decay``)."""
+"""The learning rate after the warm-up (``AdamWSettings.decay``)."""
 
 
 @dataclass(frozen=True)
-class PolicyLoad:
+class PolicyLoadSettings:
     """How the policy (and any model loaded beside it) is loaded.
 
     Attributes:
@@ -38,7 +39,7 @@ class PolicyLoad:
 
 
 @dataclass(frozen=True)
-class AdamW:
+class AdamWSettings:
     """AdamW with a linear learning-rate warm-up, then a decay (:mod:`coscale.modules.optim`).
 
     Attributes:
@@ -68,7 +69,7 @@ class AdamW:
 
 
 @dataclass(frozen=True)
-class Validation:
+class ValidationSettings:
     """Validation on held-out problems: pass@k with ``samples`` samples per problem.
 
     Attributes:
@@ -86,3 +87,10 @@ class Validation:
         errors = at_least(1, samples=self.samples)
         errors += at_least(0, float, optional=True, temperature=self.temperature)
         return errors + at_least(1, optional=True, max_new_tokens=self.max_new_tokens)
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(
+    __name__,
+    {"PolicyLoad": PolicyLoadSettings, "AdamW": AdamWSettings, "Validation": ValidationSettings},
+)

@@ -32,16 +32,16 @@ from typing_extensions import override
 from coscale.checks import as_group, at_least, group_errors
 from coscale.distributed import rank_world, sum_over_ranks
 from coscale.models.adapters import as_peft_config
-from coscale.models.prompting import PromptFormat, as_prompt_format, prompt_fields
+from coscale.models.prompting import PromptSettings, as_prompt_format, prompt_fields
 from coscale.modules.fit_data import curriculum_of
 from coscale.modules.loggers import log_to_loggers
 from coscale.modules.optimizer_choice import choice_errors
 from coscale.modules.policy_mixin import PolicyMixin, source_fields
-from coscale.modules.settings import AdamW, PolicyLoad, Validation
+from coscale.modules.settings import AdamWSettings, PolicyLoadSettings, ValidationSettings
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.reward_set import RewardSet, reward_errors
 from coscale.sft.batch import solution_loss, tokenize_pairs
-from coscale.sft.distill import Distillation, Teacher, distill_loss
+from coscale.sft.distill import DistillationSettings, Teacher, distill_loss
 from coscale.sft.forgetting import (
     ForgettingGuard,
     GuardSettings,
@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # an optional dependency (coscale[peft]); the CLI resolves th
     from peft import PeftConfig
 
 
-DEFAULT_OPTIMIZER = AdamW()
+DEFAULT_OPTIMIZER = AdamWSettings()
 """The ``optimizer`` group's default."""
 
 
@@ -106,18 +106,18 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self,
         model: str | Any,
         tokenizer: str | None = None,
-        prompt: PromptFormat | str = PromptFormat(),
+        prompt: PromptSettings | str = PromptSettings(),
         verifier: Callable[..., Any] | None = None,
-        load: PolicyLoad = PolicyLoad(),
-        optimizer: AdamW = DEFAULT_OPTIMIZER,
+        load: PolicyLoadSettings = PolicyLoadSettings(),
+        optimizer: AdamWSettings = DEFAULT_OPTIMIZER,
         custom_optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         max_length: int = 1024,
         padding_free: bool = True,
-        validation: Validation = Validation(),
+        validation: ValidationSettings = ValidationSettings(),
         forgetting_guard: GuardSettings = GuardSettings(),
         mastered: list[dict[str, str]] | None = None,
-        distill: Distillation | None = None,
+        distill: DistillationSettings | None = None,
         peft: PeftConfig | None = None,
     ) -> None:
         super().__init__()
@@ -325,11 +325,11 @@ def check_guard_strategy(strategy: Any, guard: str) -> None:
 
 
 GROUPS = {
-    "load": PolicyLoad,
-    "optimizer": AdamW,
-    "validation": Validation,
+    "load": PolicyLoadSettings,
+    "optimizer": AdamWSettings,
+    "validation": ValidationSettings,
     "forgetting_guard": GuardSettings,
-    "distill": Distillation,
+    "distill": DistillationSettings,
 }
 """The settings groups of :class:`SFTModule`, by argument name."""
 

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from coscale.checks import imported, is_number
-from coscale.rl.mismatch import Mismatch
+from coscale.renamed import old_names
+from coscale.rl.mismatch import MismatchSettings
 from coscale.rl.policy_loss import LossOutput, PolicyLoss
 
 __all__ = [
@@ -29,7 +30,7 @@ __all__ = [
     "GRPOLoss",
     "GSPOLoss",
     "LossOutput",
-    "Mismatch",
+    "MismatchSettings",
     "PolicyLoss",
     "as_loss",
 ]
@@ -68,7 +69,7 @@ class DrGRPOLoss(PolicyLoss):
         epsilon_high: float | None = None,
         beta: float = 0.0,
         entropy_coef: float = 0.0,
-        mismatch: Mismatch = Mismatch(),
+        mismatch: MismatchSettings = MismatchSettings(),
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"DrGRPOLoss: max_tokens={max_tokens!r} must be a positive int")
@@ -129,7 +130,7 @@ class CISPOLoss(DAPOLoss):
         max_weight: float = 5.0,
         beta: float = 0.0,
         entropy_coef: float = 0.0,
-        mismatch: Mismatch = Mismatch(),
+        mismatch: MismatchSettings = MismatchSettings(),
     ) -> None:
         if not (is_number(max_weight) and max_weight > 0):
             raise ValueError(f"CISPOLoss: max_weight={max_weight!r} must be a number > 0")
@@ -161,3 +162,7 @@ def as_loss(value: PolicyLoss | Mapping[str, Any] | None) -> PolicyLoss | None:
     if not (isinstance(cls, type) and issubclass(cls, PolicyLoss)):
         raise ValueError(f"loss class_path={path!r} names no PolicyLoss class")
     return cls(**dict(value.get("init_args") or {}))
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"Mismatch": MismatchSettings})

@@ -20,13 +20,14 @@ import torch
 from torch import Tensor
 
 from coscale.checks import is_number, one_of
+from coscale.renamed import old_names
 
 MODES = ("none", "truncate", "mask")
 LEVELS = ("token", "sequence")
 
 
 @dataclass(frozen=True)
-class Mismatch:
+class MismatchSettings:
     """How a loss corrects the engine/trainer mismatch when old log-probs come from an engine.
 
     The defaults are TRL 1.16's (``vllm_importance_sampling_correction=True``,
@@ -57,7 +58,7 @@ class Mismatch:
 
 
 def mismatch_weights(
-    trainer_logprobs: Tensor, engine_logprobs: Tensor, keep: Tensor, settings: Mismatch
+    trainer_logprobs: Tensor, engine_logprobs: Tensor, keep: Tensor, settings: MismatchSettings
 ) -> tuple[Tensor, Tensor]:
     """Per-token correction weights and where the cap acted.
 
@@ -86,3 +87,7 @@ def mismatch_weights(
         if settings.mode == "truncate":
             return ratio.clamp(max=settings.cap), over  # [R, T]
         return torch.where(over, 0, ratio), over  # [R, T]
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"Mismatch": MismatchSettings})

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from coscale.checks import as_group, is_number
-from coscale.rl.mismatch import Mismatch, mismatch_weights
+from coscale.rl.mismatch import MismatchSettings, mismatch_weights
 
 
 @dataclass
@@ -55,7 +55,7 @@ class PolicyLoss(nn.Module, metaclass=ABCMeta):
         entropy_coef: Entropy bonus: the loss is lowered by ``entropy_coef`` times the mean
             token entropy of the policy over the update batch's completion tokens (TRL's
             ``entropy_coef``); ``>= 0``. With ``entropy_coef > 0`` every call needs ``entropy``.
-        mismatch: The engine/trainer mismatch correction (:class:`~coscale.rl.mismatch.Mismatch`,
+        mismatch: The engine/trainer mismatch correction (:class:`~coscale.rl.mismatch.MismatchSettings`,
             a mapping in YAML), applied to the calls given ``sampling_logprobs``.
     """
 
@@ -67,10 +67,10 @@ class PolicyLoss(nn.Module, metaclass=ABCMeta):
         epsilon_high: float | None = None,
         beta: float = 0.0,
         entropy_coef: float = 0.0,
-        mismatch: Mismatch = Mismatch(),
+        mismatch: MismatchSettings = MismatchSettings(),
     ) -> None:
         super().__init__()
-        mismatch = as_group(Mismatch, mismatch)
+        mismatch = as_group(MismatchSettings, mismatch)
         values = {"epsilon": epsilon, "epsilon_high": epsilon_high, "beta": beta}
         errors = [
             f"{key}={value!r} must be finite and >= 0"

@@ -11,12 +11,12 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torch import nn
 
+from coscale.renamed import old_names
 from coscale.rollout.base import RolloutBackend
 from coscale.rollout.cached import CachedDecodeBackend
 from coscale.rollout.hf import HFGenerateBackend
@@ -177,9 +177,5 @@ def close_backend(backend: RolloutBackend | None) -> None:
         backend.close()
 
 
-def __getattr__(name: str) -> Any:
-    """``Rollout``: the earlier name of :class:`RolloutSettings` (one release, with a warning)."""
-    if name == "Rollout":
-        warnings.warn("coscale.rollout.factory.Rollout is now RolloutSettings", FutureWarning, 2)
-        return RolloutSettings
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"Rollout": RolloutSettings})

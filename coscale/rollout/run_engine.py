@@ -91,4 +91,4 @@ def _with_sleep(options: dict[str, Any], level: int) -> dict[str, Any]:
     engine = options.get("engine")
     if engine is None or isinstance(engine, dict):
         return {**options, "engine": {"sleep_level": level, **(engine or {})}}
-    return options  # an Engine object states its own sleep level
+    return options  # an EngineSettings object states its own sleep level

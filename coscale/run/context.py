@@ -34,7 +34,7 @@ class StageContext:
     """Shared by the stages of one run.
 
     Args:
-        cfg: The pipeline's settings (``PipelineConfig``).
+        cfg: The pipeline's settings (``PipelineSettings``).
         curriculum: The loop's state.
         data: The ProblemDataModule the curriculum came from (batch sizes, held-out problems).
         logger: The Lightning logger of every fit (or False).

@@ -35,7 +35,7 @@ class Stage:
 
 
 def plan(cfg: Any) -> dict[str, Stage]:
-    """The stages ``cfg`` (a ``PipelineConfig``) runs, in order, by name."""
+    """The stages ``cfg`` (a ``PipelineSettings``) runs, in order, by name."""
     stages = [Stage("warmup", "warmup", 0)]
     for it in range(1, cfg.iterations + 1):
         stages += [Stage(f"it{it}/{kind}", kind, it) for kind in LOOP_KINDS]
@@ -72,7 +72,7 @@ def upgrade_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def state_config(cfg: Any) -> dict[str, Any]:
-    """A run's ``PipelineConfig`` for the state file: its groups as mappings, other fields as
+    """A run's ``PipelineSettings`` for the state file: its groups as mappings, other fields as
     they are (JSON writes objects such as a strategy by their str). No ``asdict`` of the whole:
     it would deep-copy a strategy that holds a sharded model, which FSDP2 refuses."""
     values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}

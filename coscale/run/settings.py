@@ -1,7 +1,7 @@
 """The run's settings of what it hands the stages: one sampling definition, the end's switches,
 and which module arguments the run sets itself.
 
-* ``pipeline.sampling`` (:class:`RunSampling`), stated once. The pools follow what a model
+* ``pipeline.sampling`` (:class:`RunSamplingSettings`), stated once. The pools follow what a model
   samples: a problem is solvable when the policy RL trains samples a correct answer to it. So
   every sampler of a run reads the same prompt, token limit and temperature: the pool
   measurements, each SFT stage's checkpoint selection, the final judge and the RL rollouts (and
@@ -28,14 +28,15 @@ from coscale.checks import at_least, imported, one_of
 from coscale.datamodules import ProblemDataModule
 from coscale.loop.curriculum import SFT_SOURCES, SFTSource
 from coscale.measure.pass_rates import KEEP
-from coscale.models.prompting import PromptFormat, as_prompt_format
+from coscale.models.prompting import PromptSettings, as_prompt_format
 from coscale.modules.optimizer_choice import CALLABLE_KEYS
+from coscale.renamed import GOES_IN, old_names
 from coscale.rollout.base import SamplingSettings
 from coscale.scoring.reward_set import default_verifier
 
 
 @dataclass(frozen=True)
-class RunSampling(SamplingSettings):
+class RunSamplingSettings(SamplingSettings):
     """How the run's policy is prompted and sampled, for every sampler of the run: the sampling
     settings (:class:`~coscale.rollout.base.SamplingSettings`, their one set of defaults) with
     the prompt and the judge's temperature.
@@ -55,7 +56,7 @@ class RunSampling(SamplingSettings):
             ``temperature``).
     """
 
-    prompt: PromptFormat | str = PromptFormat()
+    prompt: PromptSettings | str = PromptSettings()
     judge_temperature: float | None = None
 
     def __post_init__(self) -> None:  # checked with the rest of the run's settings (errors)
@@ -128,7 +129,7 @@ SET_BY_RUN = {
 """Every module argument (``<arg>``) or group field (``<arg>.<field>``) that the run sets
 itself for every stage -> the key that sets it. The one table: the parser leaves these out
 (``--help`` never offers them), a refusal names the key, and :func:`set_by_run_errors` refuses
-them in a ``PipelineConfig``."""
+them in a ``PipelineSettings``."""
 
 
 def set_by_run(group: str) -> dict[str, str]:
@@ -275,7 +276,8 @@ def trainer_errors(trainer: dict[str, Any]) -> list[str]:
 
 
 RENAMED = {
-    "eval_k": "measure_k",
+    "eval_k": "measure_samples",
+    "measure_k": "measure_samples",
     "eval_max_problems": "measure_max_problems",
     "rl_eval_every": "rl_measure_every",
 }
@@ -288,9 +290,13 @@ def take_renamed(config: Any) -> None:
     for old, new in RENAMED.items():
         if (value := getattr(config, old)) is not None:
             warnings.warn(
-                f"pipeline.{old} is deprecated and goes in the next release: set pipeline.{new}",
+                f"pipeline.{old} is now pipeline.{new} ({old} goes in coscale {GOES_IN})",
                 FutureWarning,
                 stacklevel=3,
             )
             setattr(config, new, value)
             setattr(config, old, None)
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"RunSampling": RunSamplingSettings})

@@ -30,9 +30,9 @@ def tokenize_pairs(
 
     With ``add_eos`` each target ends with the token that stops its generation, a label like the
     solution's: the chat template's end-of-turn token (``<|im_end|>``) after a chat prompt (one
-    that ends with the template's generation prompt, as ``PromptFormat(chat=True)`` renders it),
+    that ends with the template's generation prompt, as ``PromptSettings(chat=True)`` renders it),
     so the model learns to close its turn; the tokenizer's EOS after any other prompt. ``chat``
-    says which prompts are chat-rendered (`PromptFormat.is_chat`) where the generation prompt
+    says which prompts are chat-rendered (`PromptSettings.is_chat`) where the generation prompt
     cannot tell (template arguments such as ``enable_thinking`` change what the prompt ends with).
     """
     if len(prompts) != len(solutions) or (chat is not None and len(chat) != len(prompts)):

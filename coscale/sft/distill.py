@@ -24,12 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from coscale.loop.budget import spend
+from coscale.renamed import old_names
 from coscale.sft.batch import solution_logits
 from coscale.sft.token_loss import token_mean_ce
 
 
 @dataclass(frozen=True)
-class Distillation:
+class DistillationSettings:
     """Distil from a teacher as well as learning the solution tokens.
 
     Attributes:
@@ -57,7 +58,7 @@ class Teacher:
 
     Args:
         model: Folder or hub name of the teacher (same tokenizer as the student), or a built model.
-        load: The student's :class:`~coscale.modules.settings.PolicyLoad` (dtype, remote code);
+        load: The student's :class:`~coscale.modules.settings.PolicyLoadSettings` (dtype, remote code);
             None: float32, no remote code.
     """
 
@@ -114,3 +115,7 @@ def distill_loss(
     kl = kl_to_teacher(logits, teacher.logits(enc, padding_free), temperature)
     loss = (1.0 - weight) * ce + weight * kl
     return loss, n, {"ce": ce.detach(), "kl": kl.detach()}  # tensors: no host sync per step
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"Distillation": DistillationSettings})

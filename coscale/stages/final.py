@@ -36,18 +36,18 @@ def final_stage(
         earlier: ``(iteration, folder)`` of each earlier iteration's model, for ``best``.
     """
     problems = judged_problems(ctx.data.val_problems, ctx.curriculum)
-    k, keep = min(8, ctx.cfg.measure_k), ctx.cfg.final.keep
-    results = judge_model(ctx, current, problems, "before", k)
+    samples, keep = min(8, ctx.cfg.measure_samples), ctx.cfg.final.keep
+    results = judge_model(ctx, current, problems, "before", samples)
     kept, score = current, results["val/final_before_pass@1"]
     if candidate is not None:
-        results |= judge_model(ctx, candidate, problems, "after", k)
+        results |= judge_model(ctx, candidate, problems, "after", samples)
         if keep_retrained(results, keep):
             kept, score = candidate, results["val/final_after_pass@1"]
     if keep == "best":
         results["val/final_kept_iteration"] = 0.0
         for it, folder in sorted(earlier, reverse=True):
             key = f"it{it}"
-            results |= judge_model(ctx, folder, problems, key, k)
+            results |= judge_model(ctx, folder, problems, key, samples)
             if results[f"val/final_{key}_pass@1"] > score:
                 kept, score = folder, results[f"val/final_{key}_pass@1"]
                 results["val/final_kept_iteration"] = float(it)

@@ -18,14 +18,14 @@ from coscale.stages.sft import load_for_sampling
 
 
 def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
-    """``measure_k`` samples of every unfailed problem with ``model`` -> pools relabelled; each
-    problem's ``{n, c, pool}`` goes to ``<run_dir>/<name>/pass_rates.json``."""
+    """``measure_samples`` samples of every unfailed problem with ``model`` -> pools relabelled; each
+    problem's ``{samples, correct, pool}`` goes to ``<run_dir>/<name>/pass_rates.json``."""
     module = load_for_sampling(ctx, model)
     start = time.perf_counter()
     results, metrics = pass_rates.measure(
         module,
         ctx.curriculum,
-        ctx.cfg.measure_k,
+        ctx.cfg.measure_samples,
         max_problems=ctx.cfg.measure_max_problems,
         seed=ctx.cfg.seed,
         **ctx.cfg.sampling.rl_sampling,
@@ -33,7 +33,7 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
     seconds = time.perf_counter() - start
     if is_writer():  # each problem's samples, correct ones and new pool: what moved, and why
         write_json(ctx.path(name, "pass_rates.json"), results)
-    samples = sum(r["n"] for r in results.values())
+    samples = sum(r["samples"] for r in results.values())
     ctx.log(metrics | {"perf/measure_seconds": seconds, "perf/measure_samples": float(samples)})
     logger.info(
         f"{name}: {samples} samples on {ctx.engine.kind} in {seconds:.1f} s "
@@ -42,12 +42,14 @@ def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
     return ctx.curriculum.pools.counts()
 
 
-def judge_model(ctx: StageContext, model: str, problems: list[dict], tag: str, k: int) -> dict:
-    """``val/final_<tag>_pass@1`` and ``@k`` of the model in folder ``model``."""
+def judge_model(
+    ctx: StageContext, model: str, problems: list[dict], tag: str, samples: int
+) -> dict:
+    """``val/final_<tag>_pass@1`` and ``@<samples>`` of the model in folder ``model``."""
     start = time.perf_counter()
-    results = pass_rates.judge(load_for_sampling(ctx, model), problems, tag, k, ctx.cfg.seed)
+    results = pass_rates.judge(load_for_sampling(ctx, model), problems, tag, samples, ctx.cfg.seed)
     logger.info(
-        f"judged {tag}: {k * len(problems)} samples on {ctx.engine.kind} in "
+        f"judged {tag}: {samples * len(problems)} samples on {ctx.engine.kind} in "
         f"{time.perf_counter() - start:.1f} s (engine starts so far: {ctx.engine.starts})"
     )
     return results

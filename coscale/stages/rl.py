@@ -33,7 +33,7 @@ def rl_stage(ctx: StageContext, name: str, model: str) -> str | None:
     if cfg.rl_measure_every:
         callbacks.append(
             PassRateMeasurement(
-                k=cfg.measure_k,
+                samples=cfg.measure_samples,
                 max_problems=cfg.measure_max_problems,
                 every_n_epochs=cfg.rl_measure_every,
                 **cfg.sampling.rl_sampling,

@@ -16,7 +16,7 @@ from coscale.log import logger
 from coscale.measure.selection import SelectOnProblems
 from coscale.modules import SFTModule
 from coscale.run.context import StageContext
-from coscale.sft.distill import Distillation
+from coscale.sft.distill import DistillationSettings
 
 
 def sft_stage(
@@ -39,7 +39,7 @@ def sft_stage(
         return None
     distill = {}
     if teacher is not None and ctx.cfg.distill_weight > 0:
-        distill = {"distill": Distillation(teacher, weight=ctx.cfg.distill_weight)}
+        distill = {"distill": DistillationSettings(teacher, weight=ctx.cfg.distill_weight)}
         logger.info(f"{name}: distilling from {teacher} (weight {ctx.cfg.distill_weight})")
     module = SFTModule(model=ctx.cfg.model, peft=ctx.cfg.peft, **ctx.sft_args, **distill)
     select = selection(ctx, name)

@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl
 
 from coscale.loop.problem import Problem
 from coscale.tasks import files
-from coscale.tasks.loaders import FieldMap, load_problems
+from coscale.tasks.loaders import FieldSettings, load_problems
 from coscale.tasks.sides import side_of
 
 SOURCE_PREFIX = "source:"
@@ -253,4 +253,4 @@ def load_benchmark(spec: str | BenchmarkSource, on_bad_row: str = "skip") -> lis
     Raises ``ValueError`` when no usable problem is left (the message names ``spec``).
     """
     rows, name = source_rows(spec), spec if isinstance(spec, str) else spec.name
-    return load_problems(rows, FieldMap(), on_bad_row=on_bad_row, name=name).problems
+    return load_problems(rows, FieldSettings(), on_bad_row=on_bad_row, name=name).problems

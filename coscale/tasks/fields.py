@@ -1,13 +1,13 @@
 """The fields of a source row: which holds each part of a problem, and the checks of each value.
 
-``fields`` may be given as a `FieldMap` or as a plain dict with some of its keys (from YAML or
+``fields`` may be given as a `FieldSettings` or as a plain dict with some of its keys (from YAML or
 Python, e.g. ``{"question": "problem", "answer": "expected_answer"}``); `as_field_map` turns
-either into a checked `FieldMap`, so every reader takes both. `to_problem` checks one row
-through a `FieldMap` and builds its `Problem`, or raises `BadValue` with the row's first fault.
+either into a checked `FieldSettings`, so every reader takes both. `to_problem` checks one row
+through a `FieldSettings` and builds its `Problem`, or raises `BadValue` with the row's first fault.
 The row's other columns go into ``Problem.meta``, and so does the answer's column when it has
 another name than ``answer`` (``solution`` in TRL's data sets): reward functions get it by name.
 
-TRL's data formats map onto the same fields (:mod:`.conversations`; each `FieldMap` field says
+TRL's data formats map onto the same fields (:mod:`.conversations`; each `FieldSettings` field says
 what its column may hold).
 """
 
@@ -19,11 +19,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from coscale.loop.problem import Problem, Question
+from coscale.renamed import old_names
 from coscale.tasks.conversations import completion_text, is_conversation, split_conversation
 
 
 @dataclass(frozen=True)
-class FieldMap:
+class FieldSettings:
     """Which field of a source row holds each part of a problem."""
 
     question: str = "question"
@@ -41,7 +42,7 @@ class FieldMap:
     """Field with a unique id (str or int); if null or absent the id is ``{stem}-{row index}``."""
 
 
-FIELD_KEYS = tuple(f.name for f in fields(FieldMap))
+FIELD_KEYS = tuple(f.name for f in fields(FieldSettings))
 """The keys a ``fields`` dict may have."""
 _OPTIONAL = ("answer", "solutions", "id")  # keys that may be null (the part is then not read)
 
@@ -50,16 +51,16 @@ def field_map_problems(value: Any, setting: str = "fields") -> list[str]:
     """Every reason why ``value`` is not a usable ``fields`` setting (empty when it is).
 
     Args:
-        value: A `FieldMap` or a dict with keys from `FIELD_KEYS`.
+        value: A `FieldSettings` or a dict with keys from `FIELD_KEYS`.
         setting: How messages name the setting, e.g. ``fields`` or ``val_fields``.
     """
-    if isinstance(value, FieldMap):
+    if isinstance(value, FieldSettings):
         given = {key: getattr(value, key) for key in FIELD_KEYS}
     elif isinstance(value, Mapping):
         given = dict(value)
     else:
         return [
-            f"{setting} must be a FieldMap or a dict with keys {', '.join(FIELD_KEYS)}; "
+            f"{setting} must be a FieldSettings or a dict with keys {', '.join(FIELD_KEYS)}; "
             f"got {type(value).__name__} {value!r}"
         ]
     problems = [
@@ -76,11 +77,13 @@ def field_map_problems(value: Any, setting: str = "fields") -> list[str]:
     return problems
 
 
-def as_field_map(value: FieldMap | Mapping[str, str | None], setting: str = "fields") -> FieldMap:
-    """``value`` as a checked `FieldMap`; a dict's missing keys keep their defaults.
+def as_field_map(
+    value: FieldSettings | Mapping[str, str | None], setting: str = "fields"
+) -> FieldSettings:
+    """``value`` as a checked `FieldSettings`; a dict's missing keys keep their defaults.
 
     Args:
-        value: A `FieldMap`, or a dict such as ``{"question": "problem", "solutions": "sols"}``.
+        value: A `FieldSettings`, or a dict such as ``{"question": "problem", "solutions": "sols"}``.
         setting: How the error names the setting.
 
     Raises:
@@ -89,14 +92,14 @@ def as_field_map(value: FieldMap | Mapping[str, str | None], setting: str = "fie
     problems = field_map_problems(value, setting)
     if problems:
         raise ValueError("; ".join(problems))
-    return value if isinstance(value, FieldMap) else FieldMap(**value)
+    return value if isinstance(value, FieldSettings) else FieldSettings(**value)
 
 
 class BadValue(Exception):
     """Raised by the row checks (or read in place of a row); its message is the reason."""
 
 
-def to_problem(row: Any, fields: FieldMap, default_id: str) -> Problem:
+def to_problem(row: Any, fields: FieldSettings, default_id: str) -> Problem:
     """Check one row and build its problem; raises ``BadValue`` with the first fault."""
     if isinstance(row, BadValue):
         raise row
@@ -169,3 +172,7 @@ def _value(row: Mapping, part: str, name: str | None, kinds: tuple, required: bo
     if part == "solutions" and not all(isinstance(s, str) and s.strip() for s in value):
         raise BadValue(f"{part} (field {name!r}) must be a list of non-empty str")
     return value
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"FieldMap": FieldSettings})

@@ -1,12 +1,12 @@
 """Load problems from JSON Lines or JSON arrays, Parquet, a saved ``datasets`` directory, the HF
 Hub or rows.
 
-Rows are mapped through a :class:`FieldMap` (or a dict of its fields) and checked; a bad row
+Rows are mapped through a :class:`FieldSettings` (or a dict of its fields) and checked; a bad row
 becomes a :class:`BadRow` saying where it is, ``data/train.jsonl:17`` (1-based line, as editors
 count) or ``x.parquet row 16`` (0-based, as ``dataset[16]``), and ``on_bad_row`` skips or rejects
 it. A file that is not JSON (a malformed line) is an error naming the file and line, whatever
 ``on_bad_row`` says: the file is broken, not one row. A question or answer field that no row has
-is a wrong ``FieldMap``: that raises too; so does a source left with no usable problem, and a
+is a wrong ``FieldSettings``: that raises too; so does a source left with no usable problem, and a
 local path that does not exist.
 """
 
@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from coscale.loop.problem import Problem
-from coscale.tasks.fields import BadValue, FieldMap, as_field_map, field_map_problems, to_problem
+from coscale.tasks.fields import (
+    BadValue,
+    FieldSettings,
+    as_field_map,
+    field_map_problems,
+    to_problem,
+)
 from coscale.tasks.files import (
     json_records,
     load_saved,
@@ -32,7 +38,7 @@ from coscale.tasks.files import (
 )
 
 BAD_ROW_CHOICES = ("skip", "raise")
-_DEFAULT_FIELDS = FieldMap()  # frozen, so one shared default is safe
+_DEFAULT_FIELDS = FieldSettings()  # frozen, so one shared default is safe
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ class _Source:
 
 def load_problems(
     source: str | os.PathLike | Sequence[Mapping],
-    fields: FieldMap | Mapping[str, str | None] = _DEFAULT_FIELDS,
+    fields: FieldSettings | Mapping[str, str | None] = _DEFAULT_FIELDS,
     split: str = "train",
     on_bad_row: str = "skip",
     limit: int | None = None,
@@ -80,7 +86,7 @@ def load_problems(
         source: A ``.jsonl``/``.json`` (JSON Lines or a JSON array) or ``.parquet`` file, a
             ``save_to_disk`` directory, a HF ``datasets`` name (needs the network) or a list of
             dicts.
-        fields: Field names of the rows: a `FieldMap` or a dict of some of its fields.
+        fields: Field names of the rows: a `FieldSettings` or a dict of some of its fields.
         split: Split of a saved ``DatasetDict`` or of a Hub data set.
         on_bad_row: ``"skip"`` (warn once) or ``"raise"`` (one error listing every bad row).
         limit: Keep the first ``limit`` good problems; rows after them are not read.
@@ -102,8 +108,8 @@ def load_problems(
     return result
 
 
-def _checked_fields(fields: Any, on_bad_row: Any, limit: Any) -> FieldMap:
-    """``fields`` as a `FieldMap` once every setting is checked; raise once, listing each."""
+def _checked_fields(fields: Any, on_bad_row: Any, limit: Any) -> FieldSettings:
+    """``fields`` as a `FieldSettings` once every setting is checked; raise once, listing each."""
     problems = field_map_problems(fields)
     if on_bad_row not in BAD_ROW_CHOICES:
         problems.append(f"on_bad_row must be one of {BAD_ROW_CHOICES}, got {on_bad_row!r}")
@@ -114,7 +120,7 @@ def _checked_fields(fields: Any, on_bad_row: Any, limit: Any) -> FieldMap:
     return as_field_map(fields)
 
 
-def _collect(src: _Source, fields: FieldMap, limit: int | None) -> LoadResult:
+def _collect(src: _Source, fields: FieldSettings, limit: int | None) -> LoadResult:
     """Read records until the end or ``limit`` good problems; check the mapping of row sources."""
     result = LoadResult([], [], src.label)
     first_at: dict[str, str] = {}  # id -> where it was first seen
@@ -183,14 +189,14 @@ def _rows(label: str, rows: Iterable[Any]) -> Iterator[tuple[int, str, Any]]:
     return ((i, f"{label} row {i}", row) for i, row in enumerate(rows))
 
 
-def _check_mapping(fields: FieldMap, label: str, keys: set[str], first: list[str]) -> None:
-    """Raise when no row has the question or the answer field: the ``FieldMap`` is wrong."""
+def _check_mapping(fields: FieldSettings, label: str, keys: set[str], first: list[str]) -> None:
+    """Raise when no row has the question or the answer field: the ``FieldSettings`` is wrong."""
     pairs = (("question", fields.question), ("answer", fields.answer))
     missing = [f"fields.{n}={v!r}" for n, v in pairs if v is not None and v not in keys]
     if missing:
         raise ValueError(
             f"{' and '.join(missing)} not found in any row of {label}; the first row has keys "
-            f"{first}. Map them with e.g. FieldMap(question='problem', answer='expected_answer')."
+            f"{first}. Map them with e.g. FieldSettings(question='problem', answer='expected_answer')."
         )
 
 
@@ -200,7 +206,7 @@ def _listing(bad: list[BadRow], limit: int | None = 5) -> list[str]:
     return [f"  {row.where}: {row.reason}" for row in shown] + more
 
 
-def _report(result: LoadResult, on_bad_row: str, fields: FieldMap) -> None:
+def _report(result: LoadResult, on_bad_row: str, fields: FieldSettings) -> None:
     """Warn once about skipped rows; raise once listing every bad row, or for no problem left."""
     bad, source = result.bad_rows, result.source
     if bad and on_bad_row == "raise":

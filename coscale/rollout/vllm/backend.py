@@ -74,7 +74,12 @@ from coscale.rollout.vllm.parity import (
     trainer_parity_atol,
 )
 from coscale.rollout.vllm.requests import assemble_rollouts, build_requests, collect_completions
-from coscale.rollout.vllm.settings import Engine, Parity, Sync, check_settings
+from coscale.rollout.vllm.settings import (
+    EngineSettings,
+    ParitySettings,
+    SyncSettings,
+    check_settings,
+)
 from coscale.rollout.vllm.sync import (
     SyncBook,
     WeightSyncError,
@@ -97,11 +102,11 @@ class VLLMBackend(RolloutBackend):
             with it, so prompt tokens match the HF backend's exactly.
         policy: The trainer's model: parity reference and log-prob recompute. Adopted from the
             first ``update_weights`` call when that passes an HF model.
-        engine: How the engine is built and sized (`coscale.rollout.vllm.settings.Engine`: memory, KV cache,
+        engine: How the engine is built and sized (`coscale.rollout.vllm.settings.EngineSettings`: memory, KV cache,
             dtype, length, sleep level, seed, extra `vllm.LLM` arguments).
-        sync: How weights reach the engine (`coscale.rollout.vllm.settings.Sync`: deadline, bucket size,
+        sync: How weights reach the engine (`coscale.rollout.vllm.settings.SyncSettings`: deadline, bucket size,
             parameter prefix, what a stale policy does).
-        parity: The engine-vs-trainer log-prob check (`coscale.rollout.vllm.settings.Parity`: schedule, probe
+        parity: The engine-vs-trainer log-prob check (`coscale.rollout.vllm.settings.ParitySettings`: schedule, probe
             size, tolerance, recompute batch size).
         logprobs: ``auto`` (engine's when they match the contract), ``engine`` (refused on vLLM
             < 0.10.2), ``trainer``.
@@ -121,9 +126,9 @@ class VLLMBackend(RolloutBackend):
         model: str,
         tokenizer: Any = None,
         policy: nn.Module | None = None,
-        engine: Engine = Engine(),
-        sync: Sync = Sync(),
-        parity: Parity = Parity(),
+        engine: EngineSettings = EngineSettings(),
+        sync: SyncSettings = SyncSettings(),
+        parity: ParitySettings = ParitySettings(),
         logprobs: str = "auto",
         honor_seed: bool = True,
         engine_factory: Callable[..., Any] | None = None,
@@ -214,7 +219,7 @@ class VLLMBackend(RolloutBackend):
         call's rollouts are those `generate` gives it alone (its seeds are its own)."""
         ids, counts = self._prepare(calls)
         batches = self._sample_many(ids, counts, [c.sampling for c in calls])
-        self._probe = ids[0][: self.parity_settings.samples]
+        self._probe = ids[0][: self.parity_settings.prompts]
         if self.sleep_level:
             self.engine.sleep(self.sleep_level)
             self._awake, self._weights_valid = set(), self.sleep_level == 1

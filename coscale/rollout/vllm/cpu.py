@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from coscale.rollout.vllm.settings import Engine
+from coscale.rollout.vllm.settings import EngineSettings
 
 KV_SEQUENCES = 32
 """Full-length sequences the default CPU KV cache holds."""
@@ -123,7 +123,7 @@ def default_kv_cache_bytes(model: str, dtype: str, max_model_len: int | None) ->
     return int(max(one, min(max(want, KV_MIN_GIB * 2**30), KV_MAX_GIB * 2**30)))
 
 
-def kv_cache_bytes(engine: Engine, model: str) -> int | None:
+def kv_cache_bytes(engine: EngineSettings, model: str) -> int | None:
     """``kv_cache_memory_bytes`` for the engine: from ``engine.kv_cache_gib``, else the CPU
     default (vllm is imported), else None (a GPU engine sizes it by ``gpu_memory_utilization``)."""
     if engine.kv_cache_gib is not None:
@@ -137,7 +137,7 @@ CPU_BATCHED_TOKENS = 4096
 """vLLM's own step budget (``max_num_batched_tokens``) for an offline engine on CPU."""
 
 
-def cpu_scheduler_args(engine: Engine, model: str) -> dict[str, Any]:
+def cpu_scheduler_args(engine: EngineSettings, model: str) -> dict[str, Any]:
     """`vllm.LLM` arguments that keep every prompt's prefill in one step on CPU (vllm is
     imported); {} elsewhere. See the module docstring (chunked prefill)."""
     if not on_cpu():

@@ -51,7 +51,7 @@ from coscale.rollout.vllm.reload import (
     start_load,
 )
 from coscale.rollout.vllm.requests import Request, logprobs_trusted
-from coscale.rollout.vllm.settings import Engine
+from coscale.rollout.vllm.settings import EngineSettings
 from coscale.rollout.vllm.versions import (
     applies_temperature,
     check_logprobs_source,
@@ -85,7 +85,7 @@ def start_engine(factory: Callable[..., Any], args: Mapping[str, Any], logprobs:
 def engine_args(
     model: str,
     tokenizer: str | None = None,
-    engine: Engine = Engine(),
+    engine: EngineSettings = EngineSettings(),
     kv_cache_bytes: int | None = None,
     platform: dict[str, Any] | None = None,
     replica: bool = True,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from coscale.checks import as_group, at_least, group_errors, is_number, one_of
+from coscale.renamed import earlier_name, field_names, old_keyword, old_names
 
 LOGPROB_SOURCES = ("auto", "engine", "trainer")
 STALE_ACTIONS = ("sync", "error", "ignore")
@@ -29,7 +30,7 @@ OPTIONS = "rollout.options"
 
 
 @dataclass(frozen=True)
-class Engine:
+class EngineSettings:
     """How the colocated `vllm.LLM` is built and sized.
 
     Attributes:
@@ -71,7 +72,7 @@ class Engine:
 
 
 @dataclass(frozen=True)
-class Sync:
+class SyncSettings:
     """How the policy's weights reach the engine after every optimiser step.
 
     Attributes:
@@ -102,13 +103,13 @@ class Sync:
 
 
 @dataclass(frozen=True)
-class Parity:
+class ParitySettings:
     """The check that the engine samples from the policy: engine and trainer log-probs of
     freshly sampled tokens (temperature 1) must agree.
 
     Attributes:
         every: Check after the 1st sync and every this many syncs (0: never).
-        samples: Prompts in a probe (the last call's first ones).
+        prompts: Prompts in a probe (the last call's first ones).
         tokens: Tokens sampled per probe prompt.
         atol: Largest mean |engine - trainer| log-prob difference accepted; None: by the
             engine's dtype (`coscale.rollout.vllm.parity.PARITY_ATOL`: 0.01 float32, 0.1 float16, 0.15 bfloat16
@@ -116,22 +117,29 @@ class Parity:
             trainer's autocast dtype's bound while the check runs under autocast.
         recompute_batch_size: Rollouts per forward pass when the trainer computes log-probs
             (for this check, and as old log-probs where the engine's are not used).
+        samples: Earlier name of ``prompts`` (a warning names it).
     """
 
     every: int = 1
-    samples: int = 4
+    prompts: int = 4
     tokens: int = 16
     atol: float | None = None
     recompute_batch_size: int = 16
+    samples: int | None = earlier_name("prompts")
+
+    def __post_init__(self) -> None:
+        prompts = old_keyword("ParitySettings", "samples", "prompts", self.samples, self.prompts)
+        object.__setattr__(self, "prompts", prompts)
+        object.__setattr__(self, "samples", None)
 
     def errors(self) -> list[str]:
         errors = at_least(0, every=self.every)
-        errors += at_least(1, samples=self.samples, tokens=self.tokens)
+        errors += at_least(1, prompts=self.prompts, tokens=self.tokens)
         errors += at_least(1, recompute_batch_size=self.recompute_batch_size)
         return errors + at_least(0, float, optional=True, atol=self.atol)
 
 
-GROUPS = {"engine": Engine, "sync": Sync, "parity": Parity}
+GROUPS = {"engine": EngineSettings, "sync": SyncSettings, "parity": ParitySettings}
 """The settings groups of `VLLMBackend`, by argument name."""
 
 
@@ -143,8 +151,8 @@ def settings_errors(options: Mapping[str, Any]) -> list[str]:
     for name, cls in GROUPS.items():
         value = options.get(name)
         if isinstance(value, Mapping):
-            takes = [f.name for f in fields(cls)]
-            unknown = sorted(set(value) - set(takes))
+            takes = field_names(cls)
+            unknown = sorted(set(value) - {f.name for f in fields(cls)})  # earlier names too
             errors += [
                 f"{name}.{k} is not a {name} setting (it takes: {', '.join(takes)})"
                 for k in unknown
@@ -158,7 +166,7 @@ def settings_errors(options: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-def check_settings(**options: Any) -> tuple[Engine, Sync, Parity]:
+def check_settings(**options: Any) -> tuple[EngineSettings, SyncSettings, ParitySettings]:
     """The ``engine``, ``sync`` and ``parity`` groups among ``options`` as dataclasses (defaults
     where absent); raises one ValueError naming every bad value (`settings_errors`)."""
     if errors := settings_errors(options):
@@ -183,10 +191,16 @@ def group_of(key: str) -> str | None:
 def with_dtype(options: Mapping[str, Any], dtype: str | None) -> dict[str, Any]:
     """``options`` with ``engine.dtype`` set to `dtype` where it is unset (None keeps them)."""
     engine = options.get("engine")
-    if isinstance(engine, Engine):
+    if isinstance(engine, EngineSettings):
         unset = engine.dtype is None and dtype is not None
         return {**options, "engine": replace(engine, dtype=dtype)} if unset else dict(options)
     engine = dict(engine or {})
     if dtype is None or engine.get("dtype") is not None:
         return dict(options)
     return {**options, "engine": {**engine, "dtype": dtype}}
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(
+    __name__, {"Engine": EngineSettings, "Sync": SyncSettings, "Parity": ParitySettings}
+)

@@ -25,8 +25,13 @@ from coscale.rollout.vllm.backend import VLLMBackend
 from coscale.rollout.vllm.server.client import ServerClient
 from coscale.rollout.vllm.server.engine import ServerEngine, check_extension
 from coscale.rollout.vllm.server.launch import ServerError, ServerProcess, start_server
-from coscale.rollout.vllm.server.settings import Server, as_server
-from coscale.rollout.vllm.settings import Engine, Parity, Sync, check_settings
+from coscale.rollout.vllm.server.settings import ServerSettings, as_server
+from coscale.rollout.vllm.settings import (
+    EngineSettings,
+    ParitySettings,
+    SyncSettings,
+    check_settings,
+)
 
 NCCL_TRANSFER = {"backend": "nccl"}
 """A started server's ``weight_transfer_config`` with ``server.transfer: nccl``."""
@@ -51,9 +56,9 @@ class VLLMServerBackend(VLLMBackend):
         model: Hub name or folder the server starts from (and the tokenizer's, unless given).
         tokenizer: A tokenizer object, or its name / folder.
         policy: The trainer's model: the parity reference and the log-prob recompute.
-        server: Where the server runs (`coscale.rollout.vllm.server.settings.Server`: ``url``
+        server: Where the server runs (`coscale.rollout.vllm.server.settings.ServerSettings`: ``url``
             to attach, else port, cores, log, timeouts of one coscale starts).
-        engine: How a started server is built (`coscale.rollout.vllm.settings.Engine`, as for
+        engine: How a started server is built (`coscale.rollout.vllm.settings.EngineSettings`, as for
             the colocated engine; ``sleep_level`` must stay 0: the server keeps its memory).
         sync, parity, logprobs, honor_seed: As `VLLMBackend`'s (``sync.adapter`` must stay
             ``merged``).
@@ -70,10 +75,10 @@ class VLLMServerBackend(VLLMBackend):
         model: str,
         tokenizer: Any = None,
         policy: nn.Module | None = None,
-        server: Server | dict | None = None,
-        engine: Engine = Engine(),
-        sync: Sync = Sync(),
-        parity: Parity = Parity(),
+        server: ServerSettings | dict | None = None,
+        engine: EngineSettings = EngineSettings(),
+        sync: SyncSettings = SyncSettings(),
+        parity: ParitySettings = ParitySettings(),
         logprobs: str = "auto",
         honor_seed: bool = True,
         engine_factory: Callable[..., Any] | None = None,
@@ -145,7 +150,7 @@ class VLLMServerBackend(VLLMBackend):
         recompute log-probs with the policy) gives the rollouts. The weight version they are
         sampled with is the current sync's (`PendingRollouts.version`)."""
         [ids], [counts] = self._prepare([SampleCall(prompts, n_per_prompt, sampling)])
-        self._probe = ids[: self.parity_settings.samples]
+        self._probe = ids[: self.parity_settings.prompts]
         future = self._pool.submit(self._sample, ids, counts, sampling)
         return PendingRollouts(
             future, partial(self._fill_logprobs, sampling=sampling), self.book.version
@@ -174,7 +179,7 @@ class VLLMServerBackend(VLLMBackend):
                 )
 
 
-def refuse_colocated_only(engine: Engine, sync: Sync) -> None:
+def refuse_colocated_only(engine: EngineSettings, sync: SyncSettings) -> None:
     """Refuses the settings that only a colocated engine has, naming them."""
     errors = []
     if engine.sleep_level:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from coscale.log import EVERY_RANK, logger
-from coscale.rollout.vllm.server.settings import Server
+from coscale.rollout.vllm.server.settings import ServerSettings
 
 LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
 WORKER_EXTENSION = "coscale.rollout.vllm.server.worker.WorkerExtension"
@@ -202,7 +202,7 @@ def _on_start(cores: tuple[int, ...] | None) -> Callable[[], None]:
 
 
 def start_server(
-    args: Mapping[str, Any], settings: Server, ready: Callable[[str], bool]
+    args: Mapping[str, Any], settings: ServerSettings, ready: Callable[[str], bool]
 ) -> tuple[ServerProcess, str]:
     """Starts ``vllm serve`` with engine arguments `args` as `settings` say and waits until
     ``ready(url)``; returns the process and its URL.

@@ -30,7 +30,7 @@ from vllm.distributed.weight_transfer.nccl_engine import (
 )
 
 from coscale.rollout.vllm.server.launch import free_port
-from coscale.rollout.vllm.server.settings import Server
+from coscale.rollout.vllm.server.settings import ServerSettings
 
 
 class BucketSource(WeightSource):
@@ -69,8 +69,8 @@ class OneUpdateClient:
         """Nothing: `NcclTransport.finish` finishes the update."""
 
 
-def rendezvous_address(settings: Server, started_here: bool) -> str:
-    """Where the server's workers reach this process (`Server.transfer_address`)."""
+def rendezvous_address(settings: ServerSettings, started_here: bool) -> str:
+    """Where the server's workers reach this process (`ServerSettings.transfer_address`)."""
     if settings.transfer_address:
         return settings.transfer_address
     return "127.0.0.1" if started_here else socket.gethostname()
@@ -92,7 +92,7 @@ class NcclTransport:
     def __init__(
         self,
         url: str,
-        settings: Server,
+        settings: ServerSettings,
         workers: int,
         started_here: bool,
         client: Any = None,

@@ -20,15 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from coscale.checks import as_group, at_least, group_errors
+from coscale.renamed import old_names
 
 TRANSFERS = ("files", "nccl")
-"""Ways a weight sync reaches the server (`Server.transfer`)."""
+"""Ways a weight sync reaches the server (`ServerSettings.transfer`)."""
 SERVER = "rollout.options.server"
 """Where the group stands in YAML: the prefix of every error."""
 
 
 @dataclass(frozen=True)
-class Server:
+class ServerSettings:
     """Where the rollout server runs and how coscale talks to it.
 
     Attributes:
@@ -99,24 +100,28 @@ def _core(value: Any) -> bool:
 
 
 def server_errors(value: Any) -> list[str]:
-    """Every bad value of a ``server`` group given as a mapping, a `Server` or None, each
+    """Every bad value of a ``server`` group given as a mapping, a `ServerSettings` or None, each
     named ``server.<key> ...``."""
-    if value is None or isinstance(value, Server):
+    if value is None or isinstance(value, ServerSettings):
         return [] if value is None else [f"server.{e}" for e in value.errors()]
     if not isinstance(value, dict):
-        return [f"server must be a mapping or a Server, got {value!r}"]
-    takes = set(Server.__dataclass_fields__)
+        return [f"server must be a mapping or a ServerSettings, got {value!r}"]
+    takes = set(ServerSettings.__dataclass_fields__)
     unknown = sorted(set(value) - takes)
     if unknown:
         return [
             f"server.{k} is not a server setting (it takes: {', '.join(sorted(takes))})"
             for k in unknown
         ]
-    return group_errors(server=as_group(Server, value))
+    return group_errors(server=as_group(ServerSettings, value))
 
 
-def as_server(value: Server | dict | None) -> Server:
-    """`value` as a `Server` (defaults for None); raises ValueError naming every bad value."""
+def as_server(value: ServerSettings | dict | None) -> ServerSettings:
+    """`value` as a `ServerSettings` (defaults for None); raises ValueError naming every bad value."""
     if errors := server_errors(value):
         raise ValueError("VLLMServerBackend: " + "; ".join(f"rollout.options.{e}" for e in errors))
-    return as_group(Server, value) or Server()
+    return as_group(ServerSettings, value) or ServerSettings()
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"Server": ServerSettings})
