@@ -28,14 +28,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 import lightning as L
-from loop_study import PRECISION, mean, pass_rates_of, run_dir, run_settings, save
+from loop_study import (
+    PRECISION,
+    mean,
+    mean_sd,
+    paired_cell,
+    pass_rates_of,
+    run_dir,
+    run_settings,
+    save,
+)
 from lr_n_sweep import plain_grpo
-from paired import cpu_line
+from paired import code_commit, cpu_line
 
 from coscale.app.report_engine import ReportEngine
 from coscale.datamodules import ProblemDataModule
@@ -156,23 +164,20 @@ def arm_models(arm: str, init, spent: dict, seed: int, folder: str) -> dict[str,
 def summary(study: dict, shipped_scores: dict) -> str:
     """Validation pass@1 per arm and model over the seeds, and the shipped run's lead."""
     lines = ["| arm | model | val pass@1 % (mean, sd) | each seed | shipped ahead by, points |"]
-    lines.append("|---|---|---|---|---|")
+    lines[0] += " paired 95% |"
+    lines.append("|---|---|---|---|---|---|")
     for arm, runs in study["runs"].items():
         seeds = sorted(runs, key=int)
         for model in runs[seeds[0]]["scores"]:
             per = [mean(runs[s]["scores"][model]) * 100 for s in seeds]
             ours = [mean(shipped_scores[s]) * 100 for s in seeds if s in shipped_scores]
             lead = [o - p for o, p in zip(ours, per)] if len(ours) == len(per) else []
+            both = [shipped_scores[s] for s in seeds], [runs[s]["scores"][model] for s in seeds]
             lines.append(
-                f"| {arm} | {model} | {_mean_sd(per)} | {', '.join(f'{v:.1f}' for v in per)} "
-                f"| {_mean_sd(lead) if lead else 'n/a'} |"
+                f"| {arm} | {model} | {mean_sd(per)} | {', '.join(f'{v:.1f}' for v in per)} "
+                f"| {mean_sd(lead) if lead else 'n/a'} | {paired_cell(*both) if lead else 'n/a'} |"
             )
     return "\n".join(lines) + "\n"
-
-
-def _mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return f"{mean(values):.1f} (sd {sd:.1f})"
 
 
 def main() -> None:
@@ -211,6 +216,7 @@ def main() -> None:
             finally:
                 engine.close()
             runs[seed] = {"seconds": seconds, "spent": spent, "scores": scores}
+            runs[seed]["commit"] = code_commit()
             save(path, study)
             print(f"[baselines] {arm} seed {seed}: {seconds:.0f} s", flush=True)
     full = os.path.join(args.out, "study-full.json")

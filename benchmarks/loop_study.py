@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import random
 import statistics
@@ -28,11 +29,12 @@ import subprocess
 import sys
 import time
 
-from paired import cpu_line
+from paired import code_commit, cpu_line
 
 from coscale.app.demo import QUICK, count_correct, demo_config, stage_models
 from coscale.app.report_engine import ReportEngine
 from coscale.app.run_config import pipeline_parser
+from coscale.scoring.stats import paired_difference
 
 ARMS: dict[str, list[str]] = {
     "shipped": [],
@@ -170,8 +172,8 @@ def mean(values: list[float]) -> float:
 def summary(study: dict) -> str:
     """The markdown tables: validation pass@1 per arm and stage, then the leads stage by stage."""
     lines = ["| arm | stage | val pass@1 % (mean, sd) | each seed |", "|---|---|---|---|"]
-    leads = ["| arm | stage vs the one before | lead, points (mean, sd) | each seed |"]
-    leads.append("|---|---|---|---|")
+    leads = ["| arm | stage vs the one before | lead, points (mean, sd) | each seed | paired 95% |"]
+    leads.append("|---|---|---|---|---|")
     for arm, runs in study["runs"].items():
         seeds = sorted(runs, key=int)
         stages = list(runs[seeds[0]]["scores"])
@@ -180,8 +182,30 @@ def summary(study: dict) -> str:
             lines.append(f"| {arm} | {st} | {mean_sd(per[st])} | {_each(per[st])} |")
         for before, after in itertools.pairwise(stages):
             diff = [a - b for a, b in zip(per[after], per[before])]
-            leads.append(f"| {arm} | {after} vs {before} | {mean_sd(diff)} | {_each(diff)} |")
-    return "\n".join(lines) + "\n\n" + "\n".join(leads) + "\n\n" + stages_table(study)
+            both = paired_cell(*([runs[s]["scores"][st] for s in seeds] for st in (after, before)))
+            leads.append(
+                f"| {arm} | {after} vs {before} | {mean_sd(diff)} | {_each(diff)} | {both} |"
+            )
+    text = "\n".join(lines) + "\n\n" + "\n".join(leads) + "\n\n" + arms_table(study)
+    return text + stages_table(study)
+
+
+def arms_table(study: dict) -> str:
+    """Each arm's last model against the first arm's, on the seeds both have ("" for one arm)."""
+    (first, ref), *others = study["runs"].items()
+    lines = [
+        f"| arm vs {first} (last model each) | lead, points (mean, sd) | each seed | paired 95% |"
+    ]
+    lines.append("|---|---|---|---|")
+    for arm, runs in others:
+        seeds = sorted(set(runs) & set(ref), key=int)
+        if not seeds:
+            continue
+        last = [list(runs[s]["scores"].values())[-1] for s in seeds]
+        theirs = [list(ref[s]["scores"].values())[-1] for s in seeds]
+        diff = [(mean(a) - mean(b)) * 100 for a, b in zip(last, theirs)]
+        lines.append(f"| {arm} | {mean_sd(diff)} | {_each(diff)} | {paired_cell(last, theirs)} |")
+    return "\n".join(lines) + "\n\n" if len(lines) > 2 else ""
 
 
 def stages_table(study: dict) -> str:
@@ -196,9 +220,24 @@ def stages_table(study: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+"""Student's t, 97.5% quantile, by degrees of freedom (standard tables)."""
+
+
 def mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return f"{mean(values):.1f} (sd {sd:.1f})"
+    """Mean over the seeds, their sd and the 95% t interval of the mean (seeds as the sample)."""
+    m = mean(values)
+    if len(values) < 2:
+        return f"{m:.1f} (one seed)"
+    sd = statistics.stdev(values)
+    half = T975.get(len(values) - 1, 2.262) * sd / math.sqrt(len(values))
+    return f"{m:.1f} (sd {sd:.1f}; seeds 95% [{m - half:.1f}, {m + half:.1f}])"
+
+
+def paired_cell(first: list[list[float]], second: list[list[float]]) -> str:
+    """``first - second`` in points, averaged over the seeds, with its 95% interval from the
+    problems resampled alike on both sides (the same problems and samples in every seed)."""
+    return paired_difference(first, second).fmt()
 
 
 def _each(values: list[float]) -> str:
@@ -227,7 +266,7 @@ def main() -> None:
                 continue
             folder = run_dir(args.out, args.variant, arm, int(seed))
             seconds = train(folder, args.variant, arm, int(seed))
-            runs[seed] = {"seconds": seconds, **record(folder)}
+            runs[seed] = {"seconds": seconds, "commit": code_commit(), **record(folder)}
             runs[seed]["scores"] = score(folder, args.variant, arm, args.k)
             save(path, study)
             print(f"[loop_study] {arm} seed {seed}: {seconds:.0f} s", flush=True)

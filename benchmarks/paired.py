@@ -98,6 +98,32 @@ def header(threads: int) -> None:
     print(f"# {cpu_line()}", flush=True)
 
 
+def code_commit() -> str:
+    """The commit of the coscale code that runs (``+changes`` when its tree differs from it);
+    ``unknown`` outside a git checkout."""
+    import subprocess
+
+    import coscale
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(coscale.__file__)))
+    try:
+        head = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "coscale"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")  # fmt: skip
+
+
 def cpu_line() -> str:
     """The CPU's model name and whether it computes bf16 natively (figures depend on both)."""
     from coscale.run.precision import NATIVE_BF16_FLAGS, cpu_flags

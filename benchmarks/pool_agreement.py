@@ -19,17 +19,22 @@ from pathlib import Path
 
 
 def load(out: str) -> dict[str, dict]:
-    """Measurement stage -> ``{problem id: {n, c, pool}}`` of one run."""
+    """Measurement stage -> ``{problem id: {samples, correct, pool}}`` of one run (runs before
+    the rename wrote ``n`` and ``c``)."""
     return {
         p.stem: json.loads(p.read_text()) for p in sorted(Path(out, "pass_rates").glob("*.json"))
     }
+
+
+def _correct(row: dict) -> int:
+    return row["correct"] if "correct" in row else row["c"]
 
 
 def compare(a: dict[str, dict], b: dict[str, dict]) -> dict[str, float | str]:
     """Same-pool share, mean |correct_a - correct_b| and each run's pool counts."""
     ids = sorted(set(a) & set(b))
     same = sum(a[i]["pool"] == b[i]["pool"] for i in ids)
-    gap = sum(abs(a[i]["correct"] - b[i]["correct"]) for i in ids) / max(len(ids), 1)
+    gap = sum(abs(_correct(a[i]) - _correct(b[i])) for i in ids) / max(len(ids), 1)
     counts = [dict(sorted(Counter(run[i]["pool"] for i in ids).items())) for run in (a, b)]
     return {
         "problems": len(ids),

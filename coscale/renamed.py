@@ -34,11 +34,14 @@ def old_name(module: str, name: str, renamed: dict[str, Any]) -> Any:
     return new
 
 
-def old_keyword(owner: str, old: str, new: str, given: Any, value: Any) -> Any:
+def old_keyword(owner: str, old: str, new: str, given: Any, value: Any, default: Any) -> Any:
     """``given`` (an argument passed under its earlier name ``old``), with a ``FutureWarning``
-    naming ``new``, when it is not None; else ``value`` (the argument under its name now)."""
+    naming ``new``, when it is not None; else ``value`` (the argument under its name now).
+    Both set (``value`` not its ``default``): a ``ValueError`` naming both."""
     if given is None:
         return value
+    if value != default:
+        raise ValueError(f"{owner}: {old} is the earlier name of {new}; set {new} only")
     warnings.warn(
         f"{owner}({old}=...) is now {new}= ({old} goes in coscale {GOES_IN})",
         FutureWarning,

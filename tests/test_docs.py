@@ -296,3 +296,18 @@ def test_the_architecture_page_names_every_room_and_only_files_there():
         assert all((ROOT / "coscale" / room / n).exists() for n in named), (room, named)
     paths = re.findall(r"`(coscale/[\w/]+(?:\.py|/))`", page)  # the rooms and the traces' files
     assert len(paths) > 20 and not [p for p in paths if not (ROOT / p).exists()]
+
+
+def test_the_study_tables_in_results_md_are_what_the_one_command_writes(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import study
+
+    doc, kept = tmp_path / "results.md", ROOT / "benchmarks" / "results" / "study"
+    doc.write_text((ROOT / "docs" / "results.md").read_text())
+    tables = {s: text for s in study.STEPS if (text := study.tables(s, str(kept))) is not None}
+    for step, text in tables.items():
+        study.write_into(str(doc), step, text)
+    assert "full" in tables and doc.read_text() == (ROOT / "docs" / "results.md").read_text()
+    doc.write_text("no markers\n")
+    with pytest.raises(SystemExit, match=r"results\.md: needs the markers '<!-- study full: begin"):
+        study.write_into(str(doc), "full", "table")

@@ -39,6 +39,7 @@ RENAMED = [
     ("coscale.app.evaluate", "EvalConfig", "EvalSettings"),
     ("coscale.models.prompting", "PromptFormat", "PromptSettings"),
     ("coscale.tasks.fields", "FieldMap", "FieldSettings"),
+    ("coscale.tasks.loaders", "FieldMap", "FieldSettings"),
     ("coscale.tasks", "FieldMap", "FieldSettings"),
     ("coscale.rollout.factory", "Rollout", "RolloutSettings"),
     ("coscale.callbacks", "PassRateEvaluation", "PassRateMeasurement"),
@@ -62,6 +63,7 @@ def test_an_old_class_name_warns_and_is_the_new_class(module, old, new):
 def test_old_argument_names_warn_and_set_the_new_one():
     from coscale.loop.solution_sources import TeacherSolutions
     from coscale.measure.pass_rate_measurement import PassRateMeasurement
+    from coscale.measure.selection import SelectionSettings
     from coscale.rollout.vllm.settings import ParitySettings, settings_errors
 
     with pytest.warns(FutureWarning, match=r"PassRateMeasurement\(k=\.\.\.\) is now samples="):
@@ -74,10 +76,30 @@ def test_old_argument_names_warn_and_set_the_new_one():
         parity = ParitySettings(samples=2)
     assert (parity.prompts, parity.samples) == (2, None)
     assert ParitySettings(prompts=2) == parity
+    with pytest.warns(FutureWarning, match=r"SelectionSettings\(k=\.\.\.\) is now samples="):
+        assert SelectionSettings(k=2) == SelectionSettings(samples=2)
     with pytest.warns(FutureWarning):  # the old key in a run's YAML mapping, not refused
         assert settings_errors({"parity": {"samples": 0}}) == [
             "parity.prompts must be an int >= 1, got 0"
         ]
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: __import__("coscale.pipeline").pipeline.PipelineSettings(
+            model="m", measure_samples=5, measure_k=3
+        ),
+        lambda: __import__("coscale.callbacks").callbacks.FinalRetrain(judge_samples=4, judge_k=2),
+        lambda: __import__("coscale.rollout.vllm.settings").rollout.vllm.settings.ParitySettings(
+            prompts=3, samples=2
+        ),
+    ],
+    ids=["pipeline", "FinalRetrain", "ParitySettings"],
+)
+def test_an_old_and_a_new_name_set_together_are_refused(build):
+    with pytest.raises(ValueError, match=r"is the earlier name of (measure|judge_)?\w+; set"):
+        build()
 
 
 class _Unresolved(dict):

@@ -64,7 +64,7 @@ def test_the_stage_keeps_the_best_scoring_weights(tiny_model_dir, tmp_path):
     module = SFTModule(model=tiny_model_dir, optimizer={"lr": 1e-2})
     seeds = _scripted(module, [0.25, 0.75, 0.5], k=4)  # steps 2, 4 and the end (6)
     problems = selection_slice(dm.problems.values(), 4, seed=0)
-    select = SelectOnProblems(problems, k=4, every_n_steps=2, folder=str(tmp_path / "sel"))
+    select = SelectOnProblems(problems, samples=4, every_n_steps=2, folder=str(tmp_path / "sel"))
     snaps = Snapshots()
     _fit(module, dm, [select, snaps], steps=6)
     assert select.scores == {2: 0.25, 4: 0.75, 6: 0.5}
@@ -82,10 +82,10 @@ def test_ties_keep_the_earlier_step_and_the_state_round_trips(tiny_model_dir, tm
     module = SFTModule(model=tiny_model_dir, optimizer={"lr": 1e-2})
     _scripted(module, [0.5, 0.5], k=2)
     problems = selection_slice(dm.problems.values(), 3, 0)
-    select = SelectOnProblems(problems, k=2, every_n_steps=3, folder=str(tmp_path / "sel"))
+    select = SelectOnProblems(problems, samples=2, every_n_steps=3, folder=str(tmp_path / "sel"))
     _fit(module, dm, [select], steps=6)
     assert select.best_step == 3
-    again = SelectOnProblems(problems, k=2, every_n_steps=3, folder=str(tmp_path / "sel"))
+    again = SelectOnProblems(problems, samples=2, every_n_steps=3, folder=str(tmp_path / "sel"))
     again.load_state_dict(select.state_dict())
     assert again.scores == select.scores and again.best_model() == select.best_model()
 

@@ -68,7 +68,9 @@ class FinalRetrain(RetrainCallback):
         eval_k: int | None = None,
     ) -> None:
         for old, given in (("judge_k", judge_k), ("eval_k", eval_k)):
-            judge_samples = old_keyword("FinalRetrain", old, "judge_samples", given, judge_samples)
+            judge_samples = old_keyword(
+                "FinalRetrain", old, "judge_samples", given, judge_samples, 8
+            )
         errors = at_least(0, seed=seed) + at_least(1, judge_samples=judge_samples)
         errors += one_of(CALLBACK_KEEP, keep=keep) + one_of(SFT_SOURCES, source=source)
         super().__init__(errors, sft, trainer, selection, initial_model, export_dir)

@@ -68,8 +68,8 @@ LOOP_KEYS = ("max_epochs", "max_steps", "gradient_clip_val")
 def loop_from(
     trainer_kwargs: Mapping[str, Any], batch_size: int
 ) -> tuple[SFTLoopSettings, list[str]]:
-    """A callback's ``trainer`` dict and ``sft.batch_size`` as an :class:`SFTLoopSettings`, and every
-    key it cannot take, named."""
+    """A callback's ``trainer`` dict and ``sft.batch_size`` as an :class:`SFTLoopSettings`, and
+    every key it cannot take, named."""
     errors = [
         f"trainer.{key} is not an in-fit SFT setting (it takes {', '.join(LOOP_KEYS)}; strategy "
         "and precision are those of the running Trainer)"

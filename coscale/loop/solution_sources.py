@@ -102,7 +102,7 @@ class TeacherSolutions(SolutionSource):
         samples_per_problem: int | None = None,
     ) -> None:
         samples = old_keyword(
-            "TeacherSolutions", "samples_per_problem", "samples", samples_per_problem, samples
+            "TeacherSolutions", "samples_per_problem", "samples", samples_per_problem, samples, 16
         )
         if samples < 1 or rounds < 1:
             raise ValueError(f"teacher samples and rounds must be >= 1, got {samples} and {rounds}")

@@ -70,7 +70,7 @@ class PassRateMeasurement(Callback):
         k: int | None = None,
     ) -> None:
         super().__init__()
-        samples = old_keyword("PassRateMeasurement", "k", "samples", k, samples)
+        samples = old_keyword("PassRateMeasurement", "k", "samples", k, samples, 16)
         pools = (pools,) if isinstance(pools, str) else tuple(pools)
         errors = at_least(1, samples=samples, every_n_epochs=every_n_epochs, batch_size=batch_size)
         errors += at_least(1, optional=True, max_problems=max_problems)
@@ -142,7 +142,8 @@ class PassRateMeasurement(Callback):
         """Measures the chosen problems now and records them in the fit's curriculum.
 
         Returns:
-            ``{problem_id: {"samples", "correct", "pool", ...}}`` of the evaluated problems ({} without one).
+            ``{problem_id: {"samples", "correct", "pool", ...}}`` of the evaluated problems ({}
+            without one).
         """
         if (cur := curriculum_of(pl_module)) is None:
             warn_no_curriculum(self)

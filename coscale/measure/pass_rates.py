@@ -34,9 +34,9 @@ def measure(
     """Samples ``samples`` completions of every chosen problem and records the accuracy.
 
     Returns:
-        ``{id: {"samples", "correct", "pool", "solutions", "rl_rounds"}}`` of the measured (the
-        budgets spent on each: what its pool may depend on), and the ``pool/`` metrics (pool
-        sizes, pass@1 and pass@k over the measured problems).
+        ``{id: {"samples", "correct", "pool", "solutions", "rl_rounds"}}`` of the measured
+        problems (the budgets spent on each: what its pool may depend on), and the ``pool/``
+        metrics (pool sizes, pass@1 and pass@k over the measured problems).
     """
     ids = curriculum.measure_ids(pools, max_problems)
     problems = [curriculum.problems[i].to_dict() for i in ids]

@@ -27,7 +27,7 @@ from coscale.log import logger
 from coscale.loop.commit import commit_point
 from coscale.measure.pass_rates import judged_problems, sample_counts
 from coscale.modules.loggers import log_to_loggers
-from coscale.renamed import old_names
+from coscale.renamed import earlier_name, old_keyword, old_names
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.sample_count import pass_rates
 
@@ -42,17 +42,26 @@ class SelectionSettings:
         source: ``val`` (the validation problems when ``data.val`` has any) or ``train`` (the
             training problems even then).
         every: Optimiser steps between two scorings (and one at the end).
-        k: Samples per problem of each scoring.
+        samples: Samples per problem of each scoring.
+        k: Earlier name of ``samples`` (a warning names it).
     """
 
     problems: int = 0
     every: int = 100
-    k: int = 4
+    samples: int = 4
     source: str = "val"
+    k: int | None = earlier_name("samples")
+
+    def __post_init__(self) -> None:
+        given = old_keyword("SelectionSettings", "k", "samples", self.k, self.samples, 4)
+        object.__setattr__(self, "samples", given)
+        object.__setattr__(self, "k", None)
 
     def errors(self) -> list[str]:
         """Every out-of-range setting, named."""
-        errors = at_least(0, problems=self.problems) + at_least(1, every=self.every, k=self.k)
+        errors = at_least(0, problems=self.problems) + at_least(
+            1, every=self.every, samples=self.samples
+        )
         return errors + one_of(("val", "train"), source=self.source)
 
     def candidates(self, val_problems: list, curriculum: Any) -> list[dict]:
@@ -67,7 +76,7 @@ class SelectionSettings:
         if not self.problems:
             return None
         chosen = selection_slice(list(problems), self.problems, seed)
-        return SelectOnProblems(chosen, self.k, self.every, folder, seed, label=label)
+        return SelectOnProblems(chosen, self.samples, self.every, folder, seed, label=label)
 
 
 def selection_slice(problems: list, count: int, seed: int) -> list[dict]:
@@ -83,7 +92,7 @@ class SelectOnProblems(Callback):
 
     Args:
         problems: Dicts with ``question`` and ``answer``: a slice of the validation problems.
-        k: Samples per problem per scoring (temperature of the module's ``val_sampling``).
+        samples: Samples per problem per scoring (temperature of the module's ``val_sampling``).
         every_n_steps: Score every this many optimiser steps (and always at the fit's end).
         folder: Where each new best is exported (``<folder>/step<k>``).
         seed: Seed of the samples, the same at every scoring so that scores compare.
@@ -93,13 +102,13 @@ class SelectOnProblems(Callback):
     def __init__(
         self,
         problems: list[dict],
-        k: int,
+        samples: int,
         every_n_steps: int,
         folder: str,
         seed: int = 0,
         label: str = "",
     ) -> None:
-        self.problems, self.k, self.every_n_steps = problems, k, every_n_steps
+        self.problems, self.samples, self.every_n_steps = problems, samples, every_n_steps
         self.folder, self.seed, self.label = folder, seed, label
         self.scores: dict[int, float] = {}  # step -> pass@1
         self.best_step = -1
@@ -154,8 +163,10 @@ class SelectOnProblems(Callback):
         base = getattr(pl_module, "val_sampling", None) or SamplingParams()
         # an engine with its own copy (the run's vLLM engine) gets this step's weights first
         pl_module.backend.update_weights(pl_module.policy)
-        counts = sample_counts(pl_module, self.problems, self.k, replace(base, seed=self.seed), 16)
-        value = pass_rates(self.k, counts, [1]).get("pass@1", 0.0)
+        counts = sample_counts(
+            pl_module, self.problems, self.samples, replace(base, seed=self.seed), 16
+        )
+        value = pass_rates(self.samples, counts, [1]).get("pass@1", 0.0)
         self.scores[step] = value
         if value > self.best:  # a later step must do strictly better to replace the choice
             pl_module.export(self.path(step))

@@ -51,7 +51,8 @@ def choice_errors(
 ) -> list[str]:
     """What is wrong with a module's choice, named: a class that cannot be imported, or settings
     of the ``optimizer`` group that the chosen optimiser or scheduler would silently override.
-    ``optimizer`` is the group as given (an ``AdamWSettings``, a mapping, or None for ``default``)."""
+    ``optimizer`` is the group as given (an ``AdamWSettings``, a mapping, or None for
+    ``default``)."""
     errors, chosen = [], {}
     for name, value in (("custom_optimizer", custom_optimizer), ("lr_scheduler", lr_scheduler)):
         try:

@@ -55,8 +55,9 @@ class PolicyLoss(nn.Module, metaclass=ABCMeta):
         entropy_coef: Entropy bonus: the loss is lowered by ``entropy_coef`` times the mean
             token entropy of the policy over the update batch's completion tokens (TRL's
             ``entropy_coef``); ``>= 0``. With ``entropy_coef > 0`` every call needs ``entropy``.
-        mismatch: The engine/trainer mismatch correction (:class:`~coscale.rl.mismatch.MismatchSettings`,
-            a mapping in YAML), applied to the calls given ``sampling_logprobs``.
+        mismatch: The engine/trainer mismatch correction
+            (:class:`~coscale.rl.mismatch.MismatchSettings`, a mapping in YAML), applied to the
+            calls given ``sampling_logprobs``.
     """
 
     name: str = ""

@@ -49,8 +49,8 @@ def sampling_errors(
 class SamplingSettings:
     """The sampling settings, defined once with one set of defaults: the backends' and
     ``GRPOModule``'s :class:`SamplingParams` and the run's ``pipeline.sampling``
-    (:class:`~coscale.run.settings.RunSamplingSettings`) extend it, so a module in a user's ``Trainer``
-    samples as ``coscale run`` does with the same settings.
+    (:class:`~coscale.run.settings.RunSamplingSettings`) extend it, so a module in a user's
+    ``Trainer`` samples as ``coscale run`` does with the same settings.
 
     Attributes:
         max_new_tokens: Most tokens generated per completion (>= 1).

@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import warnings
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
 from coscale.checks import at_least, imported, one_of
@@ -286,9 +286,12 @@ RENAMED = {
 
 def take_renamed(config: Any) -> None:
     """Each old name of :data:`RENAMED` that ``config`` sets: its value under the new name, with
-    a ``FutureWarning`` naming it."""
+    a ``FutureWarning`` naming it; a ``ValueError`` when the new name is set too."""
+    defaults = {f.name: f.default for f in fields(config)}
     for old, new in RENAMED.items():
         if (value := getattr(config, old)) is not None:
+            if getattr(config, new) != defaults[new]:
+                raise ValueError(f"pipeline: {old} is the earlier name of {new}; set {new} only")
             warnings.warn(
                 f"pipeline.{old} is now pipeline.{new} ({old} goes in coscale {GOES_IN})",
                 FutureWarning,

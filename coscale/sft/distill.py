@@ -58,8 +58,8 @@ class Teacher:
 
     Args:
         model: Folder or hub name of the teacher (same tokenizer as the student), or a built model.
-        load: The student's :class:`~coscale.modules.settings.PolicyLoadSettings` (dtype, remote code);
-            None: float32, no remote code.
+        load: The student's :class:`~coscale.modules.settings.PolicyLoadSettings` (dtype, remote
+            code); None: float32, no remote code.
     """
 
     def __init__(self, model: str | os.PathLike | Any, load: Any = None) -> None:

@@ -18,8 +18,8 @@ from coscale.stages.sft import load_for_sampling
 
 
 def measure_stage(ctx: StageContext, name: str, model: str) -> dict[str, int]:
-    """``measure_samples`` samples of every unfailed problem with ``model`` -> pools relabelled; each
-    problem's ``{samples, correct, pool}`` goes to ``<run_dir>/<name>/pass_rates.json``."""
+    """``measure_samples`` samples of every unfailed problem with ``model`` -> pools relabelled;
+    each problem's ``{samples, correct, pool}`` goes to ``<run_dir>/<name>/pass_rates.json``."""
     module = load_for_sampling(ctx, model)
     start = time.perf_counter()
     results, metrics = pass_rates.measure(

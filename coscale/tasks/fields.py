@@ -83,7 +83,8 @@ def as_field_map(
     """``value`` as a checked `FieldSettings`; a dict's missing keys keep their defaults.
 
     Args:
-        value: A `FieldSettings`, or a dict such as ``{"question": "problem", "solutions": "sols"}``.
+        value: A `FieldSettings`, or a dict such as ``{"question": "problem", "solutions":
+            "sols"}``.
         setting: How the error names the setting.
 
     Raises:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from coscale.loop.problem import Problem
+from coscale.renamed import old_names
 from coscale.tasks.fields import (
     BadValue,
     FieldSettings,
@@ -196,7 +197,8 @@ def _check_mapping(fields: FieldSettings, label: str, keys: set[str], first: lis
     if missing:
         raise ValueError(
             f"{' and '.join(missing)} not found in any row of {label}; the first row has keys "
-            f"{first}. Map them with e.g. FieldSettings(question='problem', answer='expected_answer')."
+            f"{first}. Map them with e.g. "
+            "FieldSettings(question='problem', answer='expected_answer')."
         )
 
 
@@ -222,3 +224,7 @@ def _report(result: LoadResult, on_bad_row: str, fields: FieldSettings) -> None:
     if bad:
         head = f"skipped {len(bad)} bad rows of {source} (on_bad_row='skip'):\n"
         warnings.warn(head + "\n".join(_listing(bad)), stacklevel=3)
+
+
+# the classes' earlier names, for one release
+__getattr__ = old_names(__name__, {"FieldMap": FieldSettings})

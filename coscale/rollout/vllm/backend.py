@@ -5,10 +5,12 @@ Chosen with `coscale.rollout.build_backend("vllm", ...)`; without vllm installed
 vllm. Per training step:
 
 1. ``generate``: wake the engine, run a pending parity check, sample (per-prompt N: see
-   `coscale.rollout.vllm.requests`), put the engine back to sleep (``engine.sleep_level`` 1 or 2) for the update.
+   `coscale.rollout.vllm.requests`), put the engine back to sleep (``engine.sleep_level`` 1 or 2)
+   for the update.
 2. ``update_weights(model)`` after the optimiser step, on every rank (FSDP: pass the FSDP root,
    outside any forward pass): gather full weights, load them in buckets, each engine call
-   under ``sync.timeout_s``, reset the prefix cache, book the sync (`coscale.rollout.vllm.sync.SyncBook`).
+   under ``sync.timeout_s``, reset the prefix cache, book the sync
+   (`coscale.rollout.vllm.sync.SyncBook`).
    A LoRA policy with ``sync.adapter: lora``: the adapter alone, as a LoRA request
    (`coscale.rollout.vllm.lora`), which every later sampling call names.
 3. Parity check after the 1st sync and every ``parity.every``-th one, at the start of the next
@@ -102,12 +104,13 @@ class VLLMBackend(RolloutBackend):
             with it, so prompt tokens match the HF backend's exactly.
         policy: The trainer's model: parity reference and log-prob recompute. Adopted from the
             first ``update_weights`` call when that passes an HF model.
-        engine: How the engine is built and sized (`coscale.rollout.vllm.settings.EngineSettings`: memory, KV cache,
-            dtype, length, sleep level, seed, extra `vllm.LLM` arguments).
-        sync: How weights reach the engine (`coscale.rollout.vllm.settings.SyncSettings`: deadline, bucket size,
-            parameter prefix, what a stale policy does).
-        parity: The engine-vs-trainer log-prob check (`coscale.rollout.vllm.settings.ParitySettings`: schedule, probe
-            size, tolerance, recompute batch size).
+        engine: How the engine is built and sized (`coscale.rollout.vllm.settings.EngineSettings`:
+            memory, KV cache, dtype, length, sleep level, seed, extra `vllm.LLM` arguments).
+        sync: How weights reach the engine (`coscale.rollout.vllm.settings.SyncSettings`: deadline,
+            bucket size, parameter prefix, what a stale policy does).
+        parity: The engine-vs-trainer log-prob check
+            (`coscale.rollout.vllm.settings.ParitySettings`: schedule, probe size, tolerance,
+            recompute batch size).
         logprobs: ``auto`` (engine's when they match the contract), ``engine`` (refused on vLLM
             < 0.10.2), ``trainer``.
         honor_seed: Reproduce seeded calls exactly (one seeded request per rollout).

@@ -128,7 +128,7 @@ class ParitySettings:
     samples: int | None = earlier_name("prompts")
 
     def __post_init__(self) -> None:
-        prompts = old_keyword("ParitySettings", "samples", "prompts", self.samples, self.prompts)
+        prompts = old_keyword("ParitySettings", "samples", "prompts", self.samples, self.prompts, 4)
         object.__setattr__(self, "prompts", prompts)
         object.__setattr__(self, "samples", None)
 

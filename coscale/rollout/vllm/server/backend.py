@@ -56,10 +56,10 @@ class VLLMServerBackend(VLLMBackend):
         model: Hub name or folder the server starts from (and the tokenizer's, unless given).
         tokenizer: A tokenizer object, or its name / folder.
         policy: The trainer's model: the parity reference and the log-prob recompute.
-        server: Where the server runs (`coscale.rollout.vllm.server.settings.ServerSettings`: ``url``
-            to attach, else port, cores, log, timeouts of one coscale starts).
-        engine: How a started server is built (`coscale.rollout.vllm.settings.EngineSettings`, as for
-            the colocated engine; ``sleep_level`` must stay 0: the server keeps its memory).
+        server: Where the server runs (`coscale.rollout.vllm.server.settings.ServerSettings`:
+            ``url`` to attach, else port, cores, log, timeouts of one coscale starts).
+        engine: How a started server is built (`coscale.rollout.vllm.settings.EngineSettings`, as
+            for the colocated engine; ``sleep_level`` must stay 0: the server keeps its memory).
         sync, parity, logprobs, honor_seed: As `VLLMBackend`'s (``sync.adapter`` must stay
             ``merged``).
         engine_factory: Builds the engine from `vllm.LLM` keyword arguments (tests pass fakes);

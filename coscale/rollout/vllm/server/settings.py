@@ -117,7 +117,8 @@ def server_errors(value: Any) -> list[str]:
 
 
 def as_server(value: ServerSettings | dict | None) -> ServerSettings:
-    """`value` as a `ServerSettings` (defaults for None); raises ValueError naming every bad value."""
+    """`value` as a `ServerSettings` (defaults for None); raises ValueError naming every bad
+    value."""
     if errors := server_errors(value):
         raise ValueError("VLLMServerBackend: " + "; ".join(f"rollout.options.{e}" for e in errors))
     return as_group(ServerSettings, value) or ServerSettings()

@@ -1,0 +1,139 @@
+"""The loop's study in one command: every arm and seed on the current code, then the study
+tables of ``docs/results.md`` written again from what the runs scored.
+
+Steps, in this order (``--steps`` picks some):
+
+* ``full``: ``loop_study.py --variant full``: the whole demo as the paper runs it
+  (``paper_loop``), as it ships (``shipped``), and with one shipped change each
+  (``paper_loop_final_rl``, ``shipped_source_all``).
+* ``baselines``: ``baselines_study.py``: (g), (h) and plain GRPO at the shipped runs' problems
+  and budgets (it needs the ``full`` step's shipped runs).
+* ``iterations``: ``loop_study.py --variant iterations``: the iterations alone, the pools
+  re-measured after every RL epoch against relabelled by the rollouts.
+
+Every step resumes (a scored run is skipped, a stopped one goes on from its checkpoints), so the
+command can be stopped and started again, across sessions. Every model is scored on the
+validation problems only. Then each study's tables go into ``docs/results.md`` between its two
+markers (nothing else there changes) and its ``.json`` and ``.md`` into ``--results``.
+
+Cost on a 2-core AMD EPYC (Zen 4), 32-true, from the runs' own records (2026-12-06): a full demo
+run takes 23-50 min (92 min sharing the cores), an ``iterations`` run 5-25 min; the ``full`` step
+is 12 runs, the ``iterations`` step 6, ``baselines`` 9 fits.
+
+Run: .venv/bin/python benchmarks/study.py [--steps full,baselines,iterations] [--seeds 0,1,2]
+     [--out runs/loop_study] [--tables-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import baselines_study
+import loop_study
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+STEPS: dict[str, list[str]] = {
+    "full": ["loop_study.py", "--variant", "full", "--arms",
+             "paper_loop,shipped,paper_loop_final_rl,shipped_source_all"],
+    "baselines": ["baselines_study.py"],
+    "iterations": ["loop_study.py", "--variant", "iterations", "--arms",
+                   "measure_each_epoch,rollouts_relabel"],
+}  # fmt: skip
+"""Each step's script and arguments (``--seeds`` and ``--out`` are added)."""
+
+TITLES = {
+    "full": "The whole demo: the paper's loop, the shipped config, one shipped change each",
+    "baselines": "The simple recipes at the shipped runs' problems and budgets",
+    "iterations": "The iterations alone (no final stage)",
+}
+
+
+def run_step(step: str, seeds: str, out: str) -> None:
+    """One step's script, in this interpreter, from ``benchmarks/``; raises if it fails."""
+    script, *args = STEPS[step]
+    command = [sys.executable, script, *args, "--seeds", seeds, "--out", out]
+    print(f"[study] {step}: {' '.join(command)}", flush=True)
+    subprocess.run(command, cwd=HERE, check=True)
+
+
+def tables(step: str, out: str) -> str | None:
+    """The step's tables from its study file under ``out`` (None: not run yet)."""
+    study = load(os.path.join(out, f"study-{step}.json"))
+    if study is None:
+        return None
+    if step == "baselines":
+        full = load(os.path.join(out, "study-full.json")) or {"runs": {}}
+        shipped = {s: r["scores"]["final"] for s, r in full["runs"].get("shipped", {}).items()}
+        text = baselines_study.summary(study, shipped)
+    else:
+        text = loop_study.summary(study)
+    header = f"{study['cpu']}; {study['precision']}; {study['k']} samples per validation problem"
+    commits = sorted({r.get("commit", "not recorded") for arm in study["runs"].values()
+                      for r in arm.values()})  # fmt: skip
+    header += f"; the runs' code: {', '.join(commits)}"
+    return f"### {TITLES[step]}\n\n{header}\n\n{text}"
+
+
+def load(path: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def markers(step: str) -> tuple[str, str]:
+    return f"<!-- study {step}: begin -->", f"<!-- study {step}: end -->"
+
+
+def write_into(doc: str, step: str, text: str) -> None:
+    """``text`` in ``doc`` between the step's two markers, in place of what was there."""
+    with open(doc) as f:
+        page = f.read()
+    begin, end = markers(step)
+    if page.count(begin) != 1 or page.count(end) != 1 or page.index(begin) > page.index(end):
+        raise SystemExit(f"{doc}: needs the markers '{begin}' and '{end}', once each, in order")
+    head, rest = page.split(begin)
+    _, tail = rest.split(end)
+    with open(doc, "w") as f:
+        f.write(f"{head}{begin}\n{text}\n{end}{tail}")
+
+
+def keep(step: str, out: str, results: str) -> None:
+    """The step's study files, copied into ``results`` (the repository's record)."""
+    os.makedirs(results, exist_ok=True)
+    name = f"study-{step}"
+    for ext in (".json", ".md"):
+        if os.path.exists(path := os.path.join(out, name + ext)):
+            shutil.copy(path, os.path.join(results, name + ext))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", default=",".join(STEPS))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--out", default="runs/loop_study")
+    parser.add_argument("--doc", default=os.path.join(HERE, "..", "docs", "results.md"))
+    parser.add_argument("--results", default=os.path.join(HERE, "results", "study"))
+    parser.add_argument("--tables-only", action="store_true", help="no runs: the tables again")
+    args = parser.parse_args()
+    steps = args.steps.split(",")
+    if unknown := sorted(set(steps) - set(STEPS)):
+        raise SystemExit(f"--steps: unknown {unknown}; choose from {', '.join(STEPS)}")
+    out = os.path.abspath(args.out)
+    for step in steps:
+        if not args.tables_only:
+            run_step(step, args.seeds, out)
+        if (text := tables(step, out)) is not None:
+            write_into(args.doc, step, text)
+            keep(step, out, args.results)
+            print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()
