@@ -10,6 +10,8 @@ Steps, in this order (``--steps`` picks some):
   and budgets (it needs the ``full`` step's shipped runs).
 * ``iterations``: ``loop_study.py --variant iterations``: the iterations alone, the pools
   re-measured after every RL epoch against relabelled by the rollouts.
+* ``techniques``: ``technique_study.py``: more solutions per problem at equal SFT examples, and
+  how many solutions the shipped runs' problems needed before a measurement found them solvable.
 
 Every step resumes (a scored run is skipped, a stopped one goes on from its checkpoints), so the
 command can be stopped and started again, across sessions. Every model is scored on the
@@ -35,6 +37,7 @@ import sys
 
 import baselines_study
 import loop_study
+import technique_study
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,6 +47,7 @@ STEPS: dict[str, list[str]] = {
     "baselines": ["baselines_study.py"],
     "iterations": ["loop_study.py", "--variant", "iterations", "--arms",
                    "measure_each_epoch,rollouts_relabel"],
+    "techniques": ["technique_study.py"],
 }  # fmt: skip
 """Each step's script and arguments (``--seeds`` and ``--out`` are added)."""
 
@@ -51,6 +55,7 @@ TITLES = {
     "full": "The whole demo: the paper's loop, the shipped config, one shipped change each",
     "baselines": "The simple recipes at the shipped runs' problems and budgets",
     "iterations": "The iterations alone (no final stage)",
+    "techniques": "More solutions per problem at equal SFT examples; solutions a problem needed",
 }
 
 
@@ -67,17 +72,25 @@ def tables(step: str, out: str) -> str | None:
     study = load(os.path.join(out, f"study-{step}.json"))
     if study is None:
         return None
-    if step == "baselines":
+    if step == "techniques":
+        text = technique_study.summary(study)
+    elif step == "baselines":
         full = load(os.path.join(out, "study-full.json")) or {"runs": {}}
         shipped = {s: r["scores"]["final"] for s, r in full["runs"].get("shipped", {}).items()}
         text = baselines_study.summary(study, shipped)
     else:
         text = loop_study.summary(study)
     header = f"{study['cpu']}; {study['precision']}; {study['k']} samples per validation problem"
-    commits = sorted({r.get("commit", "not recorded") for arm in study["runs"].values()
-                      for r in arm.values()})  # fmt: skip
-    header += f"; the runs' code: {', '.join(commits)}"
+    header += f"; the runs' code: {', '.join(sorted(commits(study)))}"
     return f"### {TITLES[step]}\n\n{header}\n\n{text}"
+
+
+def commits(study: dict) -> set[str]:
+    """The code commits the study's runs recorded (``not recorded`` for a run without one)."""
+    runs = [
+        r for arm in study.get("runs", study.get("solutions", {})).values() for r in arm.values()
+    ]
+    return {r.get("commit", "not recorded") for r in runs} or {"no runs"}
 
 
 def load(path: str) -> dict | None:
