@@ -54,9 +54,14 @@ ARMS: dict[str, list[str]] = {
         "--pipeline.final.keep", "retrained",
     ],
     "shipped_source_all": ["--pipeline.final.source", "all"],
+    "fixed_n": ["--pipeline.schedule.factor", "1.0"],
+    "redistill": ["--pipeline.redistill_each_iteration", "true"],
 }  # fmt: skip
 """Each arm's overrides of ``demo.yaml``. ``paper_loop_final_rl`` and ``shipped_source_all``
-change one setting each, to tell which of the shipped changes carries its lead."""
+change one setting each, to tell which of the shipped changes carries its lead; ``fixed_n``
+(Rollout N stays at ``n_init``: about the schedule's rollouts on this task, where it raises N for
+few groups late) and ``redistill`` (a re-distillation fit after each iteration's RL) each turn
+one technique off or on, against ``measure_each_epoch`` in the ``iterations`` variant."""
 
 VARIANTS: dict[str, list[str]] = {
     "full": [],
@@ -91,10 +96,13 @@ def train(folder: str, variant: str, arm: str, seed: int) -> float:
 
 
 def record(folder: str) -> dict:
-    """The run's pool moves and seconds per stage (from its ``pipeline_state.json``)."""
+    """The run's pool moves, seconds per stage and spend, all stages together, measurements
+    included (from its ``pipeline_state.json``)."""
     with open(os.path.join(folder, "pipeline_state.json")) as f:
         state = json.load(f)
-    return {"moves": state["results"].get("moves", {}), "stage_seconds": state["seconds"]}
+    results, keys = state["results"], ("sft_examples", "rollouts")
+    spend = {k: sum(s.get(k, 0) for s in results.get("spend", {}).values()) for k in keys}
+    return {"moves": results.get("moves", {}), "stage_seconds": state["seconds"], "spend": spend}
 
 
 def run_settings(folder: str, variant: str, arm: str):
@@ -193,10 +201,8 @@ def summary(study: dict) -> str:
 def arms_table(study: dict) -> str:
     """Each arm's last model against the first arm's, on the seeds both have ("" for one arm)."""
     (first, ref), *others = study["runs"].items()
-    lines = [
-        f"| arm vs {first} (last model each) | lead, points (mean, sd) | each seed | paired 95% |"
-    ]
-    lines.append("|---|---|---|---|")
+    lines = [f"| arm vs {first} (last model each) | lead, points (mean, sd) | each seed | paired 95% "
+             "| SFT examples / rollouts, mean (the first arm's) |", "|---|---|---|---|---|"]  # fmt: skip
     for arm, runs in others:
         seeds = sorted(set(runs) & set(ref), key=int)
         if not seeds:
@@ -204,8 +210,19 @@ def arms_table(study: dict) -> str:
         last = [list(runs[s]["scores"].values())[-1] for s in seeds]
         theirs = [list(ref[s]["scores"].values())[-1] for s in seeds]
         diff = [(mean(a) - mean(b)) * 100 for a, b in zip(last, theirs)]
-        lines.append(f"| {arm} | {mean_sd(diff)} | {_each(diff)} | {paired_cell(last, theirs)} |")
+        lines.append(
+            f"| {arm} | {mean_sd(diff)} | {_each(diff)} | {paired_cell(last, theirs)} "
+            f"| {spend_cell(runs, seeds)} ({spend_cell(ref, seeds)}) |"
+        )
     return "\n".join(lines) + "\n\n" if len(lines) > 2 else ""
+
+
+def spend_cell(runs: dict, seeds: list[str]) -> str:
+    """Mean SFT examples and rollouts of the seeds' runs."""
+    spent = [runs[s]["spend"] for s in seeds if "spend" in runs[s]]
+    if not spent:
+        return "not recorded"
+    return " / ".join(f"{mean([x[k] for x in spent]):,.0f}" for k in ("sft_examples", "rollouts"))
 
 
 def stages_table(study: dict) -> str:
@@ -272,10 +289,12 @@ def main() -> None:
             print(f"[loop_study] {arm} seed {seed}: {seconds:.0f} s", flush=True)
     for arm in args.arms.split(","):  # where each iteration's gain goes, stage by stage
         for seed, run in study["runs"].get(arm, {}).items():
+            folder = run_dir(args.out, args.variant, arm, int(seed))
+            if "spend" not in run:  # runs scored before the study recorded it
+                run["spend"] = record(folder)["spend"]
             if "stages" not in run:
-                folder = run_dir(args.out, args.variant, arm, int(seed))
                 run["stages"] = stage_detail(folder, args.variant, arm, args.k)
-                save(path, study)
+            save(path, study)
     header = f"{study['cpu']}\n\nvariant {args.variant}, k {args.k}, {PRECISION}"
     report(path, header, summary(study))
 

@@ -9,7 +9,8 @@ Steps, in this order (``--steps`` picks some):
 * ``baselines``: ``baselines_study.py``: (g), (h) and plain GRPO at the shipped runs' problems
   and budgets (it needs the ``full`` step's shipped runs).
 * ``iterations``: ``loop_study.py --variant iterations``: the iterations alone, the pools
-  re-measured after every RL epoch against relabelled by the rollouts.
+  re-measured after every RL epoch against relabelled by the rollouts, a fixed Rollout N against
+  the schedule, a re-distillation fit after each iteration's RL against none.
 * ``techniques``: ``technique_study.py``: more solutions per problem at equal SFT examples, and
   how many solutions the shipped runs' problems needed before a measurement found them solvable.
 
@@ -46,7 +47,7 @@ STEPS: dict[str, list[str]] = {
              "paper_loop,shipped,paper_loop_final_rl,shipped_source_all"],
     "baselines": ["baselines_study.py"],
     "iterations": ["loop_study.py", "--variant", "iterations", "--arms",
-                   "measure_each_epoch,rollouts_relabel"],
+                   "measure_each_epoch,rollouts_relabel,fixed_n,redistill"],
     "techniques": ["technique_study.py"],
 }  # fmt: skip
 """Each step's script and arguments (``--seeds`` and ``--out`` are added)."""
