@@ -56,6 +56,19 @@ def earlier_name(now: str) -> Any:
     return field(default=None, repr=False, compare=False, metadata={"now": now})
 
 
+def adopt_earlier_names(settings: Any) -> None:
+    """Each :func:`earlier_name` field of settings dataclass ``settings`` that is set: its value
+    under the name now (:func:`old_keyword`: a warning, or an error when both are set), the
+    earlier one cleared; frozen dataclasses too (for their ``__post_init__``)."""
+    defaults = {f.name: f.default for f in fields(settings)}
+    for f in fields(settings):
+        if (now := f.metadata.get("now")) is not None:
+            given, value = getattr(settings, f.name), getattr(settings, now)
+            value = old_keyword(type(settings).__name__, f.name, now, given, value, defaults[now])
+            object.__setattr__(settings, now, value)
+            object.__setattr__(settings, f.name, None)
+
+
 def field_names(cls: type) -> list[str]:
     """The fields of settings dataclass ``cls`` a user sets now (earlier names left out)."""
     return [f.name for f in fields(cls) if "now" not in f.metadata]

@@ -27,7 +27,7 @@ from coscale.log import logger
 from coscale.loop.commit import commit_point
 from coscale.measure.pass_rates import judged_problems, sample_counts
 from coscale.modules.loggers import log_to_loggers
-from coscale.renamed import earlier_name, old_keyword, old_names
+from coscale.renamed import adopt_earlier_names, earlier_name, old_names
 from coscale.rollout.base import SamplingParams
 from coscale.scoring.sample_count import pass_rates
 
@@ -53,9 +53,7 @@ class SelectionSettings:
     k: int | None = earlier_name("samples")
 
     def __post_init__(self) -> None:
-        given = old_keyword("SelectionSettings", "k", "samples", self.k, self.samples, 4)
-        object.__setattr__(self, "samples", given)
-        object.__setattr__(self, "k", None)
+        adopt_earlier_names(self)
 
     def errors(self) -> list[str]:
         """Every out-of-range setting, named."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from coscale.checks import as_group, at_least, group_errors, is_number, one_of
-from coscale.renamed import earlier_name, field_names, old_keyword, old_names
+from coscale.renamed import adopt_earlier_names, earlier_name, field_names, old_names
 
 LOGPROB_SOURCES = ("auto", "engine", "trainer")
 STALE_ACTIONS = ("sync", "error", "ignore")
@@ -128,9 +128,7 @@ class ParitySettings:
     samples: int | None = earlier_name("prompts")
 
     def __post_init__(self) -> None:
-        prompts = old_keyword("ParitySettings", "samples", "prompts", self.samples, self.prompts, 4)
-        object.__setattr__(self, "prompts", prompts)
-        object.__setattr__(self, "samples", None)
+        adopt_earlier_names(self)
 
     def errors(self) -> list[str]:
         errors = at_least(0, every=self.every)
