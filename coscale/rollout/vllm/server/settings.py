@@ -24,8 +24,6 @@ from coscale.renamed import old_names
 
 TRANSFERS = ("files", "nccl")
 """Ways a weight sync reaches the server (`ServerSettings.transfer`)."""
-SERVER = "rollout.options.server"
-"""Where the group stands in YAML: the prefix of every error."""
 
 
 @dataclass(frozen=True)
