@@ -42,34 +42,36 @@ from loop_study import (
 from paired import code_commit, cpu_line
 
 from coscale.app.report_engine import ReportEngine
+from coscale.loop.problem import Problem
 from coscale.tasks import tiers
 
 
-def fresh_rows(pairs: int, per_problem: int) -> list[dict]:
+def fresh(pairs: int, per_problem: int) -> list[tuple[Problem, list[str]]]:
     """``pairs / per_problem`` training-side problems of the four patterns (interleaved, the
     same first ones for every ``per_problem``), each with its first ``per_problem`` solutions;
-    problems with fewer distinct solutions are passed over."""
+    problems with fewer than 16 distinct solutions (the largest ``per_problem``) are passed
+    over."""
     count = pairs // per_problem
     per = [iter(tiers.problems(t, 4 * pairs, seed=3, side="train")) for t in tiers.BENCHMARKS]
-    rows: list[dict] = []
-    while len(rows) < count:
+    chosen: list[tuple[Problem, list[str]]] = []
+    while len(chosen) < count:
         for source in per:
             p = next(source)
             solutions = list(tiers.solutions(p.question))[:16]
-            if len(solutions) >= 16 and len(rows) < count:  # >= the largest m, so every m
-                rows.append({**p.to_dict(), "solutions": solutions[:per_problem]})
-    return rows
+            if len(solutions) >= 16 and len(chosen) < count:
+                chosen.append((p, solutions[:per_problem]))
+    return chosen
 
 
 def solutions_arm(init, args, m: int, seed: int) -> dict[str, list[float]]:
     """One arm and seed: its SFT model's per-problem pass rates on validation and on the
     problems every arm trained on."""
-    rows = fresh_rows(args.pairs, m)
+    rows = [{**p.to_dict(), "solutions": s} for p, s in fresh(args.pairs, m)]
     share = 1 - init.data.curriculum.settings.replay_fraction
     examples = round(args.epochs * args.pairs / share)  # replay fills the rest of each epoch
     folder = os.path.join(args.out, f"technique-solutions-{m}x-s{seed}")
     model = sft(init, rows, examples, seed, folder)
-    common = fresh_rows(args.pairs, max(args.per_problem))
+    common = [p for p, _ in fresh(args.pairs, max(args.per_problem))]
     engine = ReportEngine(init.pipeline)
     try:
         return {
