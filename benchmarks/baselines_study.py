@@ -13,7 +13,7 @@ Every SFT spends the run's SFT examples (all its stages together), mixes in the 
 (the demo's ``pipeline.selection``); every GRPO spends the run's rollouts (its measurements and
 selections included, so the recipes get more training rollouts than the loop) at N = the run's
 ``pipeline.schedule.n_init``, fixed, with the demo's GRPO settings. Each model is scored on the
-validation problems as ``loop_study.py`` scores (``--k`` samples, the same seeded samples), so
+validation problems as ``loop_study.py`` scores (``--samples`` per problem, the same seeded samples), so
 the rows stand beside its table; nothing reads the test side.
 
 Writes ``<out>/study-baselines.json`` (per-problem scores; resumes from it, and an arm's SFT model
@@ -184,7 +184,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--k", type=int, default=8, help="samples per validation problem")
+    parser.add_argument(
+        "--samples", "--k", dest="k", type=int, default=8, help="samples per validation problem"
+    )
     parser.add_argument("--out", default="runs/loop_study")
     parser.add_argument(
         "--scale", type=float, default=1.0, help="a share of the budgets (a smoke run: 0.02)"

@@ -25,7 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+", help="exported model folders (the first is the base)")
     ap.add_argument("--n", type=int, default=128, help="held-out problems per set")
-    ap.add_argument("--k", type=int, default=8, help="samples per problem")
+    ap.add_argument("--samples", "--k", dest="k", type=int, default=8, help="samples per problem")
     args = ap.parse_args()
     sets = {name: tiers.problems(name, args.n, seed=1, side="test") for name in SETS}
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

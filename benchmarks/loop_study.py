@@ -5,7 +5,7 @@ each seed sets the run's seed and the curriculum's (the same problems for every 
 is a ``coscale run`` in its own folder under ``--out``: a run that stopped resumes from its
 checkpoints, a scored run is skipped, so the study can be stopped and started again. Each
 stage's model (the base, every iteration's, the final one when there is one) is scored on the
-validation problems (``data.val`` of ``demo.yaml``), ``--k`` samples each, with the same seeded
+validation problems (``data.val`` of ``demo.yaml``), ``--samples`` samples each, with the same seeded
 samples for every model; nothing here reads the test side.
 
 Writes ``<out>/study.json`` (every run's per-problem scores and pool moves) and ``<out>/study.md``:
@@ -266,7 +266,9 @@ def main() -> None:
     parser.add_argument("--arms", default="measure_each_epoch,rollouts_relabel")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variant", default="iterations", choices=sorted(VARIANTS))
-    parser.add_argument("--k", type=int, default=8, help="samples per validation problem")
+    parser.add_argument(
+        "--samples", "--k", dest="k", type=int, default=8, help="samples per validation problem"
+    )
     parser.add_argument("--out", default="runs/loop_study")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)

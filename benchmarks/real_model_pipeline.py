@@ -7,7 +7,7 @@ with the config's own chat prompt: pass@1 and pass@k with 95% bootstrap interval
 ``results.md`` / ``results.json`` (and the stage times, pools and spend of the run) into
 ``--out``.
 
-Run: .venv/bin/python benchmarks/real_model_pipeline.py [--n_test 32] [--k 4] [--reuse]
+Run: .venv/bin/python benchmarks/real_model_pipeline.py [--n_test 32] [--samples 4] [--reuse]
 A second ``--config`` is laid over the first as ``coscale run`` does, e.g. the LoRA overlay:
 ``--config configs/run/smollm2-135m/pipeline_cpu.yaml --config configs/overlays/lora.yaml``.
 """
@@ -127,7 +127,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--config", action="append", help=f"default: {CONFIG}; may be repeated")
     ap.add_argument("--out", default="benchmarks/results/smollm2_pipeline")
     ap.add_argument("--n_test", type=int, default=32, help="0: no held-out measurement")
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--samples", "--k", dest="k", type=int, default=4)
     ap.add_argument("--reuse", action="store_true", help="measure a finished run, do not rerun")
     args, overrides = ap.parse_known_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -212,7 +212,14 @@ def main() -> None:
     parser.add_argument(
         "--sweep", action=argparse.BooleanOptionalAction, default=True, help="also the lr/N sweep"
     )
-    parser.add_argument("--k", type=int, default=6, help="solutions per problem in arm (c)")
+    parser.add_argument(
+        "--per-problem",
+        "--k",
+        dest="k",
+        type=int,
+        default=6,
+        help="solutions per problem in arm (c)",
+    )
     parser.add_argument(
         "--views",
         default="budget,problems",

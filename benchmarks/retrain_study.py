@@ -101,7 +101,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--run", default="runs/demo_auto")
     ap.add_argument("--out", default="benchmarks/results/retrain_study.md")
     ap.add_argument("--only", default="", help="comma-separated variant letters")
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--samples", "--k", dest="k", type=int, default=4)
     args = ap.parse_args(argv)
     cfg, data, state = load_run(args.run)
     train = list(data.curriculum.problems.values())

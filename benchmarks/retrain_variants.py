@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--arm", default="measure_each_epoch", choices=sorted(ARMS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variants", default="shipped,cosine6")
-    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--samples", "--k", dest="k", type=int, default=8)
     args = parser.parse_args()
     path = os.path.join(args.study, f"retrain-{args.arm}.json")
     results = {"variants": {}}

@@ -47,7 +47,7 @@ VLLM = (  # eager: on these 2 cores the engine's torch.compile warm-up took 88 s
     ),
     # one scoring at each SFT's end (ties keep the earliest step, and the tiny model scores 0
     # early on): the selection samples on the engine, and RL still finds solvable problems
-    *("--pipeline.selection", "{problems: 8, every: 40, k: 2}"),
+    *("--pipeline.selection", "{problems: 8, every: 40, samples: 2}"),
 )
 
 

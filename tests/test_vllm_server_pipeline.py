@@ -103,7 +103,7 @@ def _all_sampled_on_the_server(state: dict, stages: set[str]) -> dict:
 
 def test_the_server_dying_mid_run_is_a_clear_error_and_the_same_command_resumes(tmp_path):
     run_dir, server_log, commits = tmp_path / "run", tmp_path / "server.log", tmp_path / "c.tsv"
-    selection = ("--pipeline.selection", "{problems: 8, every: 40, k: 2}")
+    selection = ("--pipeline.selection", "{problems: 8, every: 40, samples: 2}")
     cmd = _cmd(TINY, run_dir, server_log, *selection)
     first = tmp_path / "first.log"
     with open(first, "w") as out:
