@@ -1,6 +1,7 @@
 """The vLLM server client's HTTP behaviour on a local stand-in server: completions in flight at
-once and in order, a connection tried again while the server is not listening yet, timeouts, and
-an error answer raised with the server's message (not tried again)."""
+once and in order, a connection tried again while the server is not listening yet, a completion
+sent again when its connection closed with no answer, timeouts, and an error answer raised with
+the server's message (not tried again)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from coscale.rollout.vllm.server.client import UNREACHABLE, HTTPError, ServerCli
 
 
 class _Server(BaseHTTPRequestHandler):
-    """``/v1/completions`` echoes the prompt's first token after ``delay_s``; ``/slow`` sleeps
-    2 s; ``/broken`` answers 500; each path's calls are counted."""
+    """``/v1/completions`` echoes the prompt's first token after ``delay_s`` (the first ``drops``
+    of them close the connection with no answer); ``/slow`` sleeps 2 s; ``/broken`` answers 500;
+    each path's calls are counted."""
 
     calls: ClassVar[dict[str, int]] = {}
     in_flight: ClassVar[list[int]] = [0, 0]  # now, most at once
     delay_s = 0.05
+    drops = 0
     lock = threading.Lock()
 
     def log_message(self, *args) -> None:
@@ -49,6 +52,11 @@ class _Server(BaseHTTPRequestHandler):
         if self.path == "/broken":
             return self._send(500, {"error": "worker crashed"})
         with self.lock:
+            drop, _Server.drops = self.drops > 0, max(0, self.drops - 1)
+        if drop:  # as a server closing a kept-alive connection the request went out on
+            self.close_connection = True
+            return None
+        with self.lock:
             self.in_flight[0] += 1
             self.in_flight[1] = max(self.in_flight)
         time.sleep(self.delay_s)
@@ -62,7 +70,7 @@ class _Server(BaseHTTPRequestHandler):
 
 
 def _serve(port: int = 0) -> ThreadingHTTPServer:
-    _Server.calls, _Server.in_flight[:] = {}, [0, 0]
+    _Server.calls, _Server.in_flight[:], _Server.drops = {}, [0, 0], 0
     httpd = ThreadingHTTPServer(("127.0.0.1", port), _Server)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd
@@ -82,6 +90,17 @@ def test_completions_run_concurrently_up_to_the_limit_and_come_back_in_order(ser
     assert [o.outputs[0].token_ids for o in outputs] == [[i] for i in range(12)]
     assert _Server.calls == {"/v1/completions": 12}
     assert 1 < _Server.in_flight[1] <= 4
+
+
+def test_a_completion_whose_connection_closed_with_no_answer_is_sent_again(server):
+    requests = [Request(i, (i, 7), 1, {"n": 1, "max_tokens": 2}) for i in range(6)]
+    _Server.drops = 2
+    outputs = ServerClient(server, concurrency=2, retries=2).complete("tiny", requests)
+    assert [o.outputs[0].token_ids for o in outputs] == [[i] for i in range(6)]
+    assert _Server.calls == {"/v1/completions": 8}  # the two dropped ones were sent again
+    _Server.drops = 1
+    with pytest.raises(httpx.RemoteProtocolError):  # no retries: the drop is raised
+        ServerClient(server, retries=0).complete("tiny", requests[:1])
 
 
 def test_a_connection_is_tried_again_until_the_server_listens():

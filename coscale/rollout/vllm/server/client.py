@@ -6,8 +6,11 @@ sampled tokens' log-probs; `as_engine_output` gives it the shape of vLLM's in-pr
 ``RequestOutput`` that `coscale.rollout.vllm.requests.collect_completions` reads. One HTTP call
 per request, up to ``concurrency`` of them in flight on one asynchronous client (the server
 batches them continuously). Every call has a timeout, and a connection that fails to open is
-tried again (``retries`` times: a server that is restarting its listener, a refused connection);
-a call the server answered with an error is not repeated: it is raised with the server's message.
+tried again (``retries`` times: a server that is restarting its listener, a refused connection),
+as is a completion whose connection closed before any answer came (a kept-alive connection the
+server closed as the request went out; sampling again is harmless: a completion changes nothing
+on the server, and a seeded one samples the same); a call the server answered with an error is
+not repeated: it is raised with the server's message.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ SAMPLING_KEYS = (
 CONNECT_TIMEOUT_S = 10.0
 """Longest wait for a connection to open (each try)."""
 UNREACHABLE = (httpx.TransportError, OSError)
+DROPPED = (httpx.ReadError, httpx.RemoteProtocolError)
+"""A connection closed with no answer (no status line): the completion is sent again."""
 """What a call raises when the server could not be reached or stopped answering."""
 
 
@@ -53,7 +58,8 @@ class ServerClient:
         url: ``http://host:port``.
         timeout_s: Longest wait for one call's answer.
         concurrency: Completion calls in flight at once.
-        retries: Tries again of a connection that failed to open.
+        retries: Tries again of a connection that failed to open, and of a completion whose
+            connection closed with no answer.
     """
 
     def __init__(
@@ -153,7 +159,12 @@ class ServerClient:
 
             async def one(body: dict[str, Any]) -> Any:
                 async with gate:
-                    return _json(await client.post(self.url + "/v1/completions", json=body))
+                    for tried in range(self.retries + 1):
+                        try:
+                            return _json(await client.post(self.url + "/v1/completions", json=body))
+                        except DROPPED:
+                            if tried == self.retries:
+                                raise
 
             return await asyncio.gather(*(one(b) for b in bodies))
 
