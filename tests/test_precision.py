@@ -164,20 +164,32 @@ def test_rank_zero_is_read_from_the_launchers_variables(monkeypatch, variable, v
     assert distributed.launched_as_rank_zero() is zero
 
 
-def test_stage_context_prints_the_one_line_and_records_it(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(precision, "time_fwd_bwd", fixed(41.2, 63.0))
+def test_stage_context_times_the_sft_batch_prints_the_one_line_and_records_it(
+    tmp_path, monkeypatch, capsys
+):
+    """The timing is of the batch the SFT stages train on (data.sft_batch_size x
+    sft.max_length), not the timer's own small default."""
+    asked: list[tuple[int, int]] = []
+
+    def timer(model: str, batch: int = 4, tokens: int = 64) -> Timings:
+        asked.append((batch, tokens))
+        return Timings(fp32=41.2e-3, bf16=63.0e-3, batch=batch, tokens=tokens)
+
+    monkeypatch.setattr(precision, "time_fwd_bwd", timer)
     cfg = SimpleNamespace(
         trainer=dict(CPU_AUTO),
         model="builtin:demo",
         run_dir=str(tmp_path),
         rollout=RolloutSettings("hf"),
     )
-    ctx = StageContext(cfg, None, None, False, {}, {})
+    data = SimpleNamespace(sft_batch_size=32)
+    ctx = StageContext(cfg, None, data, False, {"max_length": 128}, {})
+    assert asked == [(32, 128)]
     assert ctx.trainer_args["precision"] == "32-true"
     lines = [line for line in capsys.readouterr().out.splitlines() if "precision" in line]
     assert lines == [
         "[coscale] precision auto -> 32-true: fp32 41.2 ms, bf16-mixed 63.0 ms per fwd+bwd of "
-        "builtin:demo (batch 4 x 64 tokens)"
+        "builtin:demo (batch 32 x 128 tokens)"
     ]
     assert (tmp_path / "precision.json").exists()
 

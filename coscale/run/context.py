@@ -46,7 +46,11 @@ class StageContext:
         self.cfg, self.curriculum, self.data, self.logger = cfg, curriculum, data, logger
         self.fit_steps = 0  # optimiser steps of the stage's fit (the run's step axis)
         self.sft_args, self.grpo_args = sft_args, grpo_args
-        self.trainer_args, why = resolve_precision(dict(cfg.trainer), cfg.model, cfg.run_dir)
+        # timed on the batch the SFT stages train on (sequences x the longest pair's tokens)
+        shape = (data.sft_batch_size, sft_args.get("max_length", 1024))
+        self.trainer_args, why = resolve_precision(
+            dict(cfg.trainer), cfg.model, cfg.run_dir, shape=shape
+        )
         # a strategy object (from YAML's class_path) holds its fit's model: each fit gets a
         # copy of it taken before any fit used it
         self._strategy = copy.deepcopy(self.trainer_args.pop("strategy", "auto"))

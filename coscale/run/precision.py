@@ -17,6 +17,7 @@ Lightning as it is, and the record is left alone. Delete the file to measure aga
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -47,8 +48,12 @@ def training_device(accelerator: str) -> str:
     return "cuda" if cuda else "cpu"
 
 
-def decide(device: str, model: str, timer: Timer | None = None) -> tuple[str, str]:
-    """The precision ``auto`` means for ``model`` on ``device``, and why (times, when timed)."""
+def decide(
+    device: str, model: str, timer: Timer | None = None, shape: tuple[int, int] | None = None
+) -> tuple[str, str]:
+    """The precision ``auto`` means for ``model`` on ``device``, and why (times, when timed).
+    ``shape`` (sequences, tokens per sequence) is the batch the stages train on, timed by the
+    default timer; None: :func:`~coscale.run.precision_timing.time_fwd_bwd`'s own."""
     if device == "cuda":
         ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return ("bf16-mixed" if ok else "32-true"), (
@@ -57,7 +62,13 @@ def decide(device: str, model: str, timer: Timer | None = None) -> tuple[str, st
     if not set(NATIVE_BF16_FLAGS) & cpu_flags():
         flags = " and ".join(NATIVE_BF16_FLAGS)
         return "32-true", f"CPU flags lack {flags} (bf16 would be emulated; not timed)"
-    t = (timer or time_fwd_bwd)(model)
+    if timer is None:
+        timer = (
+            time_fwd_bwd
+            if shape is None
+            else partial(time_fwd_bwd, batch=shape[0], tokens=shape[1])
+        )
+    t = timer(model)
     chosen = "bf16-mixed" if t.bf16 < t.fp32 else "32-true"
     return chosen, (
         f"fp32 {t.fp32 * 1e3:.1f} ms, bf16-mixed {t.bf16 * 1e3:.1f} ms per fwd+bwd of {model} "
@@ -70,6 +81,7 @@ def resolve_precision(
     model: str,
     run_dir: str | None = None,
     timer: Timer | None = None,
+    shape: tuple[int, int] | None = None,
 ) -> tuple[dict[str, Any], str | None]:
     """``trainer_args`` with ``precision: auto`` replaced by the run's choice.
 
@@ -78,6 +90,8 @@ def resolve_precision(
         model: The run's model spec, timed when the choice is made here.
         run_dir: The run folder holding the record; None decides without one.
         timer: What times ``model``; None: :func:`~coscale.run.precision_timing.time_fwd_bwd`.
+        shape: (sequences, tokens per sequence) of the stages' training batch, what the
+            default timer times (the run's ``data.sft_batch_size`` x ``sft.max_length``).
 
     Returns:
         The arguments, and the line to print (``precision auto -> <choice>: <why>``; None when
@@ -91,20 +105,20 @@ def resolve_precision(
     if str(trainer_args.get("precision")) != AUTO:
         return trainer_args, None
     device = training_device(str(trainer_args.get("accelerator", "auto")))
-    chosen, why = _run_choice(device, model, run_dir, timer)
+    chosen, why = _run_choice(device, model, run_dir, timer, shape)
     return {**trainer_args, "precision": chosen}, f"precision auto -> {chosen}: {why}"
 
 
 def _run_choice(
-    device: str, model: str, run_dir: str | None, timer: Timer | None
+    device: str, model: str, run_dir: str | None, timer: Timer | None, shape: tuple[int, int] | None
 ) -> tuple[str, str]:
     """The run's recorded choice; made, timed and recorded here by rank 0 when there is none."""
     if run_dir is None:
-        return decide(device, model, timer)
+        return decide(device, model, timer, shape)
     path = records.record_path(run_dir)
     record = records.read_record(path) if launched_as_rank_zero() else records.wait_for_record(path)
     if record is None:
-        chosen, why = decide(device, model, timer)
+        chosen, why = decide(device, model, timer, shape)
         record = {"precision": chosen, "device": device, "model": model, "why": why}
         records.write_record(path, record)
         return chosen, why
