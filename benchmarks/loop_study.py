@@ -56,12 +56,30 @@ ARMS: dict[str, list[str]] = {
     "shipped_source_all": ["--pipeline.final.source", "all"],
     "fixed_n": ["--pipeline.schedule.factor", "1.0"],
     "redistill": ["--pipeline.redistill_each_iteration", "true"],
+    "sft4_rl4": ["--pipeline.sft_epochs", "4", "--pipeline.rl_epochs", "4"],
+    "small128": [
+        "--data.train", "builtin:tiers?T3=32&T3v=32&T3w=32&T3x=32&seed=0",
+        "--pipeline.sft_epochs", "4", "--pipeline.rl_epochs", "4",
+    ],
+    "small128_short": [
+        "--data.train", "builtin:tiers?T3=32&T3v=32&T3w=32&T3x=32&seed=0",
+        "--pipeline.sft_epochs", "3", "--pipeline.final.epochs", "6",
+    ],
+    "recipe_2026_12_06": [
+        "--pipeline.sft_epochs", "4", "--pipeline.rl_epochs", "4", "--pipeline.final.epochs", "15",
+        "--pipeline.sft.optimizer.lr", "5.0e-4", "--pipeline.sft.optimizer.decay", "constant",
+    ],
 }  # fmt: skip
 """Each arm's overrides of ``demo.yaml``. ``paper_loop_final_rl`` and ``shipped_source_all``
 change one setting each, to tell which of the shipped changes carries its lead; ``fixed_n``
 (Rollout N stays at ``n_init``: about the schedule's rollouts on this task, where it raises N for
 few groups late) and ``redistill`` (a re-distillation fit after each iteration's RL) each turn
-one technique off or on, against ``measure_each_epoch`` in the ``iterations`` variant."""
+one technique off or on, against ``measure_each_epoch`` in the ``iterations`` variant.
+``sft4_rl4`` gives the iterations the passes and RL epochs they had before 2026-12-07;
+``small128`` and ``small128_short`` train on half the problems; ``recipe_2026_12_06`` is the
+demo's SFT recipe before 2026-12-07 (5e-4 constant, 4 passes per iteration, 15 in the final
+retrain, 4 RL epochs). The study of 2026-12-06 (``benchmarks/results/study_2026-12-06/``) ran
+its arms on that recipe (``demo.yaml`` of commit 5fa5fb2)."""
 
 VARIANTS: dict[str, list[str]] = {
     "full": [],
@@ -158,6 +176,17 @@ def stage_detail(folder: str, variant: str, arm: str, k: int) -> dict[str, dict[
         }
     finally:
         engine.close()
+
+
+def merged(path: str, study: dict, arm: str, seed: str, run: dict) -> dict:
+    """The study file as it is now (a study of other arms may run beside this one and write
+    it), with ``run`` as ``arm``/``seed`` and the header fields of ``study``."""
+    now = study
+    if os.path.exists(path):
+        with open(path) as f:
+            now = json.load(f)
+    now["runs"].setdefault(arm, {})[seed] = run
+    return {**now, **{k: v for k, v in study.items() if k != "runs"}}
 
 
 def save(path: str, data: dict) -> None:
@@ -287,6 +316,7 @@ def main() -> None:
             seconds = train(folder, args.variant, arm, int(seed))
             runs[seed] = {"seconds": seconds, "commit": code_commit(), **record(folder)}
             runs[seed]["scores"] = score(folder, args.variant, arm, args.k)
+            study = merged(path, study, arm, seed, runs[seed])
             save(path, study)
             print(f"[loop_study] {arm} seed {seed}: {seconds:.0f} s", flush=True)
     for arm in args.arms.split(","):  # where each iteration's gain goes, stage by stage
@@ -296,6 +326,7 @@ def main() -> None:
                 run["spend"] = record(folder)["spend"]
             if "stages" not in run:
                 run["stages"] = stage_detail(folder, args.variant, arm, args.k)
+            study = merged(path, study, arm, seed, run)
             save(path, study)
     header = f"{study['cpu']}\n\nvariant {args.variant}, k {args.k}, {PRECISION}"
     report(path, header, summary(study))

@@ -41,12 +41,52 @@ from rollback_run import rolled_back
 from coscale.app.demo import demo_config
 from coscale.app.report_engine import ReportEngine
 
+OLD_LR = ["--pipeline.sft.optimizer.lr", "5.0e-4"]
+"""The demo's SFT learning rate before 2026-12-07."""
+
 VARIANTS: dict[str, list[str]] = {
-    "shipped": [],  # demo.yaml: final.epochs 15, the learning rate constant after the warm-up
-    "cosine6": ["--pipeline.final.epochs", "6", "--pipeline.sft.optimizer.decay", "cosine"],
-    "cosine8": ["--pipeline.final.epochs", "8", "--pipeline.sft.optimizer.decay", "cosine"],
-    "constant6": ["--pipeline.final.epochs", "6"],
-}
+    "shipped": [],  # demo.yaml's final retrain
+    "constant15": [
+        "--pipeline.final.epochs", "15", *OLD_LR, "--pipeline.sft.optimizer.decay", "constant",
+    ],  # demo.yaml's before 2026-12-07
+    "cosine6": ["--pipeline.final.epochs", "6", *OLD_LR, "--pipeline.sft.optimizer.decay", "cosine"],
+    "cosine8": ["--pipeline.final.epochs", "8", *OLD_LR, "--pipeline.sft.optimizer.decay", "cosine"],
+    "constant6": [
+        "--pipeline.final.epochs", "6", *OLD_LR, "--pipeline.sft.optimizer.decay", "constant",
+    ],
+    "lr1e-3_cosine5": [
+        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
+        "--pipeline.sft.optimizer.lr", "1.0e-3",
+    ],
+    "lr2e-3_cosine5": [
+        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
+        "--pipeline.sft.optimizer.lr", "2.0e-3",
+    ],
+    "lr2e-3_constant5": [
+        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "constant",
+        "--pipeline.sft.optimizer.lr", "2.0e-3",
+    ],
+    "lr4e-3_cosine5": [
+        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
+        "--pipeline.sft.optimizer.lr", "4.0e-3",
+    ],
+    "lr2e-3_cosine8": [
+        "--pipeline.final.epochs", "8", "--pipeline.sft.optimizer.decay", "cosine",
+        "--pipeline.sft.optimizer.lr", "2.0e-3",
+    ],
+    "bs16_lr1e-3_cosine5": [
+        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
+        "--pipeline.sft.optimizer.lr", "1.0e-3", "--data.sft_batch_size", "16",
+    ],
+    "bs16_lr2e-3_cosine5": [
+        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
+        "--pipeline.sft.optimizer.lr", "2.0e-3", "--data.sft_batch_size", "16",
+    ],
+    "replay25_lr2e-3_cosine5": [
+        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
+        "--pipeline.sft.optimizer.lr", "2.0e-3", "--data.curriculum.replay_fraction", "0.25",
+    ],
+}  # fmt: skip
 """Each variant's settings of the final retrain."""
 
 COMMON = ["--pipeline.final.retrain", "true", "--pipeline.final.rl", "false"]
@@ -101,6 +141,16 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merged(path: str, variant: str, seed: str, run: dict) -> dict:
+    """The results file as it is now (another process may have written to it), with ``run``."""
+    results = {"variants": {}}
+    if os.path.exists(path):
+        with open(path) as f:
+            results = json.load(f)
+    results["variants"].setdefault(variant, {})[seed] = run
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--study", default="runs/loop_study")
@@ -124,6 +174,7 @@ def main() -> None:
             copy_run(src, dst)
             seconds = retrain(dst, args.arm, variant, int(seed))
             runs[seed] = {"seconds": seconds, "scores": score(dst, args.arm, args.k)}
+            results = merged(path, variant, seed, runs[seed])
             save(path, results)
             print(f"[retrain_variants] {variant} seed {seed}: {seconds:.0f} s", flush=True)
     report(path, f"{cpu_line()}\n\narm {args.arm}, k {args.k}, {PRECISION}", table(results))

@@ -3,9 +3,10 @@ tables of ``docs/results.md`` written again from what the runs scored.
 
 Steps, in this order (``--steps`` picks some):
 
-* ``full``: ``loop_study.py --variant full``: the whole demo as the paper runs it
-  (``paper_loop``), as it ships (``shipped``), and with one shipped change each
-  (``paper_loop_final_rl``, ``shipped_source_all``).
+* ``full``: ``loop_study.py --variant full``: the whole demo as it ships (``shipped``), with the
+  iterations' SFT and RL of before 2026-12-07 (``sft4_rl4``), as the paper runs it
+  (``paper_loop``), and with one shipped change each (``paper_loop_final_rl``,
+  ``shipped_source_all``).
 * ``baselines``: ``baselines_study.py``: (g), (h) and plain GRPO at the shipped runs' problems
   and budgets (it needs the ``full`` step's shipped runs).
 * ``iterations``: ``loop_study.py --variant iterations``: the iterations alone, the pools
@@ -19,9 +20,11 @@ command can be stopped and started again, across sessions. Every model is scored
 validation problems only. Then each study's tables go into ``docs/results.md`` between its two
 markers (nothing else there changes) and its ``.json`` and ``.md`` into ``--results``.
 
-Cost on a 2-core AMD EPYC (Zen 4), 32-true, from the runs' own records (2026-12-06): a full demo
-run takes 23-50 min (92 min sharing the cores), an ``iterations`` run 5-25 min; the ``full`` step
-is 12 runs, the ``iterations`` step 6, ``baselines`` 9 fits.
+Cost on a 2-core AMD EPYC (Zen 4), 32-true: the shipped demo run takes about 9 min alone
+(2026-12-07; 15-30 min sharing the cores), ``sft4_rl4`` about 14 min, an ``iterations`` run 5-25
+min (2026-12-06, the recipe of that day); the ``full`` step is 15 runs, the ``iterations`` step
+12, ``baselines`` 9 fits. The study of 2026-12-06, on the SFT recipe of that day, is kept in
+``benchmarks/results/study_2026-12-06/``.
 
 Run: .venv/bin/python benchmarks/study.py [--steps full,baselines,iterations] [--seeds 0,1,2]
      [--out runs/loop_study] [--tables-only]
@@ -44,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 STEPS: dict[str, list[str]] = {
     "full": ["loop_study.py", "--variant", "full", "--arms",
-             "paper_loop,shipped,paper_loop_final_rl,shipped_source_all"],
+             "shipped,sft4_rl4,paper_loop,paper_loop_final_rl,shipped_source_all"],
     "baselines": ["baselines_study.py"],
     "iterations": ["loop_study.py", "--variant", "iterations", "--arms",
                    "measure_each_epoch,rollouts_relabel,fixed_n,redistill"],
@@ -53,7 +56,7 @@ STEPS: dict[str, list[str]] = {
 """Each step's script and arguments (``--seeds`` and ``--out`` are added)."""
 
 TITLES = {
-    "full": "The whole demo: the paper's loop, the shipped config, one shipped change each",
+    "full": "The whole demo: the shipped config, longer iterations, the paper's loop, one change each",
     "baselines": "The simple recipes at the shipped runs' problems and budgets",
     "iterations": "The iterations alone (no final stage)",
     "techniques": "More solutions per problem at equal SFT examples; solutions a problem needed",

@@ -103,10 +103,14 @@ def run_flag_errors(page: Path) -> list[str]:
     """Each ``--pipeline.*`` / ``--data.*`` flag in code that ``coscale run`` does not take."""
     from coscale.app.run_config import pipeline_parser
 
-    known = set(pipeline_parser()._option_string_actions)  # every --flag it parses
+    actions = pipeline_parser()._option_string_actions  # every --flag it parses
+    # a dict-typed setting (pipeline.trainer) also takes its keys as flags: --pipeline.trainer.x
+    dicts = {k for k, a in actions.items() if str(getattr(a, "_typehint", "")).startswith("dict[")}
     flags = RUN_FLAG.findall("\n".join(CODE.findall(page.read_text())))
     return [
-        f"{page.name}: --{f} is not a flag of coscale run" for f in flags if f"--{f}" not in known
+        f"{page.name}: --{f} is not a flag of coscale run"
+        for f in flags
+        if f"--{f}" not in actions and f"--{f}".rsplit(".", 1)[0] not in dicts
     ]
 
 
@@ -137,6 +141,7 @@ def test_the_checks_fail_on_a_broken_page(tmp_path):
         "See `configs/missing.yaml` and `benchmarks/bench.py`.\n"
         "```bash\ncoscale frobnicate\npython benchmarks/bench.py --pairs 3 --rounds 2\n```\n"
         "`--pipeline.final.rl true` `--pipeline.final_rl true` `--data.curriculum.low 0.1`\n"
+        "`--pipeline.trainer.precision 32-true` `--pipeline.final.rl.x 1`\n"
     )
     assert link_errors(page) == [
         "README.md: link to docs/missing.md: no such file",
@@ -150,7 +155,10 @@ def test_the_checks_fail_on_a_broken_page(tmp_path):
         "README.md: `coscale frobnicate` is not a command",
         "README.md: benchmarks/bench.py has no flag --rounds",
     ]
-    assert run_flag_errors(page) == ["README.md: --pipeline.final_rl is not a flag of coscale run"]
+    assert run_flag_errors(page) == [  # a key of the dict pipeline.trainer is a flag
+        "README.md: --pipeline.final_rl is not a flag of coscale run",
+        "README.md: --pipeline.final.rl.x is not a flag of coscale run",
+    ]
 
 
 def test_the_readme_plug_in_example_runs_as_written(tiny_model_dir, tmp_path, monkeypatch):

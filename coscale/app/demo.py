@@ -13,6 +13,7 @@ import os
 from importlib import resources
 from typing import Any
 
+from coscale.app import demo_changes
 from coscale.app.report_engine import ReportEngine
 from coscale.models.prompting import PromptSettings
 from coscale.modules.artifacts import log_files
@@ -91,6 +92,7 @@ def run_demo(rest: list[str]) -> dict[str, Any]:
         results = pipeline.run(close_logger=False)
         report = evaluate_stages(init.pipeline, results, n_test, samples=8)
         report["sets"] = sets_line(init.data.val_source, n_test)
+        report["loop"] = demo_changes.section(init.pipeline)
         write_report(init.pipeline.run_dir, results, report)
         log_to_wandb(pipeline.logger, init.pipeline.run_dir, report)
     finally:
@@ -247,7 +249,8 @@ def write_report(run_dir: str, results: dict[str, Any], report: dict[str, Any]) 
         f.write(
             f"pass@1 / pass@{report['k']} in %, {report['n_test']} test problems per set, "
             f"{report['k']} samples each at temperature {report.get('temperature', 1.0)}, 95% "
-            f"bootstrap intervals.\n{report.get('sets', '')}\n\n{text}\n"
+            f"bootstrap intervals.\n{report.get('sets', '')}\n\n{text}\n\n"
+            f"{report.get('loop', '')}\n"
         )
     plain = {
         label: {s: {m: e.plain() for m, e in row.items()} for s, row in rows.items()}

@@ -1,0 +1,38 @@
+"""The demo report's list of where the run leaves the paper's loop, read from the run's settings."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from coscale.app import demo_changes
+from coscale.app.demo import demo_config, demo_parser
+
+
+def settings(**changed):
+    """Pipeline settings shaped like ``PipelineSettings``: the paper's loop, then ``changed``
+    (dotted names with ``__``)."""
+    values = {**demo_changes.PAPER_LOOP, **{k.replace("__", "."): v for k, v in changed.items()}}
+    final = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("final.")}
+    top = {k: v for k, v in values.items() if "." not in k}
+    return SimpleNamespace(**top, final=SimpleNamespace(**final))
+
+
+def test_the_papers_loop_is_named_as_such():
+    assert demo_changes.changes(settings()) == []
+    assert demo_changes.section(settings()) == (
+        "The loop: the paper's (docs/method.md), no setting changed."
+    )
+
+
+def test_each_change_is_listed_with_its_figure_or_with_none_on_record():
+    lines = demo_changes.changes(settings(final__rl=True, rl_measure_every=0))
+    assert lines[0].startswith("- `rl_measure_every: 0` (the paper: `1`): no validation figure")
+    assert lines[1].startswith("- `final.rl: true` (the paper: `false`): the final retrain's own")
+    assert len(lines) == 2
+
+
+def test_the_shipped_demo_config_lists_each_of_its_changes_with_a_figure():
+    cfg = demo_parser().parse_args(["--config", demo_config()]).pipeline
+    lines = demo_changes.changes(cfg)
+    assert lines, "demo.yaml runs the paper's loop: drop this test's premise"
+    assert not [line for line in lines if "no validation figure" in line]
