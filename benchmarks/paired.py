@@ -126,18 +126,9 @@ def code_commit() -> str:
 
 def cpu_line() -> str:
     """The CPU's model name and whether it computes bf16 natively (figures depend on both)."""
-    from coscale.run.precision import NATIVE_BF16_FLAGS, cpu_flags
+    from coscale.run.precision import cpu_line as line
 
-    name = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    native = sorted(set(NATIVE_BF16_FLAGS) & cpu_flags())
-    return (
-        f"CPU: {name}; native bf16: {', '.join(native) if native else 'no (AVX2-only or similar)'}"
-    )
+    return line()
 
 
 @dataclass

@@ -41,52 +41,33 @@ from rollback_run import rolled_back
 from coscale.app.demo import demo_config
 from coscale.app.report_engine import ReportEngine
 
-OLD_LR = ["--pipeline.sft.optimizer.lr", "5.0e-4"]
-"""The demo's SFT learning rate before 2026-12-07."""
 
+def retrain_settings(passes: int, lr: str, decay: str, *more: str) -> list[str]:
+    """The final retrain's passes, its peak learning rate and decay, and any ``more`` flags."""
+    return [
+        "--pipeline.final.epochs", str(passes), "--pipeline.sft.optimizer.lr", lr,
+        "--pipeline.sft.optimizer.decay", decay, *more,
+    ]  # fmt: skip
+
+
+BATCH16 = ("--data.sft_batch_size", "16")
 VARIANTS: dict[str, list[str]] = {
     "shipped": [],  # demo.yaml's final retrain
-    "constant15": [
-        "--pipeline.final.epochs", "15", *OLD_LR, "--pipeline.sft.optimizer.decay", "constant",
-    ],  # demo.yaml's before 2026-12-07
-    "cosine6": ["--pipeline.final.epochs", "6", *OLD_LR, "--pipeline.sft.optimizer.decay", "cosine"],
-    "cosine8": ["--pipeline.final.epochs", "8", *OLD_LR, "--pipeline.sft.optimizer.decay", "cosine"],
-    "constant6": [
-        "--pipeline.final.epochs", "6", *OLD_LR, "--pipeline.sft.optimizer.decay", "constant",
-    ],
-    "lr1e-3_cosine5": [
-        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
-        "--pipeline.sft.optimizer.lr", "1.0e-3",
-    ],
-    "lr2e-3_cosine5": [
-        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
-        "--pipeline.sft.optimizer.lr", "2.0e-3",
-    ],
-    "lr2e-3_constant5": [
-        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "constant",
-        "--pipeline.sft.optimizer.lr", "2.0e-3",
-    ],
-    "lr4e-3_cosine5": [
-        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
-        "--pipeline.sft.optimizer.lr", "4.0e-3",
-    ],
-    "lr2e-3_cosine8": [
-        "--pipeline.final.epochs", "8", "--pipeline.sft.optimizer.decay", "cosine",
-        "--pipeline.sft.optimizer.lr", "2.0e-3",
-    ],
-    "bs16_lr1e-3_cosine5": [
-        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
-        "--pipeline.sft.optimizer.lr", "1.0e-3", "--data.sft_batch_size", "16",
-    ],
-    "bs16_lr2e-3_cosine5": [
-        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
-        "--pipeline.sft.optimizer.lr", "2.0e-3", "--data.sft_batch_size", "16",
-    ],
-    "replay25_lr2e-3_cosine5": [
-        "--pipeline.final.epochs", "5", "--pipeline.sft.optimizer.decay", "cosine",
-        "--pipeline.sft.optimizer.lr", "2.0e-3", "--data.curriculum.replay_fraction", "0.25",
-    ],
-}  # fmt: skip
+    "constant15": retrain_settings(15, "5.0e-4", "constant"),  # demo.yaml's before 2026-12-07
+    "cosine6": retrain_settings(6, "5.0e-4", "cosine"),
+    "cosine8": retrain_settings(8, "5.0e-4", "cosine"),
+    "constant6": retrain_settings(6, "5.0e-4", "constant"),
+    "lr1e-3_cosine5": retrain_settings(5, "1.0e-3", "cosine"),
+    "lr2e-3_cosine5": retrain_settings(5, "2.0e-3", "cosine"),
+    "lr2e-3_constant5": retrain_settings(5, "2.0e-3", "constant"),
+    "lr4e-3_cosine5": retrain_settings(5, "4.0e-3", "cosine"),
+    "lr2e-3_cosine8": retrain_settings(8, "2.0e-3", "cosine"),
+    "bs16_lr1e-3_cosine5": retrain_settings(5, "1.0e-3", "cosine", *BATCH16),
+    "bs16_lr2e-3_cosine5": retrain_settings(5, "2.0e-3", "cosine", *BATCH16),
+    "replay25_lr2e-3_cosine5": retrain_settings(
+        5, "2.0e-3", "cosine", "--data.curriculum.replay_fraction", "0.25"
+    ),
+}
 """Each variant's settings of the final retrain."""
 
 COMMON = ["--pipeline.final.retrain", "true", "--pipeline.final.rl", "false"]

@@ -24,6 +24,10 @@ def test_quick_demo_writes_table_plots_and_wandb_run(tmp_path, capsys, wandb_log
     # choices read the validation side, the report scores the test side
     assert "Validation (checkpoint selection, final keep rule): `builtin:tiers?" in table
     assert "&side=val`. Test (scored once, here): 16 test-side problems" in table
+    # the machine and precision its figures come from
+    assert re.search(
+        r"\nMeasured on: CPU: .+; native bf16: .+; precision (32-true|bf16-mixed)\.", table
+    )
     assert re.search(r"selection: step \d+ of \d+ kept, .* on 16 problems \(first: T3\w*-val-", out)
     for name in SETS:
         assert f"{name} pass@1" in table

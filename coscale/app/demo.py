@@ -18,6 +18,7 @@ from coscale.app.report_engine import ReportEngine
 from coscale.models.prompting import PromptSettings
 from coscale.modules.artifacts import log_files
 from coscale.rollout.base import SamplingParams
+from coscale.run.precision import cpu_line
 from coscale.scoring.stats import Estimate, mean_of_sets, paired_difference, pass_at_k_estimate
 from coscale.tasks import tiers
 
@@ -93,6 +94,8 @@ def run_demo(rest: list[str]) -> dict[str, Any]:
         report = evaluate_stages(init.pipeline, results, n_test, samples=8)
         report["sets"] = sets_line(init.data.val_source, n_test)
         report["loop"] = demo_changes.section(init.pipeline)
+        precision = pipeline.ctx.trainer_args.get("precision", "32-true")
+        report["machine"] = f"Measured on: {cpu_line()}; precision {precision}."
         write_report(init.pipeline.run_dir, results, report)
         log_to_wandb(pipeline.logger, init.pipeline.run_dir, report)
     finally:
@@ -249,7 +252,8 @@ def write_report(run_dir: str, results: dict[str, Any], report: dict[str, Any]) 
         f.write(
             f"pass@1 / pass@{report['k']} in %, {report['n_test']} test problems per set, "
             f"{report['k']} samples each at temperature {report.get('temperature', 1.0)}, 95% "
-            f"bootstrap intervals.\n{report.get('sets', '')}\n\n{text}\n\n"
+            f"bootstrap intervals.\n{report.get('sets', '')}\n{report.get('machine', '')}\n\n"
+            f"{text}\n\n"
             f"{report.get('loop', '')}\n"
         )
     plain = {
