@@ -70,6 +70,43 @@ def write_rank(out: str, state: dict) -> None:
         json.dump(state, f, default=str)
 
 
+def sharded_evaluation(model_dir: str) -> dict:
+    """``benchmark_eval.evaluate`` under the process group (the ranks share its calls) and the
+    same calls made by this rank alone: 5 problems in calls of 2, so rank 0 makes two of the
+    three; a reward that takes even-length completions, so the counts vary."""
+    from unittest import mock
+
+    from coscale.app import benchmark_eval
+    from coscale.loop.problem import Problem
+    from coscale.models.policy import load_policy
+    from coscale.rollout.base import SamplingParams
+    from coscale.rollout.cached.backend import CachedDecodeBackend
+
+    model, tok = load_policy(model_dir)
+    backend = CachedDecodeBackend(model, tok)
+    problems = {"set": [Problem(f"p{i}", f"{i}+{i}=", str(2 * i)) for i in range(5)]}
+
+    def even(texts: list[str], _: list[str]) -> list[float]:
+        return [float(len(t) % 2 == 0) for t in texts]
+
+    def run() -> dict:
+        sampling = SamplingParams(max_new_tokens=8, temperature=1.0, seed=3)
+        (result,) = benchmark_eval.evaluate(
+            backend, lambda qs: qs, problems, even, 4, [1], sampling, 2
+        )
+        return {"correct": result.correct, "mean_tokens": result.mean_tokens}
+
+    calls, generate_many = [], backend.generate_many
+    backend.generate_many = lambda batch: calls.append(len(batch)) or generate_many(batch)
+    shared = run()
+    made = len(calls)
+    alone_world = mock.patch.object(benchmark_eval, "rank_world", return_value=(0, 1))
+    no_gather = mock.patch.object(benchmark_eval, "all_gather_objects", side_effect=list)
+    with alone_world, no_gather:
+        alone = run()
+    return {"shared": shared, "alone": alone, "calls": made}
+
+
 def main(model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     dm = loaded_data(10)
@@ -87,6 +124,7 @@ def main(model_dir: str, out: str) -> None:
         "closes": len(closes),
         "sft_sum": float(sum(p.double().sum() for p in sft.policy.parameters())),
         "grpo_sum": float(sum(p.double().sum() for p in grpo.policy.parameters())),
+        "evaluation": sharded_evaluation(model_dir),
     }
     write_rank(out, state)
 

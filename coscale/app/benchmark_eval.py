@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coscale.distributed import all_gather_objects, rank_world
 from coscale.loop.problem import Problem
 from coscale.rollout.base import RolloutBackend, SamplingParams
 from coscale.scoring.reward_set import is_correct
@@ -53,7 +54,10 @@ def evaluate(
         samples: n, completions per problem.
         ks: pass@k budgets, each <= n.
         sampling: Sampling settings; call j is seeded ``sampling.seed + j`` when seeded.
-        batch_size: Problems per backend call (one call at a time).
+        batch_size: Problems per backend call (one call at a time). Under a process group
+            the ranks share the calls (call j on rank j mod world size) and every rank gets
+            every result; call j's seed does not depend on the rank, so the counts are those of
+            one process.
     """
     return [
         _evaluate_one(backend, prompts, name, problems, reward, samples, ks, sampling, batch_size)
@@ -72,10 +76,14 @@ def _evaluate_one(
         answers = [chunk[i].answer for i in rollouts.prompt_index.tolist()]
         return is_correct(reward(rollouts.texts, answers))
 
-    counted = [  # chunk by chunk: a chunk's rollouts are let go before the next is sampled
-        sample_and_count(backend, [c], [t], samples, [s], verdicts)[0]
-        for c, t, s in zip(chunks, texts, samplings)
-    ]
+    def count(j: int) -> Any:  # chunk j's counts; its rollouts are let go before the next
+        return sample_and_count(
+            backend, [chunks[j]], [texts[j]], samples, [samplings[j]], verdicts
+        )[0]
+
+    rank, world = rank_world()
+    mine = [(j, count(j)) for j in range(rank, len(chunks), world)]
+    counted = [one for _, one in sorted(all_gather_objects(mine), key=lambda pair: pair[0])]
     correct = [c for one in counted for c in one.correct]
     tokens, truncated = sum(one.tokens for one in counted), sum(one.truncated for one in counted)
     total = max(1, len(problems) * samples)

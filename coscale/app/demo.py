@@ -15,6 +15,7 @@ from typing import Any
 
 from coscale.app import demo_changes
 from coscale.app.report_engine import ReportEngine
+from coscale.distributed import is_writer
 from coscale.models.prompting import PromptSettings
 from coscale.modules.artifacts import log_files
 from coscale.rollout.base import SamplingParams
@@ -96,8 +97,9 @@ def run_demo(rest: list[str]) -> dict[str, Any]:
         report["loop"] = demo_changes.section(init.pipeline)
         precision = pipeline.ctx.trainer_args.get("precision", "32-true")
         report["machine"] = f"Measured on: {cpu_line()}; precision {precision}."
-        write_report(init.pipeline.run_dir, results, report)
-        log_to_wandb(pipeline.logger, init.pipeline.run_dir, report)
+        if is_writer():  # under DDP every rank sampled its share of the report; rank 0 writes it
+            write_report(init.pipeline.run_dir, results, report)
+            log_to_wandb(pipeline.logger, init.pipeline.run_dir, report)
     finally:
         pipeline.close_logger()  # a W&B run left open would leak into the next one
     return {"pipeline": results, "report": report}
@@ -138,11 +140,12 @@ def evaluate_stages(cfg: Any, results: dict[str, Any], n_test: int, samples: int
             if full:
                 report["models"][label] = row
             report["curve"][label] = {name: est["pass@1"] for name, est in row.items()}
-            print(
-                f"[coscale] evaluated {label}: "
-                + ", ".join(f"{n} {v['pass@1'].mean * 100:.1f}" for n, v in row.items()),
-                flush=True,
-            )
+            if is_writer():
+                print(
+                    f"[coscale] evaluated {label}: "
+                    + ", ".join(f"{n} {v['pass@1'].mean * 100:.1f}" for n, v in row.items()),
+                    flush=True,
+                )
     finally:
         engine.close()
     return report
