@@ -18,7 +18,9 @@ the rows stand beside its table; nothing reads the test side.
 
 Writes ``<out>/study-baselines.json`` (per-problem scores; resumes from it, and an arm's SFT model
 is kept) and ``study-baselines.md``: per arm and model, validation pass@1 over the seeds, and the
-shipped run's lead over each recipe, seed by seed (paired: the same problems and samples).
+shipped run's lead over each recipe, seed by seed (paired: the same problems and samples). Two
+processes on disjoint ``--seeds`` may share ``--out`` (one torch thread each on 2 cores): each run
+is merged into the file as it is on disk.
 
 Run: .venv/bin/python benchmarks/baselines_study.py --seeds 0,1,2 [--out runs/loop_study]
 """
@@ -36,6 +38,7 @@ from loop_study import (
     PRECISION,
     mean,
     mean_sd,
+    merged,
     paired_cell,
     pass_rates_of,
     run_dir,
@@ -219,6 +222,7 @@ def main() -> None:
                 engine.close()
             runs[seed] = {"seconds": seconds, "spent": spent, "scores": scores}
             runs[seed]["commit"] = code_commit()
+            study = merged(path, study, arm, seed, runs[seed])  # a run beside this one may write
             save(path, study)
             print(f"[baselines] {arm} seed {seed}: {seconds:.0f} s", flush=True)
     full = os.path.join(args.out, "study-full.json")
