@@ -175,10 +175,13 @@ def summary(study: dict, shipped_scores: dict) -> str:
             per = [mean(runs[s]["scores"][model]) * 100 for s in seeds]
             ours = [mean(shipped_scores[s]) * 100 for s in seeds if s in shipped_scores]
             lead = [o - p for o, p in zip(ours, per)] if len(ours) == len(per) else []
-            both = [shipped_scores[s] for s in seeds], [runs[s]["scores"][model] for s in seeds]
+            paired = "n/a"  # without the shipped run's scores of every seed
+            if lead:
+                both = [shipped_scores[s] for s in seeds], [runs[s]["scores"][model] for s in seeds]
+                paired = paired_cell(*both)
             lines.append(
                 f"| {arm} | {model} | {mean_sd(per)} | {', '.join(f'{v:.1f}' for v in per)} "
-                f"| {mean_sd(lead) if lead else 'n/a'} | {paired_cell(*both) if lead else 'n/a'} |"
+                f"| {mean_sd(lead) if lead else 'n/a'} | {paired} |"
             )
     return "\n".join(lines) + "\n"
 
