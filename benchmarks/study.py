@@ -24,10 +24,10 @@ Cost on a 2-core AMD EPYC (Zen 4), 32-true: the shipped demo run takes about 9 m
 (2026-12-07; 15-30 min sharing the cores), ``sft4_rl4`` about 14 min, an ``iterations`` run 5-25
 min (2026-12-06, the recipe of that day); the ``full`` step is 15 runs, the ``iterations`` step
 12, ``baselines`` 9 fits: 64 min for all 9 as two processes side by side with one torch thread
-each (g and h 10-12 min a fit, plain GRPO 9-11; 2026-12-07). By these figures all four steps take about 6
-hours on these 2 cores (not timed as a whole), over the four asked for; the ``full`` step's ``sft4_rl4``
-(42 min, a record of the recipe before) is the first to leave when the command is cut. The
-study of 2026-12-06, on the SFT recipe of that day, is kept in
+each (g and h 10-12 min a fit, plain GRPO 9-11; 2026-12-07). By these figures all four steps
+take about 6 hours on these 2 cores (not timed as a whole), over the four asked for; the
+``full`` step's ``sft4_rl4`` (42 min, a record of the recipe before) is the first to leave when
+the command is cut. The study of 2026-12-06, on the SFT recipe of that day, is kept in
 ``benchmarks/results/study_2026-12-06/``.
 
 Run: .venv/bin/python benchmarks/study.py [--steps full,baselines,iterations] [--seeds 0,1,2]
