@@ -36,3 +36,5 @@ def test_the_shipped_demo_config_lists_each_of_its_changes_with_a_figure():
     lines = demo_changes.changes(cfg)
     assert lines, "demo.yaml runs the paper's loop: drop this test's premise"
     assert not [line for line in lines if "no validation figure" in line]
+    # and the report says how the changes together fare on today's recipe
+    assert demo_changes.section(cfg).endswith(f"{demo_changes.TODAY}.")
