@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import lightning as L
 import torch
 
+from coscale.run.precision import cpu_line as cpu_line  # the studies' machine line, one definition
+
 SIZES: dict[str, dict[str, int]] = {
     "0.5M": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512},
     "4M": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024},
@@ -122,13 +124,6 @@ def code_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+changes" if dirty else "")  # fmt: skip
-
-
-def cpu_line() -> str:
-    """The CPU's model name and whether it computes bf16 natively (figures depend on both)."""
-    from coscale.run.precision import cpu_line as line
-
-    return line()
 
 
 @dataclass

@@ -42,19 +42,21 @@ def cpu_flags() -> set[str]:
     return set(lines[0].split(":", 1)[1].split()) if lines else set()
 
 
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` ("unknown CPU" where it has none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
 def cpu_line() -> str:
     """The CPU's model name and whether it computes bf16 natively (every speed figure and every
     run's numerics depend on both)."""
-    name = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
     native = sorted(set(NATIVE_BF16_FLAGS) & cpu_flags())
-    return (
-        f"CPU: {name}; native bf16: {', '.join(native) if native else 'no (AVX2-only or similar)'}"
-    )
+    flags = ", ".join(native) if native else "no (AVX2-only or similar)"
+    return f"CPU: {cpu_model()}; native bf16: {flags}"
 
 
 def training_device(accelerator: str) -> str:
