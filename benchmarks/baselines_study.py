@@ -1,7 +1,8 @@
 """The simple recipes at CoScale-RL's problems and budget, scored on validation, seed by seed.
 
-For each seed with a finished shipped run of ``loop_study.py --variant full`` (its folder
-``<out>/full-shipped-s<seed>``), from the same base model, on that run's 256 training problems:
+For each seed with a finished run of ``loop_study.py --variant full``'s ``BUDGET_ARM`` (the demo
+as it shipped until 2026-12-07; its folder ``<out>/full-changes_1207-s<seed>``), from the same
+base model, on that run's 256 training problems:
 
 * ``g``: SFT on every training problem with teacher solutions spread evenly, as many in all as
   the run's bank holds; then GRPO with one fixed N on every problem.
@@ -18,7 +19,8 @@ the rows stand beside its table; nothing reads the test side.
 
 Writes ``<out>/study-baselines.json`` (per-problem scores; resumes from it, and an arm's SFT model
 is kept) and ``study-baselines.md``: per arm and model, validation pass@1 over the seeds, and the
-shipped run's lead over each recipe, seed by seed (paired: the same problems and samples). Two
+lead of that run and of the paper's loop (the demo since 2026-12-07) over each recipe, seed by
+seed (paired: the same problems and samples). Two
 processes on disjoint ``--seeds`` may share ``--out`` (one torch thread each on 2 cores): each run
 is merged into the file as it is on disk.
 
@@ -35,6 +37,7 @@ import time
 
 import lightning as L
 from loop_study import (
+    BUDGET_ARM,
     PRECISION,
     mean,
     mean_sd,
@@ -58,15 +61,19 @@ from coscale.tasks import tiers
 ARMS = ("g", "h", "grpo")
 
 
-def shipped(out: str, seed: int):
-    """The finished shipped run of ``seed``: its parsed settings (data loaded, its curriculum
-    restored: the bank) and its spend over all stages."""
-    folder = run_dir(out, "full", "shipped", seed)
+LEADS = (BUDGET_ARM, "paper_loop")
+"""The ``full`` step's arms whose final models' leads over each recipe the tables give."""
+
+
+def budget_run(out: str, seed: int):
+    """The finished ``BUDGET_ARM`` run of ``seed``: its parsed settings (data loaded, its
+    curriculum restored: the bank) and its spend over all stages."""
+    folder = run_dir(out, "full", BUDGET_ARM, seed)
     with open(os.path.join(folder, "pipeline_state.json")) as f:
         state = json.load(f)
     if "final" not in state["done"]:
         raise SystemExit(f"{folder} is not finished: run loop_study.py --variant full first")
-    init = run_settings(folder, "full", "shipped")
+    init = run_settings(folder, "full", BUDGET_ARM)
     init.data.load_state_dict({"curriculum": state["curriculum"]})
     stages = state["results"]["spend"].values()
     spent = {k: sum(s.get(k, 0) for s in stages) for k in ("sft_examples", "rollouts")}
@@ -164,26 +171,41 @@ def arm_models(arm: str, init, spent: dict, seed: int, folder: str) -> dict[str,
     return {"sft": start, "grpo": end}
 
 
-def summary(study: dict, shipped_scores: dict) -> str:
-    """Validation pass@1 per arm and model over the seeds, and the shipped run's lead."""
-    lines = ["| arm | model | val pass@1 % (mean, sd) | each seed | shipped ahead by, points |"]
-    lines[0] += " paired 95% |"
-    lines.append("|---|---|---|---|---|---|")
+def summary(study: dict, references: dict[str, dict]) -> str:
+    """Validation pass@1 per arm and model over the seeds, and each reference arm's lead
+    (``references``: arm -> seed -> its final model's per-problem scores)."""
+    head = "| arm | model | val pass@1 % (mean, sd) | each seed |"
+    head += "".join(f" {ref} ahead by, points | paired 95% |" for ref in references)
+    lines = [head, "|---|---|---|---|" + "---|---|" * len(references)]
     for arm, runs in study["runs"].items():
         seeds = sorted(runs, key=int)
         for model in runs[seeds[0]]["scores"]:
             per = [mean(runs[s]["scores"][model]) * 100 for s in seeds]
-            ours = [mean(shipped_scores[s]) * 100 for s in seeds if s in shipped_scores]
-            lead = [o - p for o, p in zip(ours, per)] if len(ours) == len(per) else []
-            paired = "n/a"  # without the shipped run's scores of every seed
-            if lead:
-                both = [shipped_scores[s] for s in seeds], [runs[s]["scores"][model] for s in seeds]
-                paired = paired_cell(*both)
-            lines.append(
-                f"| {arm} | {model} | {mean_sd(per)} | {', '.join(f'{v:.1f}' for v in per)} "
-                f"| {mean_sd(lead) if lead else 'n/a'} | {paired} |"
-            )
+            row = f"| {arm} | {model} | {mean_sd(per)} | {', '.join(f'{v:.1f}' for v in per)} |"
+            for scores in references.values():
+                row += lead_cells(scores, runs, seeds, model, per)
+            lines.append(row)
     return "\n".join(lines) + "\n"
+
+
+def lead_cells(scores: dict, runs: dict, seeds: list[str], model: str, per: list[float]) -> str:
+    """A reference arm's lead over ``model`` of a recipe, mean and paired (n/a without the
+    reference's scores of every seed)."""
+    if not all(s in scores for s in seeds):
+        return " n/a | n/a |"
+    lead = [mean(scores[s]) * 100 - p for s, p in zip(seeds, per)]
+    both = [scores[s] for s in seeds], [runs[s]["scores"][model] for s in seeds]
+    return f" {mean_sd(lead)} | {paired_cell(*both)} |"
+
+
+def references(out: str) -> dict[str, dict]:
+    """The final models' per-problem scores of :data:`LEADS`, from ``<out>/study-full.json``."""
+    path = os.path.join(out, "study-full.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        runs = json.load(f)["runs"]
+    return {arm: {s: r["scores"]["final"] for s, r in runs.get(arm, {}).items()} for arm in LEADS}
 
 
 def main() -> None:
@@ -205,7 +227,7 @@ def main() -> None:
             study = json.load(f)
     study |= {"cpu": cpu_line(), "k": args.k, "precision": PRECISION, "scale": args.scale}
     for seed in args.seeds.split(","):
-        init, spent = shipped(args.out, int(seed))
+        init, spent = budget_run(args.out, int(seed))
         spent = {k: max(1, int(v * args.scale)) for k, v in spent.items()}
         for arm in args.arms.split(","):
             runs = study["runs"].setdefault(arm, {})
@@ -228,12 +250,7 @@ def main() -> None:
             study = merged(path, study, arm, seed, runs[seed])  # a run beside this one may write
             save(path, study)
             print(f"[baselines] {arm} seed {seed}: {seconds:.0f} s", flush=True)
-    full = os.path.join(args.out, "study-full.json")
-    ours = {}
-    if os.path.exists(full):
-        with open(full) as f:
-            ours = {s: r["scores"]["final"] for s, r in json.load(f)["runs"]["shipped"].items()}
-    text = summary(study, ours)
+    text = summary(study, references(args.out))
     header = f"{study['cpu']}\n\nk {args.k}, {PRECISION}, budget scale {args.scale}"
     with open(path.replace(".json", ".md"), "w") as f:
         f.write(f"{header}\n\ncommand: {' '.join([sys.executable, *sys.argv])}\n\n{text}")

@@ -36,10 +36,18 @@ from coscale.app.report_engine import ReportEngine
 from coscale.app.run_config import pipeline_parser
 from coscale.scoring.stats import paired_difference
 
+CHANGES_1207 = [
+    "--pipeline.redistill_each_iteration", "false",
+    "--pipeline.final.source", "bank",
+    "--pipeline.final.rl", "true",
+    "--pipeline.final.keep", "better",
+]  # fmt: skip
+"""The demo's changes to the paper's loop until 2026-12-07 (``demo.yaml`` runs the paper's loop
+since): the arms measured on that config carry them, so their records keep their meaning."""
+
+NO_REDISTILL = ["--pipeline.redistill_each_iteration", "false"]
+
 ARMS: dict[str, list[str]] = {
-    "shipped": [],
-    "measure_each_epoch": ["--pipeline.rl_measure_every", "1"],
-    "rollouts_relabel": ["--pipeline.rl_measure_every", "0"],
     "paper_loop": [
         "--pipeline.rl_measure_every", "1",
         "--pipeline.redistill_each_iteration", "true",
@@ -47,39 +55,52 @@ ARMS: dict[str, list[str]] = {
         "--pipeline.final.rl", "false",
         "--pipeline.final.keep", "retrained",
     ],
+    "changes_1207": CHANGES_1207,
+    "measure_each_epoch": ["--pipeline.rl_measure_every", "1", *NO_REDISTILL],
+    "rollouts_relabel": ["--pipeline.rl_measure_every", "0", *NO_REDISTILL],
     "paper_loop_final_rl": [
         "--pipeline.rl_measure_every", "1",
         "--pipeline.redistill_each_iteration", "true",
         "--pipeline.final.source", "all",
         "--pipeline.final.keep", "retrained",
+        "--pipeline.final.rl", "true",
     ],
-    "shipped_source_all": ["--pipeline.final.source", "all"],
-    "fixed_n": ["--pipeline.schedule.factor", "1.0"],
+    "changes_1207_source_all": [*CHANGES_1207, "--pipeline.final.source", "all"],
+    "fixed_n": ["--pipeline.schedule.factor", "1.0", *NO_REDISTILL],
     "redistill": ["--pipeline.redistill_each_iteration", "true"],
-    "sft4_rl4": ["--pipeline.sft_epochs", "4", "--pipeline.rl_epochs", "4"],
+    "sft4_rl4": [*CHANGES_1207, "--pipeline.sft_epochs", "4", "--pipeline.rl_epochs", "4"],
     "small128": [
+        *CHANGES_1207,
         "--data.train", "builtin:tiers?T3=32&T3v=32&T3w=32&T3x=32&seed=0",
         "--pipeline.sft_epochs", "4", "--pipeline.rl_epochs", "4",
     ],
     "small128_short": [
+        *CHANGES_1207,
         "--data.train", "builtin:tiers?T3=32&T3v=32&T3w=32&T3x=32&seed=0",
         "--pipeline.sft_epochs", "3", "--pipeline.final.epochs", "6",
     ],
     "recipe_2026_12_06": [
+        *CHANGES_1207,
         "--pipeline.sft_epochs", "4", "--pipeline.rl_epochs", "4", "--pipeline.final.epochs", "15",
         "--pipeline.sft.optimizer.lr", "5.0e-4", "--pipeline.sft.optimizer.decay", "constant",
     ],
 }  # fmt: skip
-"""Each arm's overrides of ``demo.yaml``. ``paper_loop_final_rl`` and ``shipped_source_all``
-change one setting each, to tell which of the shipped changes carries its lead; ``fixed_n``
-(Rollout N stays at ``n_init``: about the schedule's rollouts on this task, where it raises N for
-few groups late) and ``redistill`` (a re-distillation fit after each iteration's RL) each turn
-one technique off or on, against ``measure_each_epoch`` in the ``iterations`` variant.
+"""Each arm's overrides of ``demo.yaml``. ``paper_loop`` is ``demo.yaml`` as it ships since
+2026-12-07 (its overrides spelled out, so the arm stays the paper's loop); ``changes_1207`` is
+the demo as it shipped until that day. ``paper_loop_final_rl`` and ``changes_1207_source_all``
+change one setting each, to tell which of those changes carried their lead; ``fixed_n`` (Rollout
+N stays at ``n_init``: about the schedule's rollouts on this task, where it raises N for few
+groups late) and ``redistill`` (a re-distillation fit after each iteration's RL) each turn one
+technique off or on, against ``measure_each_epoch`` in the ``iterations`` variant.
 ``sft4_rl4`` gives the iterations the passes and RL epochs they had before 2026-12-07;
 ``small128`` and ``small128_short`` train on half the problems; ``recipe_2026_12_06`` is the
 demo's SFT recipe before 2026-12-07 (5e-4 constant, 4 passes per iteration, 15 in the final
 retrain, 4 RL epochs). The study of 2026-12-06 (``benchmarks/results/study_2026-12-06/``) ran
 its arms on that recipe (``demo.yaml`` of commit 5fa5fb2)."""
+
+BUDGET_ARM = "changes_1207"
+"""The ``full`` step's arm whose runs give the baselines their problems and budgets and the
+technique study its banks (the demo as it shipped when those studies ran, 2026-12-07)."""
 
 VARIANTS: dict[str, list[str]] = {
     "full": [],
@@ -324,7 +345,7 @@ def main() -> None:
             folder = run_dir(args.out, args.variant, arm, int(seed))
             if "spend" not in run:  # runs scored before the study recorded it
                 run["spend"] = record(folder)["spend"]
-            if "stages" not in run:
+            if "stages" not in run and os.path.isdir(folder):  # a run of another machine: none
                 run["stages"] = stage_detail(folder, args.variant, arm, args.k)
             study = merged(path, study, arm, seed, run)
             save(path, study)

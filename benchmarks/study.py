@@ -3,17 +3,18 @@ tables of ``docs/results.md`` written again from what the runs scored.
 
 Steps, in this order (``--steps`` picks some):
 
-* ``full``: ``loop_study.py --variant full``: the whole demo as it ships (``shipped``), with the
-  iterations' SFT and RL of before 2026-12-07 (``sft4_rl4``), as the paper runs it
-  (``paper_loop``), and with one shipped change each (``paper_loop_final_rl``,
-  ``shipped_source_all``).
-* ``baselines``: ``baselines_study.py``: (g), (h) and plain GRPO at the shipped runs' problems
-  and budgets (it needs the ``full`` step's shipped runs).
+* ``full``: ``loop_study.py --variant full``: the whole demo as it ships, the paper's loop
+  (``paper_loop``); as it shipped until 2026-12-07 (``changes_1207``: no re-distillation fit, the
+  final retrain on the bank with its own RL stage), that with the iterations' SFT and RL of
+  before that day (``sft4_rl4``), and one of those changes each (``paper_loop_final_rl``,
+  ``changes_1207_source_all``).
+* ``baselines``: ``baselines_study.py``: (g), (h) and plain GRPO at the ``changes_1207`` runs'
+  problems and budgets (it needs those runs).
 * ``iterations``: ``loop_study.py --variant iterations``: the iterations alone, the pools
   re-measured after every RL epoch against relabelled by the rollouts, a fixed Rollout N against
   the schedule, a re-distillation fit after each iteration's RL against none.
 * ``techniques``: ``technique_study.py``: more solutions per problem at equal SFT examples, and
-  how many solutions the shipped runs' problems needed before a measurement found them solvable.
+  how many solutions the ``changes_1207`` runs' problems needed before a measurement found them solvable.
 
 Every step resumes (a scored run is skipped, a stopped one goes on from its checkpoints), so the
 command can be stopped and started again, across sessions. Every model is scored on the
@@ -51,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 STEPS: dict[str, list[str]] = {
     "full": ["loop_study.py", "--variant", "full", "--arms",
-             "shipped,sft4_rl4,paper_loop,paper_loop_final_rl,shipped_source_all"],
+             "paper_loop,changes_1207,sft4_rl4,paper_loop_final_rl,changes_1207_source_all"],
     "baselines": ["baselines_study.py"],
     "iterations": ["loop_study.py", "--variant", "iterations", "--arms",
                    "measure_each_epoch,rollouts_relabel,fixed_n,redistill"],
@@ -60,8 +61,8 @@ STEPS: dict[str, list[str]] = {
 """Each step's script and arguments (``--seeds`` and ``--out`` are added)."""
 
 TITLES = {
-    "full": "The whole demo: the shipped config, longer iterations, the paper's loop, one change each",
-    "baselines": "The simple recipes at the shipped runs' problems and budgets",
+    "full": "The whole demo: the paper's loop (shipped), the changes of before, one change each",
+    "baselines": "The simple recipes at the changes_1207 runs' problems and budgets",
     "iterations": "The iterations alone (no final stage)",
     "techniques": "More solutions per problem at equal SFT examples; solutions a problem needed",
 }
@@ -83,9 +84,7 @@ def tables(step: str, out: str) -> str | None:
     if step == "techniques":
         text = technique_study.summary(study)
     elif step == "baselines":
-        full = load(os.path.join(out, "study-full.json")) or {"runs": {}}
-        shipped = {s: r["scores"]["final"] for s, r in full["runs"].get("shipped", {}).items()}
-        text = baselines_study.summary(study, shipped)
+        text = baselines_study.summary(study, baselines_study.references(out))
     else:
         text = loop_study.summary(study)
     header = f"{study['cpu']}; {study['precision']}; {study['k']} samples per validation problem"

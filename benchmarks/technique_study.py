@@ -9,7 +9,8 @@ Two parts:
   (``baselines_study.sft``). Scored per seed on the validation problems (pass@1 and
   pass@<samples>) and on the problems every arm trained on (the ``pairs / max m`` first ones:
   how well a problem seen once is learnt against one seen ``m`` times).
-* ``needed``: from the shipped runs of ``loop_study.py --variant full``: how many bank solutions
+* ``needed``: from the ``changes_1207`` runs of ``loop_study.py --variant full`` (``BUDGET_ARM``,
+  the demo as it shipped until 2026-12-07): how many bank solutions
   each training problem had when a measurement first found it solvable, from every measurement's
   ``pass_rates.json`` (the paper's premise: some problems need many solutions before RL can
   solve them).
@@ -30,6 +31,7 @@ from collections import Counter
 
 from baselines_study import sft
 from loop_study import (
+    BUDGET_ARM,
     PRECISION,
     mean,
     mean_sd,
@@ -85,7 +87,7 @@ def solutions_arm(init, args, m: int, seed: int) -> dict[str, list[float]]:
 def needed(out: str, seed: int) -> dict[str, int]:
     """Bank solutions each training problem had when a measurement first found it solvable (or
     solved), counted by that number; ``never``: no measurement found it so."""
-    folder = run_dir(out, "full", "shipped", seed)
+    folder = run_dir(out, "full", BUDGET_ARM, seed)
     with open(os.path.join(folder, "pipeline_state.json")) as f:
         done = json.load(f)["done"]
     first: dict[str, int | None] = {}
@@ -129,7 +131,7 @@ def summary(study: dict) -> str:
         keys = {k for c in counts.values() for k in c}
         keys = sorted(keys, key=lambda k: (k == "never", int(k) if k != "never" else 0))
         lines += [
-            "| shipped run, seed | " + " | ".join(keys) + " |",
+            f"| {BUDGET_ARM} run, seed | " + " | ".join(keys) + " |",
             "|---" * (len(keys) + 1) + "|",
         ]
         for seed, c in counts.items():
@@ -161,7 +163,7 @@ def main() -> None:
     study |= {"precision": PRECISION, "pairs": args.pairs, "epochs": args.epochs}
     parts = args.parts.split(",")
     if "solutions" in parts:
-        init = run_settings(os.path.join(args.out, "technique-settings"), "full", "shipped")
+        init = run_settings(os.path.join(args.out, "technique-settings"), "full", "paper_loop")
         for m in args.per_problem:
             for seed in args.seeds.split(","):
                 runs = study.setdefault("solutions", {}).setdefault(str(m), {})
@@ -172,7 +174,7 @@ def main() -> None:
                     print(f"[techniques] {m} per problem, seed {seed}", flush=True)
     if "needed" in parts:
         for seed in args.seeds.split(","):
-            if os.path.isdir(run_dir(args.out, "full", "shipped", int(seed))):
+            if os.path.isdir(run_dir(args.out, "full", BUDGET_ARM, int(seed))):
                 study.setdefault("needed", {})[seed] = needed(args.out, int(seed))
         save(path, study)
     text = summary(study)
