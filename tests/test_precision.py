@@ -1,4 +1,4 @@
-"""`precision: auto` takes the faster of two measured timings, once per run (fake timers, one real).
+"""`precision: auto` takes the faster of two measured timings, once per run (fake timers, real ones).
 
 Every decision test injects a timer that returns fixed seconds, so the choice is deterministic;
 no test asserts a measured speed. The record (``<run_dir>/precision.json``) is what makes the
@@ -54,14 +54,28 @@ def rank_zero_with_native_bf16(monkeypatch):
     [(41.2, 63.0, "32-true"), (63.0, 41.2, "bf16-mixed"), (50.0, 50.0, "32-true")],
 )
 def test_auto_on_cpu_takes_the_faster_of_the_two_timings(fp32_ms, bf16_ms, chosen):
+    """bf16-mixed where it wins the training step and sampling; sampling is timed only where
+    bf16-mixed wins the step (a tie keeps float32)."""
+    sampler = fixed(30.0, 20.0) if bf16_ms < fp32_ms else never
     args, line = precision.resolve_precision(
-        CPU_AUTO, "builtin:demo", timer=fixed(fp32_ms, bf16_ms)
+        CPU_AUTO, "builtin:demo", timer=fixed(fp32_ms, bf16_ms), sampler=sampler
     )
-    assert args == {"accelerator": "cpu", "precision": chosen}  # a tie keeps float32
-    assert line == (
-        f"precision auto -> {chosen}: fp32 {fp32_ms:.1f} ms, bf16-mixed {bf16_ms:.1f} ms per "
-        "fwd+bwd of builtin:demo (batch 4 x 64 tokens)"
+    assert args == {"accelerator": "cpu", "precision": chosen}
+    step = (
+        f"fp32 {fp32_ms:.1f} ms, bf16-mixed {bf16_ms:.1f} ms per fwd+bwd of builtin:demo "
+        "(batch 4 x 64 tokens)"
     )
+    sampled = "; fp32 30.0 ms, bf16-mixed 20.0 ms to sample 32 tokens after 4 prompts"
+    assert line == f"precision auto -> {chosen}: {step}" + (sampled if sampler is not never else "")
+
+
+def test_a_faster_bf16_step_with_slower_sampling_takes_float32():
+    """The Zen 4 case (docs/results.md): bf16-mixed wins the step, loses sampling."""
+    args, line = precision.resolve_precision(
+        CPU_AUTO, "builtin:demo", timer=fixed(415.2, 326.3), sampler=fixed(448.9, 571.8)
+    )
+    assert args["precision"] == "32-true"
+    assert line.endswith("; fp32 448.9 ms, bf16-mixed 571.8 ms to sample 32 tokens after 4 prompts")
 
 
 @pytest.mark.parametrize("flags", [{"avx2", "fma"}, set()])
@@ -88,8 +102,10 @@ def test_auto_on_cuda_asks_the_device_without_timing(monkeypatch, supported):
 
 def test_the_decision_is_recorded_and_reused_without_timing(tmp_path):
     calls: list[str] = []
-    first = precision.resolve_precision(CPU_AUTO, TINY, str(tmp_path), fixed(63.0, 41.2, calls))
-    assert calls == [TINY] and first[0]["precision"] == "bf16-mixed"
+    first = precision.resolve_precision(
+        CPU_AUTO, TINY, str(tmp_path), fixed(63.0, 41.2, calls), sampler=fixed(30.0, 20.0, calls)
+    )
+    assert calls == [TINY, TINY] and first[0]["precision"] == "bf16-mixed"
     record = json.loads((tmp_path / "precision.json").read_text())
     assert record == {
         "precision": "bf16-mixed",
@@ -98,7 +114,9 @@ def test_the_decision_is_recorded_and_reused_without_timing(tmp_path):
         "why": first[1].removeprefix("precision auto -> bf16-mixed: "),
     }
     # a resume (or another rank) that would time float32 faster keeps the run's choice
-    args, line = precision.resolve_precision(CPU_AUTO, TINY, str(tmp_path), timer=never)
+    args, line = precision.resolve_precision(
+        CPU_AUTO, TINY, str(tmp_path), timer=never, sampler=never
+    )
     assert args == first[0]
     assert line == f"{first[1]}; recorded in {tmp_path / 'precision.json'}"
 
@@ -176,6 +194,7 @@ def test_stage_context_times_the_sft_batch_prints_the_one_line_and_records_it(
         return Timings(fp32=41.2e-3, bf16=63.0e-3, batch=batch, tokens=tokens)
 
     monkeypatch.setattr(precision, "time_fwd_bwd", timer)
+    monkeypatch.setattr(precision, "time_decode", never)  # float32 won the step: not asked
     cfg = SimpleNamespace(
         trainer=dict(CPU_AUTO),
         model="builtin:demo",
@@ -237,6 +256,18 @@ def test_a_real_timing_of_the_tiny_model_is_quick_and_leaves_the_rng_alone():
     assert (t.batch, t.tokens) == (4, 64)
     assert all(math.isfinite(s) and s > 0 for s in (t.fp32, t.bf16))
     assert took < 20, f"timing took {took:.1f} s; it should take a few (budget_s=2 plus a warm-up)"
+
+
+def test_a_real_timing_of_sampling_is_quick_and_leaves_the_rng_alone():
+    precision_timing.random_model(TINY)
+    rng = torch.get_rng_state()
+    start = time.perf_counter()
+    t = precision_timing.time_decode(TINY, batch=2, tokens=16)
+    took = time.perf_counter() - start
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert (t.batch, t.tokens) == (2, 16)
+    assert all(math.isfinite(s) and s > 0 for s in (t.fp32, t.bf16))
+    assert took < 20, f"timing took {took:.1f} s"
 
 
 def test_an_unreadable_model_config_names_the_setting(tmp_path):

@@ -3,7 +3,11 @@
 CPU flags do not tell which is faster: without native bf16 kernels bf16 is emulated and far
 slower, and even with ``avx512_bf16`` bf16-mixed can be the slower of the two (measurements in
 docs/results.md). So on the CPU ``auto`` times one training step of the model in each
-(:mod:`coscale.run.precision_timing`, about a second for a small model) and takes the faster.
+(:mod:`coscale.run.precision_timing`, about a second for a small model) and, where bf16-mixed
+wins it, sampling too: bf16-mixed only where it is the faster at both, the two things every
+stage of a run does. A training step alone misleads: on a Zen 4 with avx512_bf16 it timed
+bf16-mixed 40% faster, where the demo's SFT stages then ran 18-37% slower and its sampling 27-36%
+slower than in float32 (docs/results.md).
 A CPU whose flags list neither ``avx512_bf16`` nor ``amx_bf16`` gets ``32-true`` untimed (bf16
 would be emulated). On a CUDA device nothing is timed: ``bf16-mixed`` where the device supports
 bf16 (tensor cores make it the faster there), else ``32-true``.
@@ -24,12 +28,12 @@ import torch
 
 from coscale.distributed import launched_as_rank_zero
 from coscale.run import precision_record as records
-from coscale.run.precision_timing import Timings, time_fwd_bwd
+from coscale.run.precision_timing import Timings, time_decode, time_fwd_bwd
 
 AUTO = "auto"
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 Timer = Callable[[str], Timings]
-"""Times a training step of a model (its spec) in both precisions."""
+"""Times a training step, or sampling, of a model (its spec) in both precisions."""
 
 
 def cpu_flags() -> set[str]:
@@ -66,11 +70,16 @@ def training_device(accelerator: str) -> str:
 
 
 def decide(
-    device: str, model: str, timer: Timer | None = None, shape: tuple[int, int] | None = None
+    device: str,
+    model: str,
+    timer: Timer | None = None,
+    shape: tuple[int, int] | None = None,
+    sampler: Timer | None = None,
 ) -> tuple[str, str]:
     """The precision ``auto`` means for ``model`` on ``device``, and why (times, when timed).
     ``shape`` (sequences, tokens per sequence) is the batch the stages train on, timed by the
-    default timer; None: :func:`~coscale.run.precision_timing.time_fwd_bwd`'s own."""
+    default timer and sampler; None: :mod:`~coscale.run.precision_timing`'s own. ``timer``
+    times a training step, ``sampler`` sampling (asked only where bf16-mixed wins the step)."""
     if device == "cuda":
         ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return ("bf16-mixed" if ok else "32-true"), (
@@ -79,18 +88,21 @@ def decide(
     if not set(NATIVE_BF16_FLAGS) & cpu_flags():
         flags = " and ".join(NATIVE_BF16_FLAGS)
         return "32-true", f"CPU flags lack {flags} (bf16 would be emulated; not timed)"
-    if timer is None:
-        timer = (
-            time_fwd_bwd
-            if shape is None
-            else partial(time_fwd_bwd, batch=shape[0], tokens=shape[1])
-        )
-    t = timer(model)
-    chosen = "bf16-mixed" if t.bf16 < t.fp32 else "32-true"
-    return chosen, (
-        f"fp32 {t.fp32 * 1e3:.1f} ms, bf16-mixed {t.bf16 * 1e3:.1f} ms per fwd+bwd of {model} "
-        f"(batch {t.batch} x {t.tokens} tokens)"
-    )
+    t = (timer or _default(time_fwd_bwd, shape))(model)
+    why = f"{_times(t)} per fwd+bwd of {model} (batch {t.batch} x {t.tokens} tokens)"
+    if t.bf16 >= t.fp32:
+        return "32-true", why
+    d = (sampler or _default(time_decode, shape))(model)
+    why += f"; {_times(d)} to sample {d.tokens // 2} tokens after {d.batch} prompts"
+    return ("bf16-mixed" if d.bf16 < d.fp32 else "32-true"), why
+
+
+def _default(timing: Callable[..., Timings], shape: tuple[int, int] | None) -> Timer:
+    return timing if shape is None else partial(timing, batch=shape[0], tokens=shape[1])
+
+
+def _times(t: Timings) -> str:
+    return f"fp32 {t.fp32 * 1e3:.1f} ms, bf16-mixed {t.bf16 * 1e3:.1f} ms"
 
 
 def resolve_precision(
@@ -99,6 +111,7 @@ def resolve_precision(
     run_dir: str | None = None,
     timer: Timer | None = None,
     shape: tuple[int, int] | None = None,
+    sampler: Timer | None = None,
 ) -> tuple[dict[str, Any], str | None]:
     """``trainer_args`` with ``precision: auto`` replaced by the run's choice.
 
@@ -109,6 +122,8 @@ def resolve_precision(
         timer: What times ``model``; None: :func:`~coscale.run.precision_timing.time_fwd_bwd`.
         shape: (sequences, tokens per sequence) of the stages' training batch, what the
             default timer times (the run's ``data.sft_batch_size`` x ``sft.max_length``).
+        sampler: What times sampling with ``model`` where bf16-mixed wins the step; None:
+            :func:`~coscale.run.precision_timing.time_decode` at ``shape``.
 
     Returns:
         The arguments, and the line to print (``precision auto -> <choice>: <why>``; None when
@@ -122,20 +137,25 @@ def resolve_precision(
     if str(trainer_args.get("precision")) != AUTO:
         return trainer_args, None
     device = training_device(str(trainer_args.get("accelerator", "auto")))
-    chosen, why = _run_choice(device, model, run_dir, timer, shape)
+    chosen, why = _run_choice(device, model, run_dir, timer, shape, sampler)
     return {**trainer_args, "precision": chosen}, f"precision auto -> {chosen}: {why}"
 
 
 def _run_choice(
-    device: str, model: str, run_dir: str | None, timer: Timer | None, shape: tuple[int, int] | None
+    device: str,
+    model: str,
+    run_dir: str | None,
+    timer: Timer | None,
+    shape: tuple[int, int] | None,
+    sampler: Timer | None,
 ) -> tuple[str, str]:
     """The run's recorded choice; made, timed and recorded here by rank 0 when there is none."""
     if run_dir is None:
-        return decide(device, model, timer, shape)
+        return decide(device, model, timer, shape, sampler)
     path = records.record_path(run_dir)
     record = records.read_record(path) if launched_as_rank_zero() else records.wait_for_record(path)
     if record is None:
-        chosen, why = decide(device, model, timer, shape)
+        chosen, why = decide(device, model, timer, shape, sampler)
         record = {"precision": chosen, "device": device, "model": model, "why": why}
         records.write_record(path, record)
         return chosen, why

@@ -6,7 +6,9 @@ matters, not its values), and each step is a forward pass with the labels and a 
 one small batch, the way Lightning runs it: ``32-true`` plainly, ``bf16-mixed`` with the forward
 under ``torch.autocast("cpu", dtype=torch.bfloat16)`` and float32 weights. One warm-up step of
 each, then the median of up to five, interleaved so that a change of the machine's load falls on
-both, within a budget of about two seconds. Other jobs on the machine still disturb the times,
+both, within a budget of about two seconds. :func:`time_decode` times the other half of a run's
+work the same way: sampling, a KV-cached decode under the same autocast (the in-process engines
+sample in the trainer's precision). Other jobs on the machine still disturb the times,
 many-fold on a loaded 2-core machine (time a run alone, as any benchmark).
 """
 
@@ -70,6 +72,29 @@ def time_fwd_bwd(
     return Timings(statistics.median(seen[False]), statistics.median(seen[True]), batch, tokens)
 
 
+def time_decode(
+    model: str, batch: int = 4, tokens: int = 64, repeats: int = 3, budget_s: float = 3.0
+) -> Timings:
+    """Times sampling with ``model``'s architecture in both precisions on the CPU: ``batch``
+    prompts of ``tokens // 2`` random ids, each extended by ``tokens // 2`` sampled tokens with
+    the KV cache (``generate``), the forward passes under bf16 autocast for ``bf16-mixed``.
+    Warm-up, rounds and budget as :func:`time_fwd_bwd`; the global RNG is left as it was."""
+    with seeded(0):
+        net = random_model(model).eval()
+        tokens = min(tokens, getattr(net.config, "max_position_embeddings", None) or tokens)
+        half = max(tokens // 2, 1)
+        ids = torch.randint(1, net.get_input_embeddings().num_embeddings, (batch, half))  # B x T
+        for bf16 in (False, True):
+            _decode(net, ids, half, bf16)
+        seen: dict[bool, list[float]] = {False: [], True: []}
+        rounds, spent = 0, 0.0
+        while rounds < max(repeats, 1) and (rounds == 0 or spent < budget_s):
+            for bf16 in (False, True):
+                seen[bf16].append(_decode(net, ids, half, bf16))
+            rounds, spent = rounds + 1, spent + seen[False][-1] + seen[True][-1]
+    return Timings(statistics.median(seen[False]), statistics.median(seen[True]), batch, tokens)
+
+
 def random_model(model: str) -> Any:
     """``model``'s architecture with random float32 weights, in training mode.
 
@@ -97,4 +122,15 @@ def _step(net: Any, ids: torch.Tensor, bf16: bool) -> float:
         loss = net(input_ids=ids, labels=ids).loss
     loss.backward()
     net.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def _decode(net: Any, ids: torch.Tensor, new: int, bf16: bool) -> float:
+    """Seconds to sample ``new`` tokens after each row of ``ids`` (no early stop)."""
+    start = time.perf_counter()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        net.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+            do_sample=True, pad_token_id=0,
+        )  # fmt: skip
     return time.perf_counter() - start
