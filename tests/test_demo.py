@@ -31,8 +31,8 @@ def test_quick_demo_writes_table_plots_and_wandb_run(tmp_path, capsys, wandb_log
     assert re.search(r"selection: step \d+ of \d+ kept, .* on 16 problems \(first: T3\w*-val-", out)
     for name in SETS:
         assert f"{name} pass@1" in table
-    # demo.yaml runs the paper's loop, and the report says so
-    assert "The loop: the paper's (docs/method.md), no setting changed." in table
+    # demo.yaml's one change to the paper's loop, with its figure
+    assert "- `final.rl: true` (the paper: `false`): the final retrain's own RL stage" in table
     report = json.loads((run_dir / "results.json").read_text())["report"]
     assert set(report["curve"]) == {"base", "iteration 1", "final"}
     base = report["base"]["T3"]["pass@1"]

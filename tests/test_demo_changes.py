@@ -31,11 +31,12 @@ def test_each_change_is_listed_with_its_figure_or_with_none_on_record():
     assert len(lines) == 2
 
 
-def test_the_shipped_demo_config_runs_the_papers_loop():
+def test_the_shipped_demo_config_lists_its_one_change_with_its_figure():
     cfg = demo_parser().parse_args(["--config", demo_config()]).pipeline
-    assert demo_changes.changes(cfg) == []
-    # a run that leaves it (a flag on top of demo.yaml) gets each change listed with its figure
-    cfg = demo_parser().parse_args(["--config", demo_config(), "--pipeline.final.rl", "true"])
-    lines = demo_changes.changes(cfg.pipeline)
-    assert len(lines) == 1 and "the final retrain's own RL stage" in lines[0]
-    assert demo_changes.section(cfg.pipeline).endswith(f"{demo_changes.TODAY}.")
+    lines = demo_changes.changes(cfg)
+    assert len(lines) == 1 and lines[0].startswith("- `final.rl: true` (the paper: `false`)")
+    assert "paired 95% [3.2, 6.0]" in lines[0]
+    assert demo_changes.section(cfg).endswith(f"{demo_changes.TODAY}.")
+    # a flag that leaves the loop further adds its own line
+    cfg = demo_parser().parse_args(["--config", demo_config(), "--pipeline.final.source", "bank"])
+    assert len(demo_changes.changes(cfg.pipeline)) == 2
