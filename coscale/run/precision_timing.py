@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,15 +62,8 @@ def time_fwd_bwd(
         tokens = min(tokens, getattr(net.config, "max_position_embeddings", None) or tokens)
         vocab = net.get_input_embeddings().num_embeddings
         ids = torch.randint(0, vocab, (batch, tokens))  # B x T
-        for bf16 in (False, True):  # warm-up: kernels chosen, memory allocated
-            _step(net, ids, bf16)
-        seen: dict[bool, list[float]] = {False: [], True: []}
-        rounds, spent = 0, 0.0
-        while rounds < max(repeats, 1) and (rounds == 0 or spent < budget_s):
-            for bf16 in (False, True):  # interleaved: a burst of load falls on both
-                seen[bf16].append(_step(net, ids, bf16))
-            rounds, spent = rounds + 1, spent + seen[False][-1] + seen[True][-1]
-    return Timings(statistics.median(seen[False]), statistics.median(seen[True]), batch, tokens)
+        fp32, bf16 = _medians(lambda bf16: _step(net, ids, bf16), repeats, budget_s)
+    return Timings(fp32, bf16, batch, tokens)
 
 
 def time_decode(
@@ -84,15 +78,23 @@ def time_decode(
         tokens = min(tokens, getattr(net.config, "max_position_embeddings", None) or tokens)
         half = max(tokens // 2, 1)
         ids = torch.randint(1, net.get_input_embeddings().num_embeddings, (batch, half))  # B x T
+        fp32, bf16 = _medians(lambda bf16: _decode(net, ids, half, bf16), repeats, budget_s)
+    return Timings(fp32, bf16, batch, tokens)
+
+
+def _medians(step: Callable[[bool], float], repeats: int, budget_s: float) -> tuple[float, float]:
+    """Median seconds of ``step`` (given ``bf16``) in float32 and in bf16-mixed: one warm-up of
+    each (kernels chosen, memory allocated), then rounds of one each, interleaved so that a burst
+    of load falls on both, up to ``repeats`` while the rounds before took under ``budget_s``."""
+    for bf16 in (False, True):
+        step(bf16)
+    seen: dict[bool, list[float]] = {False: [], True: []}
+    rounds, spent = 0, 0.0
+    while rounds < max(repeats, 1) and (rounds == 0 or spent < budget_s):
         for bf16 in (False, True):
-            _decode(net, ids, half, bf16)
-        seen: dict[bool, list[float]] = {False: [], True: []}
-        rounds, spent = 0, 0.0
-        while rounds < max(repeats, 1) and (rounds == 0 or spent < budget_s):
-            for bf16 in (False, True):
-                seen[bf16].append(_decode(net, ids, half, bf16))
-            rounds, spent = rounds + 1, spent + seen[False][-1] + seen[True][-1]
-    return Timings(statistics.median(seen[False]), statistics.median(seen[True]), batch, tokens)
+            seen[bf16].append(step(bf16))
+        rounds, spent = rounds + 1, spent + seen[False][-1] + seen[True][-1]
+    return statistics.median(seen[False]), statistics.median(seen[True])
 
 
 def random_model(model: str) -> Any:
