@@ -47,6 +47,15 @@ since): the arms measured on that config carry them, so their records keep their
 
 NO_REDISTILL = ["--pipeline.redistill_each_iteration", "false"]
 
+PAPER_FINAL_RL = [
+    "--pipeline.rl_measure_every", "1",
+    "--pipeline.redistill_each_iteration", "true",
+    "--pipeline.final.source", "all",
+    "--pipeline.final.keep", "retrained",
+    "--pipeline.final.rl", "true",
+]  # fmt: skip
+"""``demo.yaml`` as it ships since 2026-12-07 (the paper's loop with ``final.rl``), spelled out."""
+
 ARMS: dict[str, list[str]] = {
     "paper_loop": [
         "--pipeline.rl_measure_every", "1",
@@ -58,14 +67,14 @@ ARMS: dict[str, list[str]] = {
     "changes_1207": CHANGES_1207,
     "measure_each_epoch": ["--pipeline.rl_measure_every", "1", *NO_REDISTILL],
     "rollouts_relabel": ["--pipeline.rl_measure_every", "0", *NO_REDISTILL],
-    "paper_loop_final_rl": [
-        "--pipeline.rl_measure_every", "1",
-        "--pipeline.redistill_each_iteration", "true",
-        "--pipeline.final.source", "all",
-        "--pipeline.final.keep", "retrained",
-        "--pipeline.final.rl", "true",
-    ],
+    "paper_loop_final_rl": PAPER_FINAL_RL,
     "changes_1207_source_all": [*CHANGES_1207, "--pipeline.final.source", "all"],
+    "final_rl_rl2": [*PAPER_FINAL_RL, "--pipeline.rl_epochs", "2"],
+    "final_rl_one_iteration": [
+        *PAPER_FINAL_RL,
+        "--pipeline.iterations", "1",
+        "--data.curriculum.solutions_per_round", "11",
+    ],
     "fixed_n": ["--pipeline.schedule.factor", "1.0", *NO_REDISTILL],
     "redistill": ["--pipeline.redistill_each_iteration", "true"],
     "sft4_rl4": [*CHANGES_1207, "--pipeline.sft_epochs", "4", "--pipeline.rl_epochs", "4"],

@@ -43,8 +43,10 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import baselines_study
+import heldout_study
 import loop_study
 import technique_study
 
@@ -57,23 +59,46 @@ STEPS: dict[str, list[str]] = {
     "iterations": ["loop_study.py", "--variant", "iterations", "--arms",
                    "measure_each_epoch,rollouts_relabel,fixed_n,redistill"],
     "techniques": ["technique_study.py"],
+    "test": ["heldout_study.py"],
 }  # fmt: skip
 """Each step's script and arguments (``--seeds`` and ``--out`` are added)."""
+
+DEFAULT_STEPS = ("full", "baselines", "techniques", "test")
+"""What the command runs without ``--steps``: about four hours on these 2 cores (module docstring);
+``iterations`` is asked for by name."""
 
 TITLES = {
     "full": "The whole demo: the paper's loop (shipped), the changes of before, one change each",
     "baselines": "The simple recipes at the changes_1207 runs' problems and budgets",
     "iterations": "The iterations alone (no final stage)",
     "techniques": "More solutions per problem at equal SFT examples; solutions a problem needed",
+    "test": "The test sets, scored once per finished run (the shipped loop, the paper's, the recipes)",
 }
 
 
 def run_step(step: str, seeds: str, out: str) -> None:
-    """One step's script, in this interpreter, from ``benchmarks/``; raises if it fails."""
+    """One step's script, in this interpreter, from ``benchmarks/``; raises if it fails. Its
+    wall seconds are added to ``<out>/study-seconds.json`` (a resumed step adds what it took)."""
     script, *args = STEPS[step]
     command = [sys.executable, script, *args, "--seeds", seeds, "--out", out]
     print(f"[study] {step}: {' '.join(command)}", flush=True)
-    subprocess.run(command, cwd=HERE, check=True)
+    start = time.perf_counter()
+    try:
+        subprocess.run(command, cwd=HERE, check=True)
+    finally:
+        spent = add_seconds(
+            os.path.join(out, "study-seconds.json"), step, time.perf_counter() - start
+        )
+        print(f"[study] {step}: {spent / 60:.1f} min on this step in all, every call", flush=True)
+
+
+def add_seconds(path: str, step: str, seconds: float) -> float:
+    """``seconds`` added to ``step``'s total in the file at ``path``; returns the new total."""
+    totals = load(path) or {}
+    totals[step] = totals.get(step, 0.0) + seconds
+    with open(path, "w") as f:
+        json.dump(totals, f, indent=1)
+    return totals[step]
 
 
 def tables(step: str, out: str) -> str | None:
@@ -85,10 +110,14 @@ def tables(step: str, out: str) -> str | None:
         text = technique_study.summary(study)
     elif step == "baselines":
         text = baselines_study.summary(study, baselines_study.references(out))
+    elif step == "test":
+        text = heldout_study.summary(study)
     else:
         text = loop_study.summary(study)
-    header = f"{study['cpu']}; {study['precision']}; {study['k']} samples per validation problem"
-    header += f"; the runs' code: {', '.join(sorted(commits(study)))}"
+    side = "test" if step == "test" else "validation"
+    header = f"{study['cpu']}; {study['precision']}; {study['k']} samples per {side} problem"
+    code = "scored with the code of" if step == "test" else "the runs' code:"
+    header += f"; {code} {', '.join(sorted(commits(study)))}"
     return f"### {TITLES[step]}\n\n{header}\n\n{text}"
 
 
@@ -135,7 +164,7 @@ def keep(step: str, out: str, results: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", default=",".join(STEPS))
+    parser.add_argument("--steps", default=",".join(DEFAULT_STEPS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", default="runs/loop_study")
     parser.add_argument("--doc", default=os.path.join(HERE, "..", "docs", "results.md"))
@@ -153,6 +182,9 @@ def main() -> None:
             write_into(args.doc, step, text)
             keep(step, out, args.results)
             print(text, flush=True)
+    if os.path.exists(seconds := os.path.join(out, "study-seconds.json")):
+        os.makedirs(args.results, exist_ok=True)
+        shutil.copy(seconds, os.path.join(args.results, "study-seconds.json"))
 
 
 if __name__ == "__main__":
