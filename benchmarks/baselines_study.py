@@ -19,10 +19,10 @@ the rows stand beside its table; nothing reads the test side.
 
 Writes ``<out>/study-baselines.json`` (per-problem scores; resumes from it, and an arm's SFT model
 is kept) and ``study-baselines.md``: per arm and model, validation pass@1 over the seeds, and the
-lead of that run, of the paper's loop and of the demo as shipped (the paper's loop with
-``final.rl``) over each recipe (:data:`LEADS`), seed by seed (paired: the same problems and
-samples). Two processes on disjoint ``--seeds`` may share ``--out`` (one torch thread each on 2
-cores): each run is merged into the file as it is on disk.
+lead of that run, of the paper's loop, of the paper's loop with ``final.rl`` and of the demo as
+shipped (that with one iteration) over each recipe (:data:`LEADS`), seed by seed (paired: the
+same problems and samples). Two processes on disjoint ``--seeds`` may share ``--out`` (one torch
+thread each on 2 cores): each run is merged into the file as it is on disk.
 
 Run: .venv/bin/python benchmarks/baselines_study.py --seeds 0,1,2 [--out runs/loop_study]
 """
@@ -61,7 +61,7 @@ from coscale.tasks import tiers
 ARMS = ("g", "h", "grpo")
 
 
-LEADS = (BUDGET_ARM, "paper_loop", "paper_loop_final_rl")
+LEADS = (BUDGET_ARM, "paper_loop", "paper_loop_final_rl", "final_rl_one_iteration")
 """The ``full`` step's arms whose final models' leads over each recipe the tables give."""
 
 

@@ -31,11 +31,13 @@ from coscale.app.demo import count_correct, test_sets
 from coscale.app.report_engine import ReportEngine
 from coscale.tasks import tiers
 
-SHIPPED = "paper_loop_final_rl"
-"""The arm ``demo.yaml`` runs (the paper's loop with ``final.rl``): the leads are its."""
+SHIPPED = "final_rl_one_iteration"
+"""The arm ``demo.yaml`` runs (the paper's loop with ``final.rl``, one iteration): the leads are
+its."""
 
-FULL_ARMS = (SHIPPED, "paper_loop", "changes_1207")
-"""The ``full`` step's arms the report scores: the shipped loop, the paper's, the one before."""
+FULL_ARMS = (SHIPPED, "paper_loop_final_rl", "paper_loop", "changes_1207")
+"""The ``full`` step's arms the report scores: the shipped loop, it with two iterations, the
+paper's loop, the demo before 2026-12-07."""
 
 RECIPES = ("g", "h", "grpo")
 """The ``baselines`` step's recipes (their GRPO model, the one each recipe ends with)."""

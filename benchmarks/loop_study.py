@@ -107,6 +107,16 @@ demo's SFT recipe before 2026-12-07 (5e-4 constant, 4 passes per iteration, 15 i
 retrain, 4 RL epochs). The study of 2026-12-06 (``benchmarks/results/study_2026-12-06/``) ran
 its arms on that recipe (``demo.yaml`` of commit 5fa5fb2)."""
 
+TWO_ITERATIONS = ["--pipeline.iterations", "2", "--data.curriculum.solutions_per_round", "6"]
+"""The loop's length every arm had before the demo went to one iteration (2026-12-07); each arm
+starts from it, so the records keep their meaning (``final_rl_one_iteration`` overrides it)."""
+
+
+def arm_args(arm: str) -> list[str]:
+    """``arm``'s overrides of ``demo.yaml``, after :data:`TWO_ITERATIONS`."""
+    return [*TWO_ITERATIONS, *ARMS[arm]]
+
+
 BUDGET_ARM = "changes_1207"
 """The ``full`` step's arm whose runs give the baselines their problems and budgets and the
 technique study its banks (the demo as it shipped when those studies ran, 2026-12-07)."""
@@ -135,7 +145,7 @@ def train(folder: str, variant: str, arm: str, seed: int) -> float:
     # one precision for every run: `auto` times the machine at each start, and a noisy timing
     # would make arms differ in precision as well as in what they compare
     args += ["--pipeline.trainer.precision", PRECISION]
-    args += [*VARIANTS[variant], *ARMS[arm]]
+    args += [*VARIANTS[variant], *arm_args(arm)]
     coscale = os.path.join(os.path.dirname(sys.executable), "coscale")
     start = time.perf_counter()
     with open(folder + ".log", "a") as log:
@@ -157,7 +167,7 @@ def run_settings(folder: str, variant: str, arm: str):
     """The run's parsed settings (its data loaded)."""
     parser = pipeline_parser()
     argv = ["--config", demo_config(), "--pipeline.run_dir", folder, *VARIANTS[variant]]
-    init = parser.instantiate(parser.parse_args([*argv, *ARMS[arm]]))
+    init = parser.instantiate(parser.parse_args([*argv, *arm_args(arm)]))
     init.data.load()
     return init
 

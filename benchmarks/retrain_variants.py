@@ -27,6 +27,7 @@ import time
 from loop_study import (
     ARMS,
     PRECISION,
+    arm_args,
     mean,
     mean_sd,
     pass_rates_of,
@@ -96,7 +97,7 @@ def retrain(folder: str, arm: str, variant: str, seed: int) -> float:
     """``coscale run`` of the copy: its final retrain under ``variant``; wall seconds."""
     args = ["--config", demo_config(), "--pipeline.run_dir", folder, "--pipeline.logger", "csv"]
     args += ["--pipeline.seed", str(seed), "--data.curriculum.seed", str(seed)]
-    args += ["--pipeline.trainer.precision", PRECISION, *ARMS[arm], *COMMON, *VARIANTS[variant]]
+    args += ["--pipeline.trainer.precision", PRECISION, *arm_args(arm), *COMMON, *VARIANTS[variant]]
     coscale = os.path.join(os.path.dirname(sys.executable), "coscale")
     start = time.perf_counter()
     with open(folder + ".log", "a") as log:

@@ -1,37 +1,44 @@
 """The loop's study in one command: every arm and seed on the current code, then the study
 tables of ``docs/results.md`` written again from what the runs scored.
 
-Steps, in this order (``--steps`` picks some):
+Steps, in this order (``--steps`` picks some; without it, :data:`DEFAULT_STEPS`):
 
-* ``full``: ``loop_study.py --variant full``: the whole demo as it ships, the paper's loop
-  (``paper_loop``); as it shipped until 2026-12-07 (``changes_1207``: no re-distillation fit, the
-  final retrain on the bank with its own RL stage), that with the iterations' SFT and RL of
-  before that day (``sft4_rl4``), and one of those changes each (``paper_loop_final_rl``,
-  ``changes_1207_source_all``).
+* ``full``: ``loop_study.py --variant full``: the whole demo as it ships (the paper's loop with
+  ``final.rl`` and one iteration: ``final_rl_one_iteration``), that with two iterations
+  (``paper_loop_final_rl``, shipped until that change), the paper's loop unchanged
+  (``paper_loop``), and the demo as it shipped until 2026-12-07 (``changes_1207``: no
+  re-distillation fit, the final retrain on the bank, the better model kept; the baselines'
+  budgets). Older arms (``sft4_rl4``, ``changes_1207_source_all``, ``final_rl_rl2``, ...) stay
+  in the records and run by name with ``loop_study.py``.
 * ``baselines``: ``baselines_study.py``: (g), (h) and plain GRPO at the ``changes_1207`` runs'
   problems and budgets (it needs those runs).
-* ``iterations``: ``loop_study.py --variant iterations``: the iterations alone, the pools
-  re-measured after every RL epoch against relabelled by the rollouts, a fixed Rollout N against
-  the schedule, a re-distillation fit after each iteration's RL against none.
 * ``techniques``: ``technique_study.py``: more solutions per problem at equal SFT examples, and
-  how many solutions the ``changes_1207`` runs' problems needed before a measurement found them solvable.
+  how many solutions the ``changes_1207`` runs' problems needed before a measurement found them
+  solvable.
+* ``test``: ``heldout_study.py``: the test sets, scored once per finished run of the four
+  ``full`` arms and the three recipes (never again: a scored run is skipped for good).
+* ``iterations`` (by name only): ``loop_study.py --variant iterations``: the iterations alone,
+  the pools re-measured after every RL epoch against relabelled by the rollouts, a fixed Rollout
+  N against the schedule, a re-distillation fit after each iteration's RL against none.
 
 Every step resumes (a scored run is skipped, a stopped one goes on from its checkpoints), so the
-command can be stopped and started again, across sessions. Every model is scored on the
-validation problems only. Then each study's tables go into ``docs/results.md`` between its two
-markers (nothing else there changes) and its ``.json`` and ``.md`` into ``--results``.
+command can be stopped and started again, across sessions. Every choice reads the validation
+problems only; the test sets are scored by the ``test`` step alone. Then each study's tables go
+into ``docs/results.md`` between its two markers (nothing else there changes) and its ``.json``
+and ``.md`` into ``--results``, with ``study-seconds.json`` (each step's wall time, every call
+added up).
 
-Cost on a 2-core AMD EPYC (Zen 4), 32-true: the shipped demo run takes about 9 min alone
-(2026-12-07; 15-30 min sharing the cores), ``sft4_rl4`` about 14 min, an ``iterations`` run 5-25
-min (2026-12-06, the recipe of that day); the ``full`` step is 15 runs, the ``iterations`` step
-12, ``baselines`` 9 fits: 64 min for all 9 as two processes side by side with one torch thread
-each (g and h 10-12 min a fit, plain GRPO 9-11; 2026-12-07). By these figures all four steps
-take about 6 hours on these 2 cores (not timed as a whole), over the four asked for; the
-``full`` step's ``sft4_rl4`` (42 min, a record of the recipe before) is the first to leave when
-the command is cut. The study of 2026-12-06, on the SFT recipe of that day, is kept in
+Cost on a 2-core AMD EPYC (Zen 4), 32-true, one process with both cores (2026-12-07): a demo
+run takes 8.6-9.3 min alone with two iterations plus about a minute to score its models (two
+runs side by side, one torch thread each: 11-13 min each), so the ``full`` step's 12 runs take
+about 2 hours; ``baselines``' 9 fits took 64 min as two processes side by side (g
+and h 10-12 min a fit, plain GRPO 9-11); ``techniques``' 9 fits about 2 min each side by side
+(18 min); ``test`` about 25 s a model (21 models). By these figures the default steps take about
+3.5 hours here (not timed as a whole: ``study-seconds.json`` will say); ``iterations`` adds
+12 runs of 5-25 min. The study of 2026-12-06, on the SFT recipe of that day, is kept in
 ``benchmarks/results/study_2026-12-06/``.
 
-Run: .venv/bin/python benchmarks/study.py [--steps full,baselines,iterations] [--seeds 0,1,2]
+Run: .venv/bin/python benchmarks/study.py [--steps full,baselines,techniques,test] [--seeds 0,1,2]
      [--out runs/loop_study] [--tables-only]
 """
 
@@ -54,7 +61,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 STEPS: dict[str, list[str]] = {
     "full": ["loop_study.py", "--variant", "full", "--arms",
-             "paper_loop,changes_1207,sft4_rl4,paper_loop_final_rl,changes_1207_source_all"],
+             "paper_loop,changes_1207,paper_loop_final_rl,final_rl_one_iteration"],
     "baselines": ["baselines_study.py"],
     "iterations": ["loop_study.py", "--variant", "iterations", "--arms",
                    "measure_each_epoch,rollouts_relabel,fixed_n,redistill"],
