@@ -75,7 +75,7 @@ DEFAULT_STEPS = ("full", "baselines", "techniques", "test")
 ``iterations`` is asked for by name."""
 
 TITLES = {
-    "full": "The whole demo: the paper's loop (shipped), the changes of before, one change each",
+    "full": "The whole demo: the shipped loop, the paper's, the changes of before, one change each",
     "baselines": "The simple recipes at the changes_1207 runs' problems and budgets",
     "iterations": "The iterations alone (no final stage)",
     "techniques": "More solutions per problem at equal SFT examples; solutions a problem needed",
