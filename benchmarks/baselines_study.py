@@ -39,6 +39,7 @@ import lightning as L
 from loop_study import (
     BUDGET_ARM,
     PRECISION,
+    load_study,
     mean,
     mean_sd,
     merged,
@@ -221,10 +222,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     path = os.path.join(args.out, "study-baselines.json")
-    study = {"runs": {}}
-    if os.path.exists(path):
-        with open(path) as f:
-            study = json.load(f)
+    study = load_study(path)
     study |= {"cpu": cpu_line(), "k": args.k, "precision": PRECISION, "scale": args.scale}
     for seed in args.seeds.split(","):
         init, spent = budget_run(args.out, int(seed))

@@ -20,11 +20,20 @@ Run: .venv/bin/python benchmarks/heldout_study.py --seeds 0,1,2 [--out runs/loop
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
-from loop_study import mean, mean_sd, paired_cell, run_dir, run_settings, save
+from loop_study import (
+    PRECISION,
+    each_seed,
+    load_study,
+    mean,
+    mean_sd,
+    paired_cell,
+    run_dir,
+    run_settings,
+    save,
+)
 from paired import code_commit, cpu_line
 
 from coscale.app.demo import count_correct, test_sets
@@ -50,20 +59,13 @@ def candidates(out: str, seeds: list[str]) -> dict[str, dict[str, str]]:
     """arm -> seed -> model folder of every run that finished and was scored on validation."""
     found: dict[str, dict[str, str]] = {}
     for step, arms in (("full", FULL_ARMS), ("baselines", RECIPES)):
-        scored = _runs(os.path.join(out, f"study-{step}.json"))
+        scored = load_study(os.path.join(out, f"study-{step}.json"))["runs"]
         for arm in arms:
             for seed in seeds:
                 path = _model(out, step, arm, seed)
                 if seed in scored.get(arm, {}) and os.path.isdir(path):
                     found.setdefault(arm, {})[seed] = path
     return found
-
-
-def _runs(path: str) -> dict:
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)["runs"]
 
 
 def _model(out: str, step: str, arm: str, seed: str) -> str:
@@ -105,7 +107,7 @@ def summary(study: dict) -> str:
         seeds = sorted(runs, key=int)
         per = [patterns_mean(runs[s]["scores"]) * 100 for s in seeds]
         easy = mean([mean(runs[s]["scores"][tiers.EASY]) * 100 for s in seeds])
-        lines.append(f"| {arm} | {mean_sd(per)} | {_each(per)} | {easy:.1f} |")
+        lines.append(f"| {arm} | {mean_sd(per)} | {each_seed(per)} | {easy:.1f} |")
     return "\n".join(lines) + "\n\n" + leads(study)
 
 
@@ -124,17 +126,13 @@ def leads(study: dict) -> str:
             [_pooled(ours[s]["scores"]) for s in seeds],
             [_pooled(runs[s]["scores"]) for s in seeds],
         )
-        lines.append(f"| {arm} | {mean_sd(diff)} | {_each(diff)} | {paired_cell(*pooled)} |")
+        lines.append(f"| {arm} | {mean_sd(diff)} | {each_seed(diff)} | {paired_cell(*pooled)} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
 def _pooled(scores: dict[str, list[float]]) -> list[float]:
     """The four patterns' problems as one list (equal sets: its mean is the patterns' mean)."""
     return [v for name in tiers.BENCHMARKS for v in scores[name]]
-
-
-def _each(values: list[float]) -> str:
-    return ", ".join(f"{v:.1f}" for v in values)
 
 
 def main() -> None:
@@ -146,13 +144,10 @@ def main() -> None:
     parser.add_argument("--out", default="runs/loop_study")
     args = parser.parse_args()
     path = os.path.join(args.out, "study-test.json")
-    study = {"runs": {}}
-    if os.path.exists(path):
-        with open(path) as f:
-            study = json.load(f)
+    study = load_study(path)
     if study.get("k", args.k) != args.k:
         raise SystemExit(f"--samples {args.k}: {path} was scored with {study['k']}")
-    study |= {"cpu": cpu_line(), "k": args.k, "precision": "32-true", "n_test": N_TEST}
+    study |= {"cpu": cpu_line(), "k": args.k, "precision": PRECISION, "n_test": N_TEST}
     todo = candidates(args.out, args.seeds.split(","))
     init = run_settings(os.path.join(args.out, "test-engine"), "full", SHIPPED)
     engine = ReportEngine(init.pipeline)  # the demo's engine kind and sampling definition

@@ -229,6 +229,14 @@ def merged(path: str, study: dict, arm: str, seed: str, run: dict) -> dict:
     return {**now, **{k: v for k, v in study.items() if k != "runs"}}
 
 
+def load_study(path: str) -> dict:
+    """The study file at ``path`` (no runs yet where there is none): a study resumes from it."""
+    if not os.path.exists(path):
+        return {"runs": {}}
+    with open(path) as f:
+        return json.load(f)
+
+
 def save(path: str, data: dict) -> None:
     """``data`` as JSON at ``path`` (after every run: the study resumes from it)."""
     with open(path, "w") as f:
@@ -256,12 +264,12 @@ def summary(study: dict) -> str:
         stages = list(runs[seeds[0]]["scores"])
         per = {st: [mean(runs[s]["scores"][st]) * 100 for s in seeds] for st in stages}
         for st in stages:
-            lines.append(f"| {arm} | {st} | {mean_sd(per[st])} | {_each(per[st])} |")
+            lines.append(f"| {arm} | {st} | {mean_sd(per[st])} | {each_seed(per[st])} |")
         for before, after in itertools.pairwise(stages):
             diff = [a - b for a, b in zip(per[after], per[before])]
             both = paired_cell(*([runs[s]["scores"][st] for s in seeds] for st in (after, before)))
             leads.append(
-                f"| {arm} | {after} vs {before} | {mean_sd(diff)} | {_each(diff)} | {both} |"
+                f"| {arm} | {after} vs {before} | {mean_sd(diff)} | {each_seed(diff)} | {both} |"
             )
     text = "\n".join(lines) + "\n\n" + "\n".join(leads) + "\n\n" + arms_table(study)
     return text + stages_table(study)
@@ -280,7 +288,7 @@ def arms_table(study: dict) -> str:
         theirs = [list(ref[s]["scores"].values())[-1] for s in seeds]
         diff = [(mean(a) - mean(b)) * 100 for a, b in zip(last, theirs)]
         lines.append(
-            f"| {arm} | {mean_sd(diff)} | {_each(diff)} | {paired_cell(last, theirs)} "
+            f"| {arm} | {mean_sd(diff)} | {each_seed(diff)} | {paired_cell(last, theirs)} "
             f"| {spend_cell(runs, seeds)} ({spend_cell(ref, seeds)}) |"
         )
     return "\n".join(lines) + "\n\n" if len(lines) > 2 else ""
@@ -326,7 +334,8 @@ def paired_cell(first: list[list[float]], second: list[list[float]]) -> str:
     return paired_difference(first, second).fmt()
 
 
-def _each(values: list[float]) -> str:
+def each_seed(values: list[float]) -> str:
+    """One figure per seed, in seed order."""
     return ", ".join(f"{v:.1f}" for v in values)
 
 
@@ -342,10 +351,7 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"study-{args.variant}.json")
-    study = {"runs": {}}
-    if os.path.exists(path):
-        with open(path) as f:
-            study = json.load(f)
+    study = load_study(path)
     study |= {"cpu": cpu_line(), "variant": args.variant, "k": args.k, "precision": PRECISION}
     for arm in args.arms.split(","):
         for seed in args.seeds.split(","):
