@@ -56,6 +56,13 @@ PAPER_FINAL_RL = [
 ]  # fmt: skip
 """``demo.yaml`` as it ships since 2026-12-07 (the paper's loop with ``final.rl``), spelled out."""
 
+ONE_ITERATION = [
+    *PAPER_FINAL_RL,
+    "--pipeline.iterations", "1",
+    "--data.curriculum.solutions_per_round", "11",
+]  # fmt: skip
+"""``demo.yaml`` as it ships since 2026-12-07 (afternoon): one iteration of 11 solutions a round."""
+
 ARMS: dict[str, list[str]] = {
     "paper_loop": [
         "--pipeline.rl_measure_every", "1",
@@ -70,11 +77,9 @@ ARMS: dict[str, list[str]] = {
     "paper_loop_final_rl": PAPER_FINAL_RL,
     "changes_1207_source_all": [*CHANGES_1207, "--pipeline.final.source", "all"],
     "final_rl_rl2": [*PAPER_FINAL_RL, "--pipeline.rl_epochs", "2"],
-    "final_rl_one_iteration": [
-        *PAPER_FINAL_RL,
-        "--pipeline.iterations", "1",
-        "--data.curriculum.solutions_per_round", "11",
-    ],
+    "final_rl_one_iteration": ONE_ITERATION,
+    "one_iteration_final5": [*ONE_ITERATION, "--pipeline.final.epochs", "5"],
+    "one_iteration_final4": [*ONE_ITERATION, "--pipeline.final.epochs", "4"],
     "fixed_n": ["--pipeline.schedule.factor", "1.0", *NO_REDISTILL],
     "redistill": ["--pipeline.redistill_each_iteration", "true"],
     "sft4_rl4": [*CHANGES_1207, "--pipeline.sft_epochs", "4", "--pipeline.rl_epochs", "4"],

@@ -94,7 +94,7 @@ def run_demo(rest: list[str]) -> dict[str, Any]:
         results = pipeline.run(close_logger=False)
         report = evaluate_stages(init.pipeline, results, n_test, samples=8)
         report["sets"] = sets_line(init.data.val_source, n_test)
-        report["loop"] = demo_changes.section(init.pipeline)
+        report["loop"] = demo_changes.section(cfg)
         precision = pipeline.ctx.trainer_args.get("precision", "32-true")
         report["machine"] = f"Measured on: {cpu_line()}; precision {precision}."
         if is_writer():  # under DDP every rank sampled its share of the report; rank 0 writes it
