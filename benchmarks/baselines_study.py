@@ -1,8 +1,9 @@
 """The simple recipes at CoScale-RL's problems and budget, scored on validation, seed by seed.
 
 For each seed with a finished run of ``loop_study.py --variant full``'s ``BUDGET_ARM`` (the demo
-as it shipped until 2026-12-07; its folder ``<out>/full-changes_1207-s<seed>``), from the same
-base model, on that run's 256 training problems:
+as it ships: the paper's loop with ``final.rl``, one iteration; its folder
+``<out>/full-final_rl_one_iteration-s<seed>``), from the same base model, on that run's 256
+training problems:
 
 * ``g``: SFT on every training problem with teacher solutions spread evenly, as many in all as
   the run's bank holds; then GRPO with one fixed N on every problem.
@@ -19,8 +20,8 @@ the rows stand beside its table; nothing reads the test side.
 
 Writes ``<out>/study-baselines.json`` (per-problem scores; resumes from it, and an arm's SFT model
 is kept) and ``study-baselines.md``: per arm and model, validation pass@1 over the seeds, and the
-lead of that run, of the paper's loop, of the paper's loop with ``final.rl`` and of the demo as
-shipped (that with one iteration) over each recipe (:data:`LEADS`), seed by seed (paired: the
+lead of that run, of the paper's loop with ``final.rl`` and two iterations and of the paper's
+loop over each recipe (:data:`LEADS`), seed by seed (paired: the
 same problems and samples). Two processes on disjoint ``--seeds`` may share ``--out`` (one torch
 thread each on 2 cores): each run is merged into the file as it is on disk.
 
@@ -62,7 +63,7 @@ from coscale.tasks import tiers
 ARMS = ("g", "h", "grpo")
 
 
-LEADS = (BUDGET_ARM, "paper_loop", "paper_loop_final_rl", "final_rl_one_iteration")
+LEADS = (BUDGET_ARM, "paper_loop_final_rl", "paper_loop")
 """The ``full`` step's arms whose final models' leads over each recipe the tables give."""
 
 

@@ -80,6 +80,12 @@ ARMS: dict[str, list[str]] = {
     "final_rl_one_iteration": ONE_ITERATION,
     "one_iteration_final5": [*ONE_ITERATION, "--pipeline.final.epochs", "5"],
     "one_iteration_final4": [*ONE_ITERATION, "--pipeline.final.epochs", "4"],
+    "one_iteration_replay25": [*ONE_ITERATION, "--data.curriculum.replay_fraction", "0.25"],
+    "one_iteration_replay10": [*ONE_ITERATION, "--data.curriculum.replay_fraction", "0.1"],
+    "one_iteration_half_batch": [
+        *ONE_ITERATION,
+        "--data.sft_batch_size", "16", "--pipeline.sft_epochs", "1", "--pipeline.final.epochs", "4",
+    ],
     "fixed_n": ["--pipeline.schedule.factor", "1.0", *NO_REDISTILL],
     "redistill": ["--pipeline.redistill_each_iteration", "true"],
     "sft4_rl4": [*CHANGES_1207, "--pipeline.sft_epochs", "4", "--pipeline.rl_epochs", "4"],
@@ -122,9 +128,10 @@ def arm_args(arm: str) -> list[str]:
     return [*TWO_ITERATIONS, *ARMS[arm]]
 
 
-BUDGET_ARM = "changes_1207"
-"""The ``full`` step's arm whose runs give the baselines their problems and budgets and the
-technique study its banks (the demo as it shipped when those studies ran, 2026-12-07)."""
+BUDGET_ARM = "final_rl_one_iteration"
+"""The ``full`` step's arm whose runs give the baselines their problems, banks and budgets: the
+demo as it ships. Until 2026-12-07 (evening) it was ``changes_1207``, with more SFT examples and
+rollouts; those records are in ``benchmarks/results/baselines_changes_1207_2026-12-07/``."""
 
 VARIANTS: dict[str, list[str]] = {
     "full": [],

@@ -7,11 +7,12 @@ Steps, in this order (``--steps`` picks some; without it, :data:`DEFAULT_STEPS`)
   ``final.rl`` and one iteration: ``final_rl_one_iteration``), that with two iterations
   (``paper_loop_final_rl``, shipped until that change), the paper's loop unchanged
   (``paper_loop``), and the demo as it shipped until 2026-12-07 (``changes_1207``: no
-  re-distillation fit, the final retrain on the bank, the better model kept; the baselines'
-  budgets). Older arms (``sft4_rl4``, ``changes_1207_source_all``, ``final_rl_rl2``, ...) stay
+  re-distillation fit, the final retrain on the bank, the better model kept; the ``needed``
+  counts). Older arms (``sft4_rl4``, ``changes_1207_source_all``, ``final_rl_rl2``, ...) stay
   in the records and run by name with ``loop_study.py``.
-* ``baselines``: ``baselines_study.py``: (g), (h) and plain GRPO at the ``changes_1207`` runs'
-  problems and budgets (it needs those runs).
+* ``baselines``: ``baselines_study.py``: (g), (h) and plain GRPO at the shipped loop's runs'
+  problems, banks and budgets (it needs those runs; at the ``changes_1207`` runs' larger budgets
+  until 2026-12-07: ``benchmarks/results/baselines_changes_1207_2026-12-07/``).
 * ``techniques``: ``technique_study.py``: more solutions per problem at equal SFT examples, and
   how many solutions the ``changes_1207`` runs' problems needed before a measurement found them
   solvable.
@@ -76,7 +77,7 @@ DEFAULT_STEPS = ("full", "baselines", "techniques", "test")
 
 TITLES = {
     "full": "The whole demo: the shipped loop, the paper's, the changes of before, one change each",
-    "baselines": "The simple recipes at the changes_1207 runs' problems and budgets",
+    "baselines": "The simple recipes at the shipped loop's problems and budgets",
     "iterations": "The iterations alone (no final stage)",
     "techniques": "More solutions per problem at equal SFT examples; solutions a problem needed",
     "test": "The test sets, scored once per finished run (the shipped loop, the paper's, the recipes)",

@@ -9,7 +9,7 @@ Two parts:
   (``baselines_study.sft``). Scored per seed on the validation problems (pass@1 and
   pass@<samples>) and on the problems every arm trained on (the ``pairs / max m`` first ones:
   how well a problem seen once is learnt against one seen ``m`` times).
-* ``needed``: from the ``changes_1207`` runs of ``loop_study.py --variant full`` (``BUDGET_ARM``,
+* ``needed``: from the ``changes_1207`` runs of ``loop_study.py --variant full`` (:data:`NEEDED_ARM`,
   the demo as it shipped until 2026-12-07): how many bank solutions
   each training problem had when a measurement first found it solvable, from every measurement's
   ``pass_rates.json`` (the paper's premise: some problems need many solutions before RL can
@@ -31,7 +31,6 @@ from collections import Counter
 
 from baselines_study import sft
 from loop_study import (
-    BUDGET_ARM,
     PRECISION,
     mean,
     mean_sd,
@@ -46,6 +45,10 @@ from paired import code_commit, cpu_line
 from coscale.app.report_engine import ReportEngine
 from coscale.loop.problem import Problem
 from coscale.tasks import tiers
+
+NEEDED_ARM = "changes_1207"
+"""The ``full`` arm whose runs the ``needed`` part reads: two iterations of 6 solutions a round,
+so a problem can be found solvable at 0, 6 or 12 solutions (one round of 11 tells 0 or 11)."""
 
 
 def fresh(pairs: int, per_problem: int) -> list[tuple[Problem, list[str]]]:
@@ -87,7 +90,7 @@ def solutions_arm(init, args, m: int, seed: int) -> dict[str, list[float]]:
 def needed(out: str, seed: int) -> dict[str, int]:
     """Bank solutions each training problem had when a measurement first found it solvable (or
     solved), counted by that number; ``never``: no measurement found it so."""
-    folder = run_dir(out, "full", BUDGET_ARM, seed)
+    folder = run_dir(out, "full", NEEDED_ARM, seed)
     with open(os.path.join(folder, "pipeline_state.json")) as f:
         done = json.load(f)["done"]
     first: dict[str, int | None] = {}
@@ -131,7 +134,7 @@ def summary(study: dict) -> str:
         keys = {k for c in counts.values() for k in c}
         keys = sorted(keys, key=lambda k: (k == "never", int(k) if k != "never" else 0))
         lines += [
-            f"| {BUDGET_ARM} run, seed | " + " | ".join(keys) + " |",
+            f"| {NEEDED_ARM} run, seed | " + " | ".join(keys) + " |",
             "|---" * (len(keys) + 1) + "|",
         ]
         for seed, c in counts.items():
@@ -174,7 +177,7 @@ def main() -> None:
                     print(f"[techniques] {m} per problem, seed {seed}", flush=True)
     if "needed" in parts:
         for seed in args.seeds.split(","):
-            if os.path.isdir(run_dir(args.out, "full", BUDGET_ARM, int(seed))):
+            if os.path.isdir(run_dir(args.out, "full", NEEDED_ARM, int(seed))):
                 study.setdefault("needed", {})[seed] = needed(args.out, int(seed))
         save(path, study)
     text = summary(study)
