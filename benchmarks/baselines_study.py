@@ -103,10 +103,12 @@ def _row(problem, solutions: list[str]) -> dict:
     return {**problem.to_dict(), "solutions": list(solutions)}
 
 
-def sft(init, rows: list[dict], examples: int, seed: int, folder: str) -> str:
-    """SFT from the base on ``rows``' solutions with the demo's replay share, about ``examples``
-    examples, its best step on validation kept; returns the model folder (kept: a restarted
-    study does not train it again)."""
+def sft(
+    init, rows: list[dict], examples: int, seed: int, folder: str, precision: str = PRECISION
+) -> str:
+    """SFT from the base on ``rows``' solutions with the run's replay share, about ``examples``
+    examples, its best step on validation kept (the run's ``pipeline.selection``); returns the
+    model folder (kept: a restarted study does not train it again)."""
     out = os.path.join(folder, "model")
     if os.path.isdir(out):
         return out
@@ -133,7 +135,7 @@ def sft(init, rows: list[dict], examples: int, seed: int, folder: str) -> str:
     trainer = L.Trainer(
         max_epochs=epochs,
         accelerator="cpu",
-        precision=PRECISION,
+        precision=precision,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -149,7 +151,9 @@ def sft(init, rows: list[dict], examples: int, seed: int, folder: str) -> str:
     return out
 
 
-def grpo(init, start: str, rollouts: int, seed: int, folder: str) -> str:
+def grpo(
+    init, start: str, rollouts: int, seed: int, folder: str, precision: str = PRECISION
+) -> str:
     """GRPO from ``start`` with the run's first N, fixed, on every training problem, for about
     ``rollouts`` rollouts."""
     out = os.path.join(folder, "model")
@@ -159,18 +163,20 @@ def grpo(init, start: str, rollouts: int, seed: int, folder: str) -> str:
     n = NSchedule(**cfg.schedule).n_init
     args = cfg.sampling.grpo_args(instantiate(cfg.grpo))
     problems = list(data.problems.values())
-    return plain_grpo(start, problems, rollouts, n, args, data.batch_size, out, seed, PRECISION)
+    return plain_grpo(start, problems, rollouts, n, args, data.batch_size, out, seed, precision)
 
 
-def arm_models(arm: str, init, spent: dict, seed: int, folder: str) -> dict[str, str]:
+def arm_models(
+    arm: str, init, spent: dict, seed: int, folder: str, precision: str = PRECISION
+) -> dict[str, str]:
     """The models one arm trains, in order (its SFT model, then its GRPO model)."""
-    base = init.pipeline.model
+    rollouts, base = spent["rollouts"], init.pipeline.model
     if arm == "grpo":
-        return {"grpo": grpo(init, base, spent["rollouts"], seed, os.path.join(folder, "grpo"))}
+        return {"grpo": grpo(init, base, rollouts, seed, os.path.join(folder, "grpo"), precision)}
     rows = even_rows(init.data) if arm == "g" else bank_rows(init.data)
-    start = sft(init, rows, spent["sft_examples"], seed, os.path.join(folder, "sft"))
-    end = grpo(init, start, spent["rollouts"], seed, os.path.join(folder, "grpo"))
-    return {"sft": start, "grpo": end}
+    sft_dir, grpo_dir = os.path.join(folder, "sft"), os.path.join(folder, "grpo")
+    start = sft(init, rows, spent["sft_examples"], seed, sft_dir, precision)
+    return {"sft": start, "grpo": grpo(init, start, rollouts, seed, grpo_dir, precision)}
 
 
 def summary(study: dict, references: dict[str, dict]) -> str:

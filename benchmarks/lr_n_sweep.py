@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import lightning as L
+from step_lines import StepLines
 
 from coscale.app.demo import count_correct
 from coscale.callbacks import RolloutNSchedule
@@ -70,7 +71,7 @@ def plain_grpo(
         enable_model_summary=False,
         enable_progress_bar=False,
         limit_val_batches=0,
-        callbacks=[RolloutNSchedule(n_init=n, factor=1.0)],
+        callbacks=[RolloutNSchedule(n_init=n, factor=1.0), StepLines("grpo")],
     )
     trainer.fit(module, datamodule=dm)
     return module.export(out)
