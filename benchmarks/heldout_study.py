@@ -24,6 +24,7 @@ import os
 import sys
 
 from loop_study import (
+    BUDGET_ARM,
     PRECISION,
     each_seed,
     load_study,
@@ -40,9 +41,9 @@ from coscale.app.demo import count_correct, test_sets
 from coscale.app.report_engine import ReportEngine
 from coscale.tasks import tiers
 
-SHIPPED = "final_rl_one_iteration"
-"""The arm ``demo.yaml`` runs (the paper's loop with ``final.rl``, one iteration): the leads are
-its."""
+SHIPPED = BUDGET_ARM
+"""The arm ``demo.yaml`` runs (the paper's loop with ``final.rl``, one iteration; the one whose
+budgets the recipes get): the leads are its."""
 
 FULL_ARMS = (SHIPPED, "paper_loop_final_rl", "paper_loop", "changes_1207")
 """The ``full`` step's arms the report scores: the shipped loop, it with two iterations, the
