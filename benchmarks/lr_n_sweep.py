@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import lightning as L
+from rollout_budget import RolloutBudget
 from step_lines import StepLines
 
 from coscale.app.demo import count_correct
@@ -46,7 +47,9 @@ def plain_grpo(
     seed: int = 0,
     precision: str | None = None,
 ) -> str:
-    """GRPO with a fixed N on every one of ``problems`` for about ``rollouts`` rollouts."""
+    """GRPO with a fixed N on every one of ``problems`` for about ``rollouts`` rollouts: at most
+    ``rollouts // (batch x N)`` optimiser steps, and never more than ``rollouts`` sampled (a
+    batch without signal takes no step, :mod:`rollout_budget`)."""
     dm = ProblemDataModule(
         train=[p.to_dict() for p in problems],
         batch_size=min(batch_size, len(problems)),
@@ -61,6 +64,7 @@ def plain_grpo(
     L.seed_everything(seed, workers=True)
     module = GRPOModule(model=start, **grpo_args)
     steps = max(1, rollouts // (dm.batch_size * n))
+    spent = RolloutBudget(rollouts)
     trainer = L.Trainer(
         max_steps=steps,
         max_epochs=-1,
@@ -71,7 +75,7 @@ def plain_grpo(
         enable_model_summary=False,
         enable_progress_bar=False,
         limit_val_batches=0,
-        callbacks=[RolloutNSchedule(n_init=n, factor=1.0), StepLines("grpo")],
+        callbacks=[RolloutNSchedule(n_init=n, factor=1.0), StepLines("grpo"), spent],
     )
     trainer.fit(module, datamodule=dm)
     return module.export(out)
