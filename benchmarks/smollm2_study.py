@@ -14,8 +14,8 @@ Every run trains in one precision, chosen from this machine once (``precision: a
 of the stages' batch shape, ``coscale.run.precision``) and kept in the study file. Each arm's
 models (``coscale``: iteration 1 and the final model; ``h``: its SFT and GRPO models) are scored
 on the config's validation problems (``data.val``), ``--samples`` samples each, the same seeded
-samples for every model. ``--test`` then scores each finished seed's last model of each arm on
-the test sets (``--n_test`` test-side problems of each training pattern and of the easy tier T1,
+samples for every model. With ``--test``, once the seeds asked for are trained and scored, each
+finished seed's last model of each arm is scored on the test sets (``--n_test`` test-side problems of each training pattern and of the easy tier T1,
 seed 1), once: a scored model is never scored again.
 
 Writes ``<out>/study-smollm2.json`` (per-problem scores; resumes from it, two processes on
@@ -23,8 +23,8 @@ disjoint ``--seeds`` may share ``--out``) and ``study-smollm2.md``: per arm and 
 over the seeds, and the ``coscale`` final model's lead over ``h``'s GRPO model, seed by seed and
 paired (the same problems and samples), on validation and, once scored, on the test sets.
 
-Run: .venv/bin/python benchmarks/smollm2_study.py --seeds 0,1,2 [--out runs/smollm2_study]
-     then .venv/bin/python benchmarks/smollm2_study.py --seeds 0,1,2 --test
+Run: .venv/bin/python benchmarks/smollm2_study.py --seeds 0,1,2 [--out runs/smollm2_study] [--test]
+(``study.py --steps smollm2`` runs it with ``--test``.)
 """
 
 from __future__ import annotations
@@ -262,7 +262,9 @@ def main() -> None:
         "--samples", "--k", dest="k", type=int, default=4, help="samples per problem"
     )
     parser.add_argument("--n_test", type=int, default=32, help="test-side problems per set")
-    parser.add_argument("--test", action="store_true", help="score the test sets (once per run)")
+    parser.add_argument(
+        "--test", action="store_true", help="then score the test sets (once per run)"
+    )
     parser.add_argument("--out", default="runs/smollm2_study")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -274,7 +276,9 @@ def main() -> None:
     study |= {"cpu": cpu_line(), "k": args.k, "n_test": args.n_test}
     study["precision"] = study_precision(study)
     save(path, study)
-    study = test_once(args, study, path) if args.test else validation(args, study, path)
+    study = validation(args, study, path)
+    if args.test:
+        study = test_once(args, study, path)
     header = f"{study['cpu']}\n\nk {args.k}, {study['precision']}, config `{CONFIG}`"
     with open(path.replace(".json", ".md"), "w") as f:
         f.write(f"{header}\n\ncommand: {' '.join([sys.executable, *sys.argv])}\n\n{summary(study)}")

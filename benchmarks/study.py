@@ -18,6 +18,9 @@ Steps, in this order (``--steps`` picks some; without it, :data:`DEFAULT_STEPS`)
   solvable.
 * ``test``: ``heldout_study.py``: the test sets, scored once per finished run of the four
   ``full`` arms and the three recipes (never again: a scored run is skipped for good).
+* ``smollm2`` (by name only): ``smollm2_study.py --test``: CoScale-RL against (h) on
+  SmolLM2-135M-Instruct (``configs/run/smollm2-135m/pipeline_cpu.yaml``), on its validation
+  split, then its test sets once per finished run.
 * ``iterations`` (by name only): ``loop_study.py --variant iterations``: the iterations alone,
   the pools re-measured after every RL epoch against relabelled by the rollouts, a fixed Rollout
   N against the schedule, a re-distillation fit after each iteration's RL against none.
@@ -56,6 +59,7 @@ import time
 import baselines_study
 import heldout_study
 import loop_study
+import smollm2_study
 import technique_study
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,6 +72,7 @@ STEPS: dict[str, list[str]] = {
                    "measure_each_epoch,rollouts_relabel,fixed_n,redistill"],
     "techniques": ["technique_study.py"],
     "test": ["heldout_study.py"],
+    "smollm2": ["smollm2_study.py", "--test"],
 }  # fmt: skip
 """Each step's script and arguments (``--seeds`` and ``--out`` are added)."""
 
@@ -81,6 +86,7 @@ TITLES = {
     "iterations": "The iterations alone (no final stage)",
     "techniques": "More solutions per problem at equal SFT examples; solutions a problem needed",
     "test": "The test sets, scored once per finished run (the shipped loop, the paper's, the recipes)",
+    "smollm2": "SmolLM2-135M-Instruct: CoScale-RL against (h), validation, then the test sets once",
 }
 
 
@@ -120,6 +126,8 @@ def tables(step: str, out: str) -> str | None:
         text = baselines_study.summary(study, baselines_study.references(out))
     elif step == "test":
         text = heldout_study.summary(study)
+    elif step == "smollm2":
+        text = smollm2_study.summary(study)
     else:
         text = loop_study.summary(study)
     side = "test" if step == "test" else "validation"
