@@ -49,6 +49,7 @@ from loop_study import (
     run_dir,
     run_settings,
     save,
+    total_spend,
 )
 from lr_n_sweep import plain_grpo
 from paired import code_commit, cpu_line
@@ -71,15 +72,20 @@ def budget_run(out: str, seed: int):
     """The finished ``BUDGET_ARM`` run of ``seed``: its parsed settings (data loaded, its
     curriculum restored: the bank) and its spend over all stages."""
     folder = run_dir(out, "full", BUDGET_ARM, seed)
+    state = finished_state(folder, "loop_study.py --variant full")
+    init = run_settings(folder, "full", BUDGET_ARM)
+    init.data.load_state_dict({"curriculum": state["curriculum"]})
+    return init, total_spend(state["results"])
+
+
+def finished_state(folder: str, runner: str) -> dict:
+    """The ``pipeline_state.json`` of the finished run in ``folder`` (else an exit that names
+    ``runner``, what makes it)."""
     with open(os.path.join(folder, "pipeline_state.json")) as f:
         state = json.load(f)
     if "final" not in state["done"]:
-        raise SystemExit(f"{folder} is not finished: run loop_study.py --variant full first")
-    init = run_settings(folder, "full", BUDGET_ARM)
-    init.data.load_state_dict({"curriculum": state["curriculum"]})
-    stages = state["results"]["spend"].values()
-    spent = {k: sum(s.get(k, 0) for s in stages) for k in ("sft_examples", "rollouts")}
-    return init, spent
+        raise SystemExit(f"{folder} is not finished: run {runner} first")
+    return state
 
 
 def bank_rows(data) -> list[dict]:

@@ -170,9 +170,16 @@ def record(folder: str) -> dict:
     included (from its ``pipeline_state.json``)."""
     with open(os.path.join(folder, "pipeline_state.json")) as f:
         state = json.load(f)
-    results, keys = state["results"], ("sft_examples", "rollouts")
-    spend = {k: sum(s.get(k, 0) for s in results.get("spend", {}).values()) for k in keys}
+    results = state["results"]
+    spend = total_spend(results)
     return {"moves": results.get("moves", {}), "stage_seconds": state["seconds"], "spend": spend}
+
+
+def total_spend(results: dict) -> dict[str, int]:
+    """SFT examples and rollouts of every stage of a run together, measurements included (its
+    ``pipeline_state.json``'s ``results``)."""
+    stages = results.get("spend", {}).values()
+    return {k: sum(s.get(k, 0) for s in stages) for k in ("sft_examples", "rollouts")}
 
 
 def run_settings(folder: str, variant: str, arm: str):

@@ -30,13 +30,12 @@ Run: .venv/bin/python benchmarks/smollm2_study.py --seeds 0,1,2 [--out runs/smol
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 
-from baselines_study import arm_models
+from baselines_study import arm_models, finished_state
 from loop_study import (
     each_seed,
     load_study,
@@ -46,6 +45,7 @@ from loop_study import (
     paired_cell,
     pass_rates_of,
     save,
+    total_spend,
 )
 from paired import code_commit, cpu_line
 
@@ -57,6 +57,7 @@ from coscale.tasks import tiers
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs/run/smollm2-135m/pipeline_cpu.yaml")
 ARMS = ("coscale", "h")
+RUNNER = "the coscale arm of its seed (smollm2_study.py --arms coscale)"
 LAST = {"coscale": "final", "h": "grpo"}
 """Each arm's last model: the one the leads and the test sets compare."""
 TEST_SETS = ("T2", "T2v", "T3", "T3x", tiers.EASY)
@@ -104,20 +105,6 @@ def train_coscale(folder: str, seed: int, precision: str) -> float:
     return time.perf_counter() - start
 
 
-def finished_state(folder: str) -> dict:
-    with open(os.path.join(folder, "pipeline_state.json")) as f:
-        state = json.load(f)
-    if "final" not in state["done"]:
-        raise SystemExit(f"{folder} is not finished: run the coscale arm of its seed first")
-    return state
-
-
-def spend(state: dict) -> dict[str, int]:
-    """SFT examples and rollouts of every stage together, measurements included."""
-    stages = state["results"]["spend"].values()
-    return {k: sum(s.get(k, 0) for s in stages) for k in ("sft_examples", "rollouts")}
-
-
 def coscale_models(folder: str) -> dict[str, str]:
     """The run's iteration models and its final model (not the base: it is not trained)."""
     init = pipeline_parser().instantiate(pipeline_parser().parse_args(["--config", CONFIG]))
@@ -132,12 +119,13 @@ def models_of(out: str, arm: str, seed: int, precision: str) -> tuple[dict[str, 
     start = time.perf_counter()
     if arm == "coscale":
         train_coscale(folder, seed, precision)
-        return coscale_models(folder), time.perf_counter() - start, spend(finished_state(folder))
-    state = finished_state(own)
+        spent = total_spend(finished_state(folder, RUNNER)["results"])
+        return coscale_models(folder), time.perf_counter() - start, spent
+    state = finished_state(own, RUNNER)
     init = settings(own, seed, precision)
     init.data.load_state_dict({"curriculum": state["curriculum"]})  # the run's bank
-    models = arm_models(arm, init, spend(state), seed, folder, precision)
-    return models, time.perf_counter() - start, spend(state)
+    spent = total_spend(state["results"])
+    return arm_models(arm, init, spent, seed, folder, precision), time.perf_counter() - start, spent
 
 
 def score(
