@@ -44,6 +44,7 @@ from loop_study import (
     merged,
     paired_cell,
     pass_rates_of,
+    report,
     save,
     total_spend,
 )
@@ -55,7 +56,8 @@ from coscale.app.run_config import pipeline_parser
 from coscale.run.precision import resolve_precision
 from coscale.tasks import tiers
 
-CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs/run/smollm2-135m/pipeline_cpu.yaml")
+CONFIG_NAME = "configs/run/smollm2-135m/pipeline_cpu.yaml"
+CONFIG = os.path.join(os.path.dirname(__file__), "..", CONFIG_NAME)
 ARMS = ("coscale", "h")
 RUNNER = "the coscale arm of its seed (smollm2_study.py --arms coscale)"
 LAST = {"coscale": "final", "h": "grpo"}
@@ -128,16 +130,12 @@ def models_of(out: str, arm: str, seed: int, precision: str) -> tuple[dict[str, 
     return arm_models(arm, init, spent, seed, folder, precision), time.perf_counter() - start, spent
 
 
-def score(
-    models: dict[str, str], problems: list, k: int, init, sets: dict | None = None
-) -> dict[str, list[float]]:
-    """Per-problem pass@1 of each model on ``problems`` (or, with ``sets``, of the model of each
-    key on that set), sampled as the run samples (its engine and prompt)."""
+def score(jobs: dict[str, tuple[str, list]], k: int, init) -> dict[str, list[float]]:
+    """Per-problem pass@1 of each label's (model folder, problems), on one engine, sampled as the
+    run samples (its engine and prompt)."""
     engine = ReportEngine(init.pipeline)
     try:
-        return {
-            m: pass_rates_of(p, sets[m] if sets else problems, k, engine) for m, p in models.items()
-        }
+        return {label: pass_rates_of(m, probs, k, engine) for label, (m, probs) in jobs.items()}
     finally:
         engine.close()
 
@@ -151,7 +149,8 @@ def validation(args, study: dict, path: str) -> dict:
             models, seconds, spent = models_of(args.out, arm, int(seed), study["precision"])
             init = settings(run_dir(args.out, "coscale", int(seed)), int(seed), study["precision"])
             run = {"seconds": seconds, "spend": spent, "commit": code_commit()}
-            run["scores"] = score(models, init.data.val_problems, args.k, init)
+            val = init.data.val_problems
+            run["scores"] = score({m: (p, val) for m, p in models.items()}, args.k, init)
             study = merged(path, study, arm, seed, run)
             save(path, study)
             print(f"[smollm2_study] {arm} seed {seed}: {seconds:.0f} s", flush=True)
@@ -167,7 +166,7 @@ def test_once(args, study: dict, path: str) -> dict:
                 continue
             model = last_model(args.out, arm, int(seed))
             init = settings(run_dir(args.out, "coscale", int(seed)), int(seed), study["precision"])
-            run["test"] = score(dict.fromkeys(sets, model), [], args.k, init, sets)
+            run["test"] = score({n: (model, probs) for n, probs in sets.items()}, args.k, init)
             study = merged(path, study, arm, seed, run)
             save(path, study)
             print(f"[smollm2_study] test: {arm} seed {seed} scored", flush=True)
@@ -267,10 +266,8 @@ def main() -> None:
     study = validation(args, study, path)
     if args.test:
         study = test_once(args, study, path)
-    header = f"{study['cpu']}\n\nk {args.k}, {study['precision']}, config `{CONFIG}`"
-    with open(path.replace(".json", ".md"), "w") as f:
-        f.write(f"{header}\n\ncommand: {' '.join([sys.executable, *sys.argv])}\n\n{summary(study)}")
-    print(summary(study))
+    header = f"{study['cpu']}\n\nk {args.k}, {study['precision']}, config `{CONFIG_NAME}`"
+    report(path, f"{header}\n\ncommand: {' '.join([sys.executable, *sys.argv])}", summary(study))
 
 
 if __name__ == "__main__":
