@@ -7,7 +7,9 @@ import csv
 import math
 
 import lightning as L
+import pytest
 import torch
+from lightning.pytorch.plugins import MixedPrecision
 from reward_examples import HasDigit
 from trainers import quiet_trainer
 
@@ -391,3 +393,32 @@ def test_grpo_kl_reference_is_read_without_dropout_and_leaves_no_module_in_eval_
         args = (ro.input_ids, ro.attention_mask, ro.prompt_length)
         dropped = sequence_logprobs(module.ref_policy, *args)  # [R, T]
     assert not torch.allclose(dropped, first)
+
+
+def _fp16_scaled() -> list:
+    """fp16 autocast with a GradScaler, as ``16-mixed`` runs on a GPU (Lightning turns
+    ``precision="16-mixed"`` on CPU into bf16; the plugin itself runs here)."""
+    return [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))]
+
+
+@pytest.mark.parametrize("plugins", [None, _fp16_scaled()], ids=["plain", "grad_scaler"])
+def test_grpo_batches_without_signal_count_as_steps_so_max_steps_ends(tiny_model_dir, plugins):
+    """A Trainer(max_steps) over batches that never carry signal (as over a learnt set) ends at
+    max_steps, as TRL's would, with no weight and no optimiser state changed; the LR schedule
+    advances with the steps (warm-up: 1/10 of the peak per step). A GradScaler, which refuses a
+    step with no gradient, does not crash it."""
+    rows = [{"id": f"p{i}", "question": "1+1", "answer": "2", "n": 2} for i in range(2)]
+    loader = torch.utils.data.DataLoader(rows, batch_size=2, collate_fn=list)
+    module = GRPOModule(
+        model=str(tiny_model_dir),
+        reward=ZeroReward(),
+        optimizer={"lr": 0.01, "weight_decay": 0.1, "warmup_steps": 10},
+        sampling={"max_new_tokens": 4},
+    )
+    before = _params(module)
+    trainer = _trainer(3, max_epochs=10, plugins=plugins)  # before: 10 epochs, step 0
+    trainer.fit(module, train_dataloaders=loader)
+    assert trainer.global_step == 3 and trainer.current_epoch == 3
+    assert _changed(before, module) == []
+    opt = module.optimizers().optimizer
+    assert opt.state == {} and math.isclose(opt.param_groups[0]["lr"], 0.01 * 4 / 10)

@@ -89,7 +89,7 @@ TRANSLATED: dict[str, str] = {
     "vllm_tensor_parallel_size": "1 only",
     # the Lightning Trainer
     "output_dir": "`trainer.default_root_dir`",
-    "max_steps": "`trainer.max_steps` (optimiser steps, as in TRL)",
+    "max_steps": "`trainer.max_steps` (optimiser steps, as in TRL; a batch without signal counts)",
     "num_train_epochs": "`trainer.max_epochs` (a whole number) when `max_steps` is unset",
     "logging_steps": "`trainer.log_every_n_steps` (a whole number)",
     "log_completions": "`grpo.log_completions_every: logging_steps` (a W&B table)",
