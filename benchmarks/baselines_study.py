@@ -9,6 +9,9 @@ training problems:
   the run's bank holds; then GRPO with one fixed N on every problem.
 * ``h``: SFT on the run's own bank (the loop's data without its iterations); then the same GRPO.
 * ``grpo``: the same GRPO from the base.
+* ``fresh``: the paper's equal-budget view (dataset scaling, any problems): SFT on fresh
+  training-side problems of the four patterns, none of the run's, one teacher solution each, as
+  many problems as the run's bank holds solutions; then the same GRPO on the run's problems.
 
 Every SFT spends the run's SFT examples (all its stages together), mixes in the demo's replay share
 (``data.sft_replay``, ``data.curriculum.replay_fraction``) and keeps its best step on validation
@@ -53,6 +56,7 @@ from loop_study import (
 )
 from lr_n_sweep import plain_grpo
 from paired import code_commit, cpu_line
+from reproduce import fresh_problems
 
 from coscale.app.report_engine import ReportEngine
 from coscale.datamodules import ProblemDataModule
@@ -61,7 +65,7 @@ from coscale.modules import SFTModule
 from coscale.pipeline import instantiate
 from coscale.tasks import tiers
 
-ARMS = ("g", "h", "grpo")
+ARMS = ("g", "h", "grpo", "fresh")
 
 
 LEADS = (BUDGET_ARM, "paper_loop_final_rl", "paper_loop")
@@ -103,6 +107,18 @@ def even_rows(data) -> list[dict]:
         _row(p, list(tiers.solutions(p.question))[: share + (i < extra)])
         for i, p in enumerate(problems)
     ]
+
+
+def fresh_rows(data) -> list[dict]:
+    """``fresh``'s set: one teacher solution each for as many fresh training-side problems (none
+    of the run's) as the bank holds solutions."""
+    exclude = {p.question for p in data.problems.values()}
+    fresh = fresh_problems(data.curriculum.bank.total(), exclude)
+    return [_row(p, list(tiers.solutions(p.question))[:1]) for p in fresh]
+
+
+ROWS = {"g": even_rows, "h": bank_rows, "fresh": fresh_rows}
+"""Each SFT recipe's set, from the run's data."""
 
 
 def _row(problem, solutions: list[str]) -> dict:
@@ -179,7 +195,7 @@ def arm_models(
     rollouts, base = spent["rollouts"], init.pipeline.model
     if arm == "grpo":
         return {"grpo": grpo(init, base, rollouts, seed, os.path.join(folder, "grpo"), precision)}
-    rows = even_rows(init.data) if arm == "g" else bank_rows(init.data)
+    rows = ROWS[arm](init.data)
     sft_dir, grpo_dir = os.path.join(folder, "sft"), os.path.join(folder, "grpo")
     start = sft(init, rows, spent["sft_examples"], seed, sft_dir, precision)
     return {"sft": start, "grpo": grpo(init, start, rollouts, seed, grpo_dir, precision)}

@@ -49,7 +49,7 @@ FULL_ARMS = (SHIPPED, "paper_loop_final_rl", "paper_loop", "changes_1207")
 """The ``full`` step's arms the report scores: the shipped loop, it with two iterations, the
 paper's loop, the demo before 2026-12-07."""
 
-RECIPES = ("g", "h", "grpo")
+RECIPES = ("g", "h", "grpo", "fresh")
 """The ``baselines`` step's recipes (their GRPO model, the one each recipe ends with)."""
 
 N_TEST = 128

@@ -47,9 +47,10 @@ def plain_grpo(
     seed: int = 0,
     precision: str | None = None,
 ) -> str:
-    """GRPO with a fixed N on every one of ``problems`` for about ``rollouts`` rollouts: at most
-    ``rollouts // (batch x N)`` optimiser steps, and never more than ``rollouts`` sampled (a
-    batch without signal takes no step, :mod:`rollout_budget`)."""
+    """GRPO with a fixed N on every one of ``problems`` until it has sampled ``rollouts``
+    rollouts (:mod:`rollout_budget`), however many problems its batches serve: a batch of fewer
+    problems (the curriculum leaves out the ones the policy always solves) is a step of fewer
+    rollouts."""
     dm = ProblemDataModule(
         train=[p.to_dict() for p in problems],
         batch_size=min(batch_size, len(problems)),
@@ -63,10 +64,9 @@ def plain_grpo(
     )
     L.seed_everything(seed, workers=True)
     module = GRPOModule(model=start, **grpo_args)
-    steps = max(1, rollouts // (dm.batch_size * n))
     spent = RolloutBudget(rollouts)
     trainer = L.Trainer(
-        max_steps=steps,
+        max_steps=-1,
         max_epochs=-1,
         accelerator="cpu",
         precision=precision,

@@ -1,11 +1,11 @@
 """Stops a GRPO fit once it has sampled a budget of rollouts: the budget the study compares at.
 
-``Trainer(max_steps=...)`` counts optimiser steps, and a GRPO batch without any signal (every
-group all right or all wrong) takes none (``coscale.modules.grpo``): on a set the policy has
-learnt, a fit bounded by ``max_steps`` alone samples on and never ends. Every rollout is counted
-in ``coscale.loop.budget`` whatever its step does; :class:`RolloutBudget` ends the fit at the
-first step end where this fit's count reaches ``rollouts``, and at the end of an epoch that
-served no batch (no problem left to serve).
+A GRPO step samples as many rollouts as its batch holds problems times their N, and a
+curriculum that leaves out the problems the policy always solves serves smaller and smaller
+batches, so ``Trainer(max_steps=...)`` bounds no budget in rollouts. Every rollout is counted in
+``coscale.loop.budget``; :class:`RolloutBudget` ends the fit at the first step end where this
+fit's count reaches ``rollouts``, and at the end of an epoch that served no batch (no problem
+left to serve), so a fit with no ``max_steps`` ends too.
 """
 
 from __future__ import annotations
@@ -40,5 +40,6 @@ class RolloutBudget(Callback):
             trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
-        steps = f"{trainer.global_step}/{trainer.max_steps} steps"
+        last = trainer.max_steps
+        steps = f"{trainer.global_step}{f'/{last}' if last > 0 else ''} steps"
         print(f"[grpo] ended: {steps}, {self.spent} of {self.rollouts} rollouts", flush=True)

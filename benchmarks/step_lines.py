@@ -16,7 +16,8 @@ SHOWN = ("train/reward", "train/completion_len", "train/truncated")
 
 
 class StepLines(Callback):
-    """Prints ``[<label>] step s/max, t s, <figures>`` every ``every`` optimiser steps."""
+    """Prints ``[<label>] step s/max, t s, <figures>`` every ``every`` optimiser steps (``/max``
+    only where ``max_steps`` is set)."""
 
     def __init__(self, label: str, every: int = 10) -> None:
         self.label, self.every, self.start = label, every, time.perf_counter()
@@ -25,12 +26,11 @@ class StepLines(Callback):
         self.start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if step % self.every and step != trainer.max_steps:
+        step, last = trainer.global_step, trainer.max_steps
+        if step % self.every and step != last:
             return
         metrics = trainer.callback_metrics
         shown = ", ".join(f"{k[6:]} {float(metrics[k]):.3g}" for k in SHOWN if k in metrics)
         seconds = time.perf_counter() - self.start
-        print(
-            f"[{self.label}] step {step}/{trainer.max_steps}, {seconds:.0f} s, {shown}", flush=True
-        )
+        of = f"/{last}" if last > 0 else ""  # -1: the fit ends by other means
+        print(f"[{self.label}] step {step}{of}, {seconds:.0f} s, {shown}", flush=True)

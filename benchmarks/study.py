@@ -10,14 +10,15 @@ Steps, in this order (``--steps`` picks some; without it, :data:`DEFAULT_STEPS`)
   re-distillation fit, the final retrain on the bank, the better model kept; the ``needed``
   counts). Older arms (``sft4_rl4``, ``changes_1207_source_all``, ``final_rl_rl2``, ...) stay
   in the records and run by name with ``loop_study.py``.
-* ``baselines``: ``baselines_study.py``: (g), (h) and plain GRPO at the shipped loop's runs'
+* ``baselines``: ``baselines_study.py``: (g), (h), plain GRPO and the equal-budget view's
+  ``fresh`` (SFT on fresh problems, one solution each, then GRPO) at the shipped loop's runs'
   problems, banks and budgets (it needs those runs; at the ``changes_1207`` runs' larger budgets
   until 2026-12-07: ``benchmarks/results/baselines_changes_1207_2026-12-07/``).
 * ``techniques``: ``technique_study.py``: more solutions per problem at equal SFT examples, and
   how many solutions the ``changes_1207`` runs' problems needed before a measurement found them
   solvable.
 * ``test``: ``heldout_study.py``: the test sets, scored once per finished run of the four
-  ``full`` arms and the three recipes (never again: a scored run is skipped for good).
+  ``full`` arms and the four recipes (never again: a scored run is skipped for good).
 * ``smollm2`` (by name only): ``smollm2_study.py --test``: CoScale-RL against (h) on
   SmolLM2-135M-Instruct (``configs/run/smollm2-135m/pipeline_cpu.yaml``), on its validation
   split, then its test sets once per finished run.
@@ -82,7 +83,7 @@ DEFAULT_STEPS = ("full", "baselines", "techniques", "test")
 
 TITLES = {
     "full": "The whole demo: the shipped loop, the paper's, the changes of before, one change each",
-    "baselines": "The simple recipes at the shipped loop's problems and budgets",
+    "baselines": "The simple recipes at the shipped loop's budgets (its problems; fresh ones)",
     "iterations": "The iterations alone (no final stage)",
     "techniques": "More solutions per problem at equal SFT examples; solutions a problem needed",
     "test": "The test sets, scored once per finished run (the shipped loop, the paper's, the recipes)",

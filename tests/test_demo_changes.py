@@ -73,7 +73,7 @@ def test_the_shipped_demo_config_lists_its_changes_with_their_figures():
     lines = demo_changes.changes(cfg)
     assert len(lines) == 2 and lines[0].startswith("- `pipeline.final.rl: true` (the paper")
     assert "paired 95% [3.2, 6.0]" in lines[0]
-    assert lines[1].startswith("- `pipeline.iterations: 1`") and "[-1.4, 4.1]" in lines[1]
+    assert lines[1].startswith("- `pipeline.iterations: 1`") and "[-3.1, 2.8]" in lines[1]
     assert demo_changes.section(cfg).endswith(f"{demo_changes.TODAY}.")
     # a flag that leaves the loop further adds its own line
     cfg = demo_parser().parse_args(["--config", demo_config(), "--pipeline.final.source", "bank"])

@@ -72,8 +72,8 @@ CHOSEN: list[Choice] = [
         {"pipeline.iterations": 2, "data.curriculum.solutions_per_round": 6},
         "one iteration whose scaling gives each unsolvable problem 11 teacher solutions "
         "(two iterations of 6 gave a bank as large) scored "
-        "45.5 against 44.2 pass@1 on validation for two iterations, both with final.rl (3 seeds: "
-        "-4.8, +3.0, +5.7; paired 95% [-1.4, 4.1]: level) for 27,363 rollouts and 49,016 SFT "
+        "44.0 against 44.2 pass@1 on validation for two iterations, both with final.rl (3 seeds: "
+        "-4.8, -1.5, +5.7; paired 95% [-3.1, 2.8]: level) for 27,331 rollouts and 48,883 SFT "
         f"examples against 39,120 and 62,988, and a faster demo ({TODAY_STUDY}, 2026-12-07)",
     ),
 ]
