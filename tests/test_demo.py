@@ -32,7 +32,10 @@ def test_quick_demo_writes_table_plots_and_wandb_run(tmp_path, capsys, wandb_log
     for name in SETS:
         assert f"{name} pass@1" in table
     # demo.yaml's one change to the paper's loop, with its figure
-    assert "- `pipeline.final.rl: true` (the paper: `false`): the final retrain's own RL stage" in table
+    assert (
+        "- `pipeline.final.rl: true` (the paper: `false`): the final retrain's own RL stage"
+        in table
+    )
     report = json.loads((run_dir / "results.json").read_text())["report"]
     assert set(report["curve"]) == {"base", "iteration 1", "final"}
     base = report["base"]["T3"]["pass@1"]
