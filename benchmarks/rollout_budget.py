@@ -11,6 +11,7 @@ left to serve), so a fit with no ``max_steps`` ends too.
 from __future__ import annotations
 
 from lightning.pytorch.callbacks import Callback
+from step_lines import step_of
 
 from coscale.loop import budget
 
@@ -40,6 +41,5 @@ class RolloutBudget(Callback):
             trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
-        last = trainer.max_steps
-        steps = f"{trainer.global_step}{f'/{last}' if last > 0 else ''} steps"
+        steps = f"{step_of(trainer)} steps"
         print(f"[grpo] ended: {steps}, {self.spent} of {self.rollouts} rollouts", flush=True)

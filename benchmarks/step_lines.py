@@ -32,5 +32,10 @@ class StepLines(Callback):
         metrics = trainer.callback_metrics
         shown = ", ".join(f"{k[6:]} {float(metrics[k]):.3g}" for k in SHOWN if k in metrics)
         seconds = time.perf_counter() - self.start
-        of = f"/{last}" if last > 0 else ""  # -1: the fit ends by other means
-        print(f"[{self.label}] step {step}{of}, {seconds:.0f} s, {shown}", flush=True)
+        print(f"[{self.label}] step {step_of(trainer)}, {seconds:.0f} s, {shown}", flush=True)
+
+
+def step_of(trainer) -> str:
+    """``s/max``, or ``s`` where ``max_steps`` is unset (-1: the fit ends by other means)."""
+    last = trainer.max_steps
+    return f"{trainer.global_step}/{last}" if last > 0 else str(trainer.global_step)

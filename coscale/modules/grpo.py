@@ -4,9 +4,8 @@ A step: the batch's problems -> rollouts (problem b gets N_b of them) -> the rew
 sum of reward functions) and the verifier's verdict -> group advantages from the reward (groups
 of different sizes in one batch) -> the verdicts into the pools' tally and the replay buffer ->
 an explicit inner update loop over micro-batches. Groups whose rewards are all equal carry no
-signal: they are dropped from the update and counted; a batch without any signal changes no
-weight, never crashes, and still counts its steps (as every TRL batch is a step), so
-``Trainer(max_steps=...)`` ends on a set the policy has learnt.
+signal: they are dropped from the update and counted; a batch without any signal moves no
+weight but counts its steps (:mod:`coscale.modules.empty_steps`), never a crash.
 
 Manual optimisation: Lightning never calls ``optimizer_step`` here, so ``num_iterations`` and the
 micro-batches are a plain loop in :meth:`update`.
@@ -28,6 +27,7 @@ from coscale.distributed import all_gather_objects, max_over_ranks, sum_over_ran
 from coscale.models.adapters import as_peft_config
 from coscale.models.prompting import PromptSettings, as_prompt_format, prompt_fields
 from coscale.modules.curriculum_table import log_module_curriculum
+from coscale.modules.empty_steps import empty_steps
 from coscale.modules.fit_data import curriculum_of, epoch_finished
 from coscale.modules.grpo_settings import UpdateSettings
 from coscale.modules.kl_reference import frozen_copy, reference_logprobs
@@ -218,7 +218,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         """
         rows = trained.nonzero().squeeze(1)  # [K] indices of rollouts with signal
         if sum_over_ranks(len(rows)) == 0:
-            self._empty_steps()
+            empty_steps(self, self.update_settings.num_iterations)  # counted, as in TRL
             return {"skipped": 1.0}
         mask = rollouts.completion_mask.float()  # [R, T]
         # Normalisers are totals over all ranks, so the loss is that of the whole global batch.
@@ -247,28 +247,6 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.prefetched.wait()  # no request straddles the sync (coscale.modules.prefetch)
         self.backend.update_weights(self.policy)  # an engine with its own copy (vLLM) follows
         return stats
-
-    def _empty_steps(self) -> None:
-        """A batch without signal's ``num_iterations`` steps, none of which moves a weight.
-
-        The optimiser steps with every ``.grad`` None, which torch's optimisers skip (no weight
-        and no optimiser state changes), so Lightning's step count and the LR schedule advance
-        as for any batch: ``max_steps`` and a checkpoint every n steps count batches, as in TRL.
-        Without this, a fit whose curriculum serves only problems the policy always (or never)
-        solves would never reach ``max_steps``. Under a GradScaler (``16-mixed``), which refuses
-        a step with no gradient, only the step count advances.
-        """
-        opt = self.optimizers()
-        scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
-        for _ in range(self.update_settings.num_iterations):
-            opt.zero_grad()  # set_to_none: nothing for the optimiser to update
-            if scaled:  # the hooks LightningOptimizer.step runs around the step: the count
-                opt._on_before_step()
-                opt._on_after_step()
-            else:
-                opt.step()
-            if (sched := self.lr_schedulers()) is not None:
-                sched.step()
 
     def _micro_step(
         self, ro: Rollouts, adv, mask, ref, idx, totals, old_logprobs, record_old
